@@ -1,0 +1,40 @@
+"""asyncq: a durable job queue inside asyncio applications, on a local SQLite file.
+
+Public names load lazily (PEP 562) so that ``import asyncq.lab.lease`` needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "AsyncqError",
+    "BadAck",
+    "Conflict",
+    "LeaseLost",
+    "Permanent",
+    "Retryable",
+]
+
+_WHERE = {
+    "AsyncqError": "asyncq.errors",
+    "BadAck": "asyncq.errors",
+    "Conflict": "asyncq.errors",
+    "LeaseLost": "asyncq.errors",
+    "Permanent": "asyncq.errors",
+    "Retryable": "asyncq.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,1 @@
+"""Pure rules: value checks, backoff and the job lifecycle. No I/O, no asyncio."""

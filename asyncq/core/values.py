@@ -1,0 +1,87 @@
+"""Exact value checks shared by every entry point (lab shims, the async facade, the CLI).
+
+Every check raises ``ValueError`` naming the parameter, and never converts: ``True`` is not an int,
+a ``dict`` subclass is not a dict, ``"a\\n"`` is not an identifier.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+IDENTIFIER_MAX = 64
+TIME_MAX_MS = 10**15 - 60_000
+TOKEN_MAX = 10**15
+
+# An explicit ASCII class with fullmatch: `\w` would admit Unicode letters and `$` a trailing newline.
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,%d}" % IDENTIFIER_MAX)
+
+
+def check_identifier(value: object, name: str) -> str:
+    """Return ``value`` if it is an exact ``str`` of 1-64 ASCII letters, digits, ``_`` or ``-``."""
+    if type(value) is not str or _IDENTIFIER.fullmatch(value) is None:
+        raise ValueError(f"{name} must be a str of 1-{IDENTIFIER_MAX} ASCII letters, digits, '_' or '-'")
+    return value
+
+
+def check_int(value: object, name: str, low: int, high: int) -> int:
+    """Return ``value`` if it is an exact ``int`` (never ``bool``) with ``low <= value <= high``."""
+    if type(value) is not int:
+        raise ValueError(f"{name} must be an int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def check_time(value: object, name: str = "now_ms") -> int:
+    """A millisecond timestamp on the queue's shared time base: an exact int in 0 … 10**15 - 60000."""
+    return check_int(value, name, 0, TIME_MAX_MS)
+
+
+def check_ratio(value: object, name: str) -> float | int:
+    """An exact ``int`` or ``float`` (no bool, no subclass), finite, in 0 … 1."""
+    if type(value) not in (int, float):
+        raise ValueError(f"{name} must be an int or float, not {type(value).__name__}")
+    assert isinstance(value, int | float)
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be finite and between 0 and 1, got {value!r}")
+    return value
+
+
+def check_exact_dict(value: object, name: str, keys: Collection[str]) -> dict[str, Any]:
+    """Return ``value`` if it is an exact ``dict`` whose keys are exactly ``keys``."""
+    if type(value) is not dict:
+        raise ValueError(f"{name} must be a dict, not {type(value).__name__}")
+    if len(value) != len(keys) or set(value) != set(keys):
+        raise ValueError(f"{name} must have exactly the keys {sorted(keys)}")
+    return value
+
+
+def check_choice(value: object, name: str, choices: Collection[str]) -> str:
+    """Return ``value`` if it is an exact ``str`` among ``choices``."""
+    if type(value) is not str or value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}")
+    return value
+
+
+def check_hook(value: object, name: str = "fault") -> Callable[[str], object] | None:
+    """``None`` (no hook) or a callable taking the fault point's name."""
+    if value is not None and not callable(value):
+        raise ValueError(f"{name} must be None or callable")
+    return value
+
+
+def check_event(event: object, name: str = "event") -> dict[str, Any]:
+    """The labs' event: an exact dict with only ``id`` (identifier) and ``qty`` (int 1-1000); a new dict."""
+    checked = check_exact_dict(event, name, ("id", "qty"))
+    return {
+        "id": check_identifier(checked["id"], f"{name}['id']"),
+        "qty": check_int(checked["qty"], f"{name}['qty']", 1, 1000),
+    }
+
+
+def snapshot(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy: what a callback receives so that it cannot change the caller's record."""
+    return dict(mapping)

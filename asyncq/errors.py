@@ -1,0 +1,43 @@
+"""asyncq's errors, one base for everything the library raises on purpose.
+
+    AsyncqError
+    ├── Conflict     same id, different payload (enqueue, accept, receive)
+    ├── Retryable    a handler or transport asks for another attempt later
+    ├── Permanent    a handler or transport says another attempt cannot help
+    ├── BadAck       an answer that is not evidence of completion
+    └── LeaseLost    the worker no longer holds the job's lease (renewal refused)
+
+Bad input is a plain ``ValueError`` raised before any change, as the lab contracts require; a busy or
+locked database surfaces as ``sqlite3.OperationalError`` and is never turned into "nothing to do".
+"""
+
+from __future__ import annotations
+
+
+class AsyncqError(Exception):
+    """Base class of every error asyncq raises on purpose."""
+
+
+class Conflict(AsyncqError):
+    """The id already exists with a different payload."""
+
+
+class Retryable(AsyncqError):
+    """The attempt failed in a way another attempt may fix; the job goes back to pending."""
+
+    def __init__(self, *args: object, delay_ms: int | None = None) -> None:
+        super().__init__(*args)
+        #: A delay the caller asks for (e.g. from ``Retry-After``); ``None`` means the policy decides.
+        self.delay_ms = delay_ms
+
+
+class Permanent(AsyncqError):
+    """The attempt failed in a way no retry can fix; the job becomes dead with reason ``permanent``."""
+
+
+class BadAck(AsyncqError):
+    """The receiver's answer does not prove the effect happened."""
+
+
+class LeaseLost(AsyncqError):
+    """The lease was taken away (expired and re-claimed): the worker's result must not be written."""
