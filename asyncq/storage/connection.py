@@ -1,0 +1,82 @@
+"""Opening SQLite files with every setting stated, and running one short write transaction.
+
+Every write starts with ``BEGIN IMMEDIATE``: a deferred transaction that later upgrades to a writer gets
+``SQLITE_BUSY`` at once instead of waiting in the busy handler, and would turn contention into errors.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+Hook = Callable[[str], object] | None
+
+JOURNAL_MODES = ("DELETE", "WAL")
+SYNCHRONOUS_LEVELS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def check_path(path: object, name: str = "path") -> str:
+    """A file system path (``str`` or ``os.PathLike``) naming a file, never the in-memory database."""
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"{name} must be a str or os.PathLike, not {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or text in ("", ":memory:") or "\0" in text:
+        raise ValueError(f"{name} must name a local file, got {text!r}")
+    return text
+
+
+def open_file(
+    path: object,
+    ddl: Iterable[str],
+    *,
+    journal_mode: str = "DELETE",
+    synchronous: str = "FULL",
+    timeout: float = 1.0,
+    check_same_thread: bool = True,
+) -> sqlite3.Connection:
+    """Open ``path`` in autocommit mode with the given journal and sync levels, then run ``ddl`` in one
+    ``BEGIN IMMEDIATE`` transaction (``CREATE … IF NOT EXISTS``: existing rows are kept).
+
+    The connection is closed if any step fails.
+    """
+    file = check_path(path)
+    if journal_mode not in JOURNAL_MODES or synchronous not in SYNCHRONOUS_LEVELS:
+        raise ValueError(f"unsupported journal_mode={journal_mode!r} or synchronous={synchronous!r}")
+    con = sqlite3.connect(file, isolation_level=None, timeout=timeout, check_same_thread=check_same_thread)
+    try:
+        mode = con.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0]
+        if str(mode).upper() != journal_mode:
+            raise sqlite3.OperationalError(f"could not set journal_mode={journal_mode} (got {mode})")
+        con.execute(f"PRAGMA synchronous={synchronous}")
+        with write_transaction(con):
+            for statement in ddl:
+                con.execute(statement)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+@contextmanager
+def write_transaction(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``; any exception (a fault hook's included) rolls everything back
+    and propagates unchanged. A failed COMMIT is rolled back too, so no transaction is ever left open."""
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        yield con
+        con.execute("COMMIT")
+    except BaseException:
+        if con.in_transaction:
+            try:
+                con.execute("ROLLBACK")
+            except sqlite3.Error:  # the original error matters more; SQLite may have rolled back already
+                pass
+        raise
+
+
+def call_hook(fault: Hook, point: str) -> None:
+    """Call the fault hook at ``point`` (no-op without a hook)."""
+    if fault is not None:
+        fault(point)
