@@ -16,7 +16,7 @@ TIME_MAX_MS = 10**15 - 60_000
 TOKEN_MAX = 10**15
 
 # An explicit ASCII class with fullmatch: `\w` would admit Unicode letters and `$` a trailing newline.
-_IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,%d}" % IDENTIFIER_MAX)
+_IDENTIFIER = re.compile(rf"[A-Za-z0-9_-]{{1,{IDENTIFIER_MAX}}}")
 
 
 def check_identifier(value: object, name: str) -> str:

@@ -6,6 +6,7 @@ Every write starts with ``BEGIN IMMEDIATE``: a deferred transaction that later u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
@@ -69,10 +70,9 @@ def write_transaction(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         con.execute("COMMIT")
     except BaseException:
         if con.in_transaction:
-            try:
+            # The original error matters more; SQLite may have rolled back by itself already.
+            with contextlib.suppress(sqlite3.Error):
                 con.execute("ROLLBACK")
-            except sqlite3.Error:  # the original error matters more; SQLite may have rolled back already
-                pass
         raise
 
 

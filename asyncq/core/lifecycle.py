@@ -1,0 +1,117 @@
+"""The job lifecycle: states, every allowed transition, and the pure decisions behind them.
+
+This module is the one place that says how a job moves. ``docs/state-machine.md`` draws the same table
+and ``tests/test_state_machine.py`` checks that the two agree and that the engine never makes a move
+that is not listed here. The SQL that carries the decisions out lives in ``asyncq.storage.statements``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PENDING = "pending"
+LEASED = "leased"
+DONE = "done"
+DEAD = "dead"
+STATUSES = (PENDING, LEASED, DONE, DEAD)
+
+OK = "ok"
+RETRY = "retry"
+PERMANENT = "permanent"
+OUTCOMES = (OK, RETRY, PERMANENT)
+
+# Reasons stored with a row. ``retry`` marks a pending job that failed before; the others explain ``dead``.
+REASON_RETRY = "retry"
+REASON_DEADLINE = "deadline"
+REASON_EXHAUSTED = "exhausted"
+REASON_PERMANENT = "permanent"
+REASON_CANCELLED = "cancelled"
+DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One allowed move: from ``source`` to ``target``, leaving ``reason`` on the row, made by ``actor``."""
+
+    source: str
+    target: str
+    reason: str | None
+    actor: str
+
+
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition(PENDING, LEASED, None, "claim"),
+    Transition(LEASED, LEASED, None, "claim"),  # an expired lease is taken over: new token, new owner
+    Transition(LEASED, LEASED, None, "extend"),  # the holder renews its lease (product facade only)
+    Transition(LEASED, DONE, None, "finish"),
+    Transition(LEASED, PENDING, REASON_RETRY, "finish"),
+    Transition(LEASED, DEAD, REASON_EXHAUSTED, "finish"),
+    Transition(LEASED, DEAD, REASON_DEADLINE, "finish"),
+    Transition(LEASED, DEAD, REASON_PERMANENT, "finish"),
+    Transition(PENDING, DEAD, REASON_DEADLINE, "sweep"),
+    Transition(PENDING, DEAD, REASON_EXHAUSTED, "sweep"),
+    Transition(LEASED, DEAD, REASON_DEADLINE, "sweep"),  # only once the lease has expired
+    Transition(LEASED, DEAD, REASON_EXHAUSTED, "sweep"),  # only once the lease has expired
+    Transition(DEAD, PENDING, None, "redrive"),
+    Transition(PENDING, DEAD, REASON_CANCELLED, "cancel"),  # product facade only, audited
+)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a worker holds after a claim; a finish or renewal lands only if all of it still matches."""
+
+    owner: str
+    token: int
+    attempt: int
+    lease_until: int
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The lifecycle columns of one stored job, as read inside the write transaction."""
+
+    status: str
+    attempts: int
+    max_attempts: int
+    token: int
+    owner: str | None
+    lease_until: int | None
+    deadline: int
+
+
+@dataclass(frozen=True)
+class Change:
+    """The row's new status, reason and ``available_at`` after a finish."""
+
+    status: str
+    reason: str | None
+    available_at: int
+
+
+def holds_lease(job: JobState, fence: Fence, now_ms: int) -> bool:
+    """True if ``fence`` is the current, unexpired lease on ``job`` (and the deadline has not passed)."""
+    return (
+        job.status == LEASED
+        and job.owner == fence.owner
+        and job.token == fence.token
+        and job.attempts == fence.attempt
+        and job.lease_until == fence.lease_until
+        and now_ms < fence.lease_until
+        and now_ms < job.deadline
+    )
+
+
+def decide_finish(job: JobState, fence: Fence, outcome: str, now_ms: int, delay_ms: int) -> Change | None:
+    """The change a finish makes, or ``None`` when the ticket is stale (nothing may change)."""
+    if not holds_lease(job, fence, now_ms):
+        return None
+    if outcome == OK:
+        return Change(DONE, None, now_ms)
+    if outcome == PERMANENT:
+        return Change(DEAD, REASON_PERMANENT, now_ms)
+    if job.attempts >= job.max_attempts:
+        return Change(DEAD, REASON_EXHAUSTED, now_ms)
+    if now_ms + delay_ms >= job.deadline:
+        return Change(DEAD, REASON_DEADLINE, now_ms)
+    return Change(PENDING, REASON_RETRY, now_ms + delay_ms)

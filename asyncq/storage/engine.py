@@ -1,0 +1,217 @@
+"""The lifecycle engine: each transition as one short write transaction on a ``sqlite3.Connection``.
+
+The lease lab shim calls these on the spec's tables; the async facade calls the same functions on its
+own tables from its connection's thread. Every function assumes its arguments are already validated.
+``*_in_transaction`` steps run inside a transaction the caller opened (``Queue.transaction()``, or an
+app's own ``sqlite3`` transaction); the others open and close their own ``BEGIN IMMEDIATE``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncq.core.lifecycle import DEAD, Fence, JobState, decide_finish
+from asyncq.errors import Conflict
+from asyncq.storage.connection import Hook, call_hook, write_transaction
+from asyncq.storage.schema import Layout
+from asyncq.storage.statements import sql
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to insert: ``payload`` holds the layout's payload columns by name."""
+
+    id: str
+    payload: dict[str, Any]
+    max_attempts: int
+    available_at: int
+    deadline: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed job: its payload columns and the fence that proves the lease."""
+
+    id: str
+    payload: dict[str, Any]
+    fence: Fence
+    deadline: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """One ticket's outcome: ``delay_ms`` matters only for ``retry``."""
+
+    id: str
+    fence: Fence
+    outcome: str
+    delay_ms: int = 0
+
+
+def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> bool:
+    """Insert ``job``; ``False`` if the id exists with the same payload (the row is kept whole),
+    ``Conflict`` if it exists with another payload."""
+    row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job.id}).fetchone()
+    if row is not None:
+        stored = dict(zip(layout.payload, row[1 : 1 + len(layout.payload)], strict=True))
+        if stored != job.payload:
+            raise Conflict(f"job {job.id!r} already exists with a different payload")
+        return False
+    params = {
+        "id": job.id,
+        "max_attempts": job.max_attempts,
+        "available_at": job.available_at,
+        "deadline": job.deadline,
+        **job.payload,
+    }
+    con.execute(sql(layout, "INSERT"), params)
+    return True
+
+
+def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[bool]:
+    """Insert ``jobs`` in one write transaction (all or nothing); one ``True``/``False`` per job."""
+    with write_transaction(con):
+        return [enqueue_in_transaction(con, layout, job) for job in jobs]
+
+
+def claim(
+    con: sqlite3.Connection,
+    layout: Layout,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    *,
+    limit: int = 1,
+    scope: dict[str, Any] | None = None,
+    fault: Hook = None,
+) -> list[Claimed]:
+    """Sweep unclaimable rows to dead, then lease up to ``limit`` ready jobs, oldest ``seq`` first.
+
+    The sweep commits even when nothing is claimed; hooks run only when a job was claimed."""
+    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, **(scope or {})}
+    with write_transaction(con):
+        con.execute(sql(layout, "SWEEP_DEADLINE"), params)
+        con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
+        rows = con.execute(sql(layout, "CLAIM"), params).fetchall()
+        if rows:
+            call_hook(fault, "after-claim")
+    if rows:
+        call_hook(fault, "after-commit")
+    return [_claimed(layout, row) for row in sorted(rows)]
+
+
+def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
+    width = len(layout.payload)
+    owner, token, attempts, lease_until, deadline = row[2 + width :]
+    return Claimed(
+        id=row[1],
+        payload=dict(zip(layout.payload, row[2 : 2 + width], strict=True)),
+        fence=Fence(owner=owner, token=token, attempt=attempts, lease_until=lease_until),
+        deadline=deadline,
+    )
+
+
+def read_state(
+    con: sqlite3.Connection, layout: Layout, job_id: str
+) -> tuple[int, dict[str, Any], JobState] | None:
+    """``(seq, payload, lifecycle state)`` of one job, or ``None`` if it does not exist."""
+    row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job_id}).fetchone()
+    if row is None:
+        return None
+    width = len(layout.payload)
+    status, attempts, max_attempts, token, owner, lease_until, deadline, _reason = row[1 + width :]
+    state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
+    return row[0], dict(zip(layout.payload, row[1 : 1 + width], strict=True)), state
+
+
+def finish(
+    con: sqlite3.Connection,
+    layout: Layout,
+    items: Sequence[Finish],
+    now_ms: int,
+    *,
+    expect: dict[str, Any] | None = None,
+    fault: Hook = None,
+) -> list[str | None]:
+    """Apply each ticket's outcome in one write transaction, each fenced on its own.
+
+    Returns the new status per ticket, ``None`` for a stale one (its row is left unchanged). ``expect``
+    maps a job id to payload values the ticket claims (the lab's ``qty``): a mismatch is stale too."""
+    results: list[str | None] = []
+    with write_transaction(con):
+        for item in items:
+            results.append(_finish_one(con, layout, item, now_ms, (expect or {}).get(item.id), fault))
+    if any(result is not None for result in results):
+        call_hook(fault, "after-commit")
+    return results
+
+
+def _finish_one(
+    con: sqlite3.Connection,
+    layout: Layout,
+    item: Finish,
+    now_ms: int,
+    expected_payload: dict[str, Any] | None,
+    fault: Hook,
+) -> str | None:
+    found = read_state(con, layout, item.id)
+    if found is None:
+        return None
+    seq, payload, state = found
+    if expected_payload is not None and any(payload[k] != v for k, v in expected_payload.items()):
+        return None
+    change = decide_finish(state, item.fence, item.outcome, now_ms, item.delay_ms)
+    if change is None:
+        return None
+    params = {
+        "seq": seq,
+        "token": item.fence.token,
+        "owner": item.fence.owner,
+        "status": change.status,
+        "reason": change.reason,
+        "available_at": change.available_at,
+    }
+    con.execute(sql(layout, "FINISH"), params)
+    call_hook(fault, "after-finish")
+    return change.status
+
+
+def extend(
+    con: sqlite3.Connection, layout: Layout, job_id: str, fence: Fence, now_ms: int, lease_ms: int
+) -> Fence | None:
+    """Renew a held lease to ``min(now + lease_ms, deadline)``; ``None`` if the lease is no longer held."""
+    params = {"id": job_id, "now": now_ms, "lease_ms": lease_ms, "owner": fence.owner, "token": fence.token}
+    params |= {"attempt": fence.attempt, "lease_until": fence.lease_until}
+    with write_transaction(con):
+        row = con.execute(sql(layout, "EXTEND"), params).fetchone()
+    if row is None:
+        return None
+    return Fence(fence.owner, fence.token, fence.attempt, row[0])
+
+
+def redrive(
+    con: sqlite3.Connection,
+    layout: Layout,
+    job_id: str,
+    now_ms: int,
+    deadline: int,
+    note: str,
+    *,
+    fault: Hook = None,
+) -> bool:
+    """Re-arm a dead job with a fresh budget, writing the audit row first; ``ValueError`` if the job is
+    missing or not dead (nothing changes)."""
+    with write_transaction(con):
+        found = read_state(con, layout, job_id)
+        if found is None or found[2].status != DEAD:
+            raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
+        seq, _payload, state = found
+        con.execute(sql(layout, "AUDIT"), {"id": job_id, "token": state.token, "now": now_ms, "note": note})
+        call_hook(fault, "after-audit")
+        con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
+        call_hook(fault, "after-redrive")
+    call_hook(fault, "after-commit")
+    return True

@@ -1,0 +1,77 @@
+"""Table layouts. The lease lab keeps the spec's exact tables; product queues have their own, beside an
+app's tables in the same file (hence the ``asyncq_`` prefix). Both run the same statements
+(``asyncq.storage.statements``), which differ only in the table names, the payload columns and the scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The lease lab's tables, exactly as its contract writes them (sqlite_master keeps this text).
+LAB_TABLES = (
+    """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+  qty INTEGER NOT NULL, status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
+  attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token INTEGER NOT NULL,
+  available_at INTEGER NOT NULL, deadline INTEGER NOT NULL, owner TEXT, lease_until INTEGER, reason TEXT)""",
+    """CREATE TABLE IF NOT EXISTS redrives (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL)""",
+)
+
+PRODUCT_TABLES = (
+    """CREATE TABLE IF NOT EXISTS asyncq_jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+  queue TEXT NOT NULL, body TEXT NOT NULL,
+  status TEXT NOT NULL CHECK(status IN ('pending','leased','done','dead')),
+  attempts INTEGER NOT NULL, max_attempts INTEGER NOT NULL, token INTEGER NOT NULL,
+  available_at INTEGER NOT NULL, deadline INTEGER NOT NULL, owner TEXT, lease_until INTEGER, reason TEXT)""",
+    """CREATE TABLE IF NOT EXISTS asyncq_audit (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL, token INTEGER NOT NULL, at_ms INTEGER NOT NULL, note TEXT NOT NULL,
+  action TEXT NOT NULL DEFAULT 'redrive', reason TEXT)""",
+)
+
+
+def lifecycle_indexes(table: str, scope_columns: str = "") -> tuple[str, ...]:
+    """Indexes that make the sweep, the claim and the finish logarithmic in the queue's depth.
+
+    ``ready`` is ``(status)`` and so ordered by ``seq`` (the rowid) within a status: the claim walks it in
+    ``seq`` order and stops at the first available row. ``exhausted`` is partial because the sweep compares
+    two columns (``attempts >= max_attempts``), which no ordinary index can seek.
+    """
+    return (
+        f"CREATE INDEX IF NOT EXISTS {table}_ready ON {table}({scope_columns}status)",
+        f"CREATE INDEX IF NOT EXISTS {table}_lease ON {table}({scope_columns}status, lease_until)",
+        f"CREATE INDEX IF NOT EXISTS {table}_deadline ON {table}(status, deadline)",
+        f"CREATE INDEX IF NOT EXISTS {table}_exhausted ON {table}(status) WHERE attempts >= max_attempts",
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a lifecycle lives: its tables, the columns that carry the job's payload, and an optional
+    scope (a SQL condition on named parameters, such as the product's queue name) for claims."""
+
+    jobs: str
+    audit: str
+    payload: tuple[str, ...]
+    scope: str
+    ddl: tuple[str, ...]
+
+
+LAB = Layout(
+    jobs="jobs",
+    audit="redrives",
+    payload=("qty",),
+    scope="",
+    ddl=(*LAB_TABLES, *lifecycle_indexes("jobs")),
+)
+
+PRODUCT = Layout(
+    jobs="asyncq_jobs",
+    audit="asyncq_audit",
+    payload=("queue", "body"),
+    scope="AND queue = :queue",
+    ddl=(
+        *PRODUCT_TABLES,
+        *lifecycle_indexes("asyncq_jobs", "queue, "),
+        "CREATE INDEX IF NOT EXISTS asyncq_audit_id ON asyncq_audit(id)",
+    ),
+)

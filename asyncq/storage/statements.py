@@ -1,0 +1,98 @@
+"""Every lifecycle statement, once, by name. ``{jobs}``, ``{audit}``, ``{payload}`` and ``{scope}`` are
+filled from a ``Layout``; values are always named parameters, and ``:now`` is always passed in (no
+``datetime('now')``), so tests move time instead of sleeping.
+
+The sweep runs first in every claim transaction: an unclaimable row (deadline passed, or attempts used
+up) is parked as dead before the selection, in two statements so that each can seek an index.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from asyncq.storage.schema import Layout
+
+SWEEP_DEADLINE = """
+UPDATE {jobs} SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
+WHERE status IN ('pending', 'leased') AND deadline <= :now AND (status = 'pending' OR lease_until <= :now)
+"""
+
+SWEEP_EXHAUSTED = """
+UPDATE {jobs} SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
+WHERE status IN ('pending', 'leased') AND attempts >= max_attempts
+  AND (status = 'pending' OR lease_until <= :now)
+"""
+
+# Oldest first by seq among ready rows: pending and available, or leased with an expired lease.
+CLAIM = """
+UPDATE {jobs}
+SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = :owner,
+    lease_until = min(:now + :lease_ms, deadline), reason = NULL
+WHERE seq IN (
+  SELECT seq FROM (
+    SELECT seq FROM (SELECT seq FROM {jobs} WHERE status = 'pending' AND available_at <= :now {scope}
+                     ORDER BY seq LIMIT :limit)
+    UNION ALL
+    SELECT seq FROM (SELECT seq FROM {jobs} WHERE status = 'leased' AND lease_until <= :now {scope}
+                     ORDER BY seq LIMIT :limit)
+  ) ORDER BY seq LIMIT :limit)
+RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline
+"""
+
+SELECT_BY_ID = """
+SELECT seq, {payload}, status, attempts, max_attempts, token, owner, lease_until, deadline, reason
+FROM {jobs} WHERE id = :id
+"""
+
+INSERT = """
+INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
+VALUES (:id, {payload_params}, 'pending', 0, :max_attempts, 0, :available_at, :deadline)
+"""
+
+# Compare-and-set: lands only on the row version the decision was made on.
+FINISH = """
+UPDATE {jobs} SET status = :status, reason = :reason, available_at = :available_at,
+    owner = NULL, lease_until = NULL
+WHERE seq = :seq AND status = 'leased' AND token = :token AND owner = :owner
+"""
+
+EXTEND = """
+UPDATE {jobs} SET lease_until = min(:now + :lease_ms, deadline)
+WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND attempts = :attempt
+  AND lease_until = :lease_until AND :now < lease_until AND :now < deadline
+RETURNING lease_until
+"""
+
+AUDIT = """
+INSERT INTO {audit} (id, token, at_ms, note) VALUES (:id, :token, :now, :note)
+"""
+
+REDRIVE = """
+UPDATE {jobs} SET status = 'pending', attempts = 0, available_at = :now, deadline = :deadline,
+    owner = NULL, lease_until = NULL, reason = NULL
+WHERE seq = :seq AND status = 'dead'
+"""
+
+NAMES = {
+    "SWEEP_DEADLINE": SWEEP_DEADLINE,
+    "SWEEP_EXHAUSTED": SWEEP_EXHAUSTED,
+    "CLAIM": CLAIM,
+    "SELECT_BY_ID": SELECT_BY_ID,
+    "INSERT": INSERT,
+    "FINISH": FINISH,
+    "EXTEND": EXTEND,
+    "AUDIT": AUDIT,
+    "REDRIVE": REDRIVE,
+}
+
+
+@cache
+def sql(layout: Layout, name: str) -> str:
+    """The statement ``name`` for ``layout``'s tables."""
+    return NAMES[name].format(
+        jobs=layout.jobs,
+        audit=layout.audit,
+        payload=", ".join(layout.payload),
+        payload_params=", ".join(f":{column}" for column in layout.payload),
+        scope=layout.scope,
+    )
