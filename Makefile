@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create and reuse .venv by themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SOURCES := asyncq tests examples benchmarks
+
+.PHONY: demo test lint typecheck unit bench browser clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/fanout.py
+
+test: lint unit
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(SOURCES)
+	$(VENV)/bin/ruff format --check $(SOURCES)
+	$(VENV)/bin/mypy --strict asyncq
+
+unit: $(STAMP) browser
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# Debian's Chromium for the browser tests: installed when missing and we may (root); otherwise the tests
+# say why they skip (or fail, under CI=true).
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	      || echo "could not install chromium: browser tests will skip or fail under CI"; \
+	  else echo "chromium missing and not root: browser tests will skip"; fi; \
+	fi
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[peers]'
+	$(PY) benchmarks/claim_depth.py
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/http_delivery.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

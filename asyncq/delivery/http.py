@@ -1,0 +1,272 @@
+"""HTTP delivery on aiohttp: POST the job's body as JSON, and count only a verified acknowledgement.
+
+A delivery succeeds only on status ``200`` with a JSON object whose ``id`` equals the job's id. Every other
+outcome raises, and the classification is made here once:
+
+================================================  ============================================
+the exchange                                      raises
+================================================  ============================================
+200 and ``{"id": <job id>, …}``                   nothing: the job is done
+200 with another id, non-JSON, not an object      ``BadAck`` (an answer, but no evidence)
+other 2xx (201, 202, 204 …), 1xx, >= 600          ``BadAck``
+3xx (never followed)                              ``BadAck``
+408, 429, 5xx                                     ``Retryable(delay_ms=Retry-After, capped)``
+other 4xx                                         ``Permanent``
+timeout of the whole exchange, connection error   ``Retryable(delay_ms=None)``
+a response body over ``max_response_bytes``       ``BadAck``
+================================================  ============================================
+
+``BadAck`` is not a ``Retryable``: it names a receiver that answered without proving anything (a proxy, a
+misrouted URL, an old receiver), which an operator must see. The pool retries it like ``Retryable`` because
+delivery is at-least-once and the receiver's inbox deduplicates by ``Idempotency-Key``.
+
+Safety: the URL is checked when the transport is built (``http``/``https``, no userinfo, host in the
+allowlist, loopback by default), so a refused URL never opens a connection. Redirects are never followed,
+proxy settings and ``.netrc`` from the environment are ignored, cookies are not kept, responses are not
+decompressed, at most ``max_response_bytes + 1`` bytes of a response are read, and ``timeout`` bounds the
+whole exchange from the connection pool to the last byte of the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import ipaddress
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+
+import aiohttp
+from yarl import URL
+
+from asyncq.core.values import check_identifier, check_int
+from asyncq.delivery.base import Body, encode_body
+from asyncq.errors import AsyncqError, BadAck, Permanent, Retryable
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+LOOPBACK_NETWORKS: tuple[IpNetwork, ...] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("::1/128"),
+)
+LOOPBACK_NAMES = frozenset({"localhost"})
+RETRY_AFTER_CAP_MAX_MS = 86_400_000
+RESPONSE_BYTES_MAX = 16 * 1024 * 1024
+
+# RFC 9110 token characters for header names; values may not carry CR, LF or NUL.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_SET_BY_TRANSPORT = frozenset(
+    {"host", "content-length", "content-type", "transfer-encoding", "connection", "idempotency-key"}
+)
+
+
+class HostAllowlist:
+    """Which hosts a transport may connect to: IP literals inside ``networks``, or exact ``names``.
+
+    IPv4 literals count only in dotted-quad form (``127.1``, ``2130706433`` and ``0x7f.0.0.1`` are names,
+    and refused unless listed as such); an IPv4-mapped IPv6 address is not its IPv4 address.
+    Names are compared case-insensitively, without trailing-dot folding, and trusted to resolve as intended.
+    """
+
+    def __init__(self, entries: Iterable[str] | None = None) -> None:
+        if entries is None:
+            self.networks, self.names = LOOPBACK_NETWORKS, LOOPBACK_NAMES
+            return
+        if isinstance(entries, str | bytes):
+            raise ValueError("allowed_hosts must be a collection of host names or networks, not one string")
+        networks: list[IpNetwork] = []
+        names: set[str] = set()
+        for entry in entries:
+            if type(entry) is not str or not entry:
+                raise ValueError("allowed_hosts entries must be non-empty str")
+            try:
+                networks.append(ipaddress.ip_network(entry))
+            except ValueError:
+                names.add(entry.lower())
+        self.networks, self.names = tuple(networks), frozenset(names)
+
+    def allows(self, host: str) -> bool:
+        """Whether ``host`` (as yarl parsed it from a URL) is allowed."""
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host.lower() in self.names
+        return any(address.version == net.version and address in net for net in self.networks)
+
+
+def check_url(url: object, allowed_hosts: Iterable[str] | None = None) -> URL:
+    """The parsed ``url`` if it is absolute ``http``/``https`` without userinfo, with an allowed host."""
+    if type(url) is not str:
+        raise ValueError(f"url must be a str, not {type(url).__name__}")
+    try:
+        parsed = URL(url)
+    except ValueError as exc:
+        raise ValueError(f"url is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError("url must be an absolute http:// or https:// URL with a host")
+    if parsed.user is not None or parsed.password is not None:
+        raise ValueError("url must not carry userinfo")
+    if not HostAllowlist(allowed_hosts).allows(parsed.host):
+        raise ValueError(f"url host {parsed.host!r} is not in the allowed hosts")
+    return parsed
+
+
+def retry_after_ms(value: str | None, *, now: float, cap_ms: int) -> int | None:
+    """A ``Retry-After`` header (delay-seconds or HTTP-date) as milliseconds from ``now`` (seconds since the
+    epoch), clamped to ``0 … cap_ms``; ``None`` when absent or unreadable, so the retry policy decides."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return cap_ms if len(text) > 9 else min(int(text) * 1000, cap_ms)
+    try:
+        when = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return max(0, min(math.ceil((when - now) * 1000), cap_ms))
+
+
+class HttpTransport:
+    """Delivers jobs by HTTP POST to one URL, sharing one ``aiohttp.ClientSession`` (made on first use).
+
+    ``timeout`` (seconds) bounds each whole exchange; ``retry_after_cap_ms`` caps the delay a receiver may
+    ask for. A ``session`` passed in is borrowed (never closed here) and must not trust the environment.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        allowed_hosts: Iterable[str] | None = None,
+        timeout: float = 10.0,
+        max_response_bytes: int = 65536,
+        retry_after_cap_ms: int = 60_000,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.url = check_url(url, allowed_hosts)
+        if type(timeout) not in (int, float) or not math.isfinite(timeout) or not 0 < timeout <= 3600:
+            raise ValueError(f"timeout must be a number of seconds in (0, 3600], got {timeout!r}")
+        self.timeout = float(timeout)
+        self.max_response_bytes = check_int(max_response_bytes, "max_response_bytes", 1, RESPONSE_BYTES_MAX)
+        self.retry_after_cap_ms = check_int(retry_after_cap_ms, "retry_after_cap_ms", 0, RETRY_AFTER_CAP_MAX_MS)
+        if session is not None and session.trust_env:
+            raise ValueError("a borrowed session must have trust_env=False (no proxies from the environment)")
+        self._session = session
+        self._owns_session = session is None
+        self._closed = False
+
+    async def deliver(self, job_id: str, body: Body, headers: Mapping[str, str]) -> None:
+        """POST ``body`` with ``Idempotency-Key: job_id`` and ``headers``; return only on a verified ACK.
+
+        Raises ``Retryable``, ``Permanent`` or ``BadAck`` as the module's table says; ``ValueError`` for an
+        invalid ``job_id`` or header, ``RuntimeError`` after :meth:`close`.
+        """
+        check_identifier(job_id, "job_id")
+        request_headers = _request_headers(job_id, headers)
+        data = encode_body(body)
+        session = self._open_session()
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._exchange(session, job_id, data, request_headers)
+        except (aiohttp.ClientError, OSError) as exc:
+            raise Retryable(f"{self.url.host}: {type(exc).__name__}: {exc}") from exc
+        except TimeoutError as exc:
+            raise Retryable(f"{self.url.host}: no complete answer within {self.timeout} s") from exc
+
+    async def close(self) -> None:
+        """Close the transport's own session (a borrowed one stays open); later deliveries fail."""
+        self._closed = True
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("HttpTransport is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                trust_env=False,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            )
+        return self._session
+
+    async def _exchange(
+        self, session: aiohttp.ClientSession, job_id: str, data: bytes, headers: dict[str, str]
+    ) -> None:
+        async with session.post(
+            self.url,
+            data=data,
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+        ) as response:
+            if response.status != 200:
+                raise self._refusal(response)
+            verify_ack(job_id, await self._read_capped(response))
+
+    def _refusal(self, response: aiohttp.ClientResponse) -> AsyncqError:
+        status = response.status
+        where = f"{self.url.host} answered {status}"
+        if status in (408, 429) or 500 <= status <= 599:
+            delay = retry_after_ms(response.headers.get("Retry-After"), now=time.time(), cap_ms=self.retry_after_cap_ms)
+            return Retryable(where, delay_ms=delay)
+        if 300 <= status <= 399:
+            return BadAck(f"{where} (redirects are not followed)")
+        if 400 <= status <= 499:
+            return Permanent(where)
+        return BadAck(f"{where}; only 200 with the job's id acknowledges")
+
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
+        cap = self.max_response_bytes
+        declared = response.content_length
+        if declared is not None and declared > cap:
+            raise BadAck(f"{self.url.host} announced {declared} bytes, more than {cap}")
+        received = bytearray()
+        while len(received) <= cap:
+            chunk = await response.content.read(cap + 1 - len(received))
+            if not chunk:
+                break
+            received += chunk
+        if len(received) > cap:
+            response.close()
+            raise BadAck(f"{self.url.host} answered more than {cap} bytes")
+        return bytes(received)
+
+
+def verify_ack(job_id: str, raw: bytes) -> None:
+    """Accept ``raw`` only if it is UTF-8 JSON for an object whose ``id`` is ``job_id``; else ``BadAck``."""
+    try:
+        ack = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise BadAck("the answer is not UTF-8 JSON") from None
+    if type(ack) is not dict:
+        raise BadAck(f"the answer is a JSON {type(ack).__name__}, not an object")
+    if ack.get("id") != job_id:
+        raise BadAck(f"the answer acknowledges id {ack.get('id')!r}, not {job_id!r}")
+
+
+def _request_headers(job_id: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """The caller's headers, checked, plus the ones the transport owns (``Idempotency-Key`` is the job id)."""
+    checked: dict[str, str] = {}
+    for name, value in headers.items():
+        if type(name) is not str or _HEADER_NAME.fullmatch(name) is None:
+            raise ValueError(f"header name {name!r} is not an HTTP token")
+        if type(value) is not str or any(c in value for c in "\r\n\0"):
+            raise ValueError(f"header {name} must be a str without CR, LF or NUL")
+        if name.lower() in _SET_BY_TRANSPORT:
+            if name.lower() == "idempotency-key" and value == job_id:
+                continue
+            raise ValueError(f"header {name} is set by the transport")
+        checked[name] = value
+    checked.update(
+        {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Accept-Encoding": "identity",
+            "Idempotency-Key": job_id,
+        }
+    )
+    return checked
