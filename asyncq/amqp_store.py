@@ -19,6 +19,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncq.errors import Permanent
 from asyncq.storage.connection import open_file, write_transaction
@@ -56,7 +57,10 @@ LIST_DEAD = """
 SELECT seq, key, queue, body, headers, content_type, deliveries, reason, at_ms
 FROM asyncq_amqp_dead ORDER BY seq
 """
-SELECT_DEAD = f"{LIST_DEAD.split('ORDER BY')[0]} WHERE seq = :seq"
+SELECT_DEAD = """
+SELECT seq, key, queue, body, headers, content_type, deliveries, reason, at_ms
+FROM asyncq_amqp_dead WHERE seq = :seq
+"""
 DELETE_DEAD = "DELETE FROM asyncq_amqp_dead WHERE seq = :seq"
 
 
@@ -126,6 +130,7 @@ def process_delivery(
     key = delivery.key
     if key is None:
         return _park(con, delivery, 1, "no message id to use as completion key", now)
+    deliveries = 1
     if delivery.redelivered or delivery.delivery_count:
         with write_transaction(con):
             if con.execute(IS_COMPLETED, {"key": key}).fetchone() is not None:
@@ -137,10 +142,12 @@ def process_delivery(
         if deliveries > delivery_limit:
             reason = f"delivery limit {delivery_limit} exceeded ({deliveries} deliveries)"
             return _park(con, delivery, deliveries, f"{reason}; last error: {last_error or 'none seen'}", now)
-    return _run_effect(con, delivery, key, effect, now)
+    return _run_effect(con, delivery, key, effect, deliveries, now)
 
 
-def _run_effect(con: sqlite3.Connection, delivery: Delivery, key: str, effect: Effect, now: int) -> Outcome:
+def _run_effect(
+    con: sqlite3.Connection, delivery: Delivery, key: str, effect: Effect, deliveries: int, now: int
+) -> Outcome:
     try:
         with write_transaction(con):
             if con.execute(INSERT_COMPLETED, {"key": key, "now": now}).rowcount == 0:
@@ -149,7 +156,7 @@ def _run_effect(con: sqlite3.Connection, delivery: Delivery, key: str, effect: E
             con.execute(FORGET_ATTEMPTS, {"key": key})
             con.execute(FORGET_DEAD, {"key": key})
     except Permanent as exc:
-        return _park(con, delivery, 1, f"permanent: {exc}", now)
+        return _park(con, delivery, deliveries, f"permanent: {exc}", now)
     except Exception as exc:
         with write_transaction(con):
             con.execute(NOTE_ERROR, {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500]})
@@ -191,16 +198,6 @@ def forget_dead(con: sqlite3.Connection, seq: int) -> bool:
         return con.execute(DELETE_DEAD, {"seq": seq}).rowcount == 1
 
 
-def _dead(row: tuple[object, ...]) -> DeadMessage:
+def _dead(row: tuple[Any, ...]) -> DeadMessage:
     seq, key, queue, body, headers, content_type, deliveries, reason, at_ms = row
-    return DeadMessage(
-        seq=int(str(seq)),
-        key=None if key is None else str(key),
-        queue=str(queue),
-        body=bytes(body) if isinstance(body, bytes | memoryview) else str(body).encode(),
-        headers=json.loads(str(headers)),
-        content_type=None if content_type is None else str(content_type),
-        deliveries=int(str(deliveries)),
-        reason=str(reason),
-        at_ms=int(str(at_ms)),
-    )
+    return DeadMessage(seq, key, queue, bytes(body), json.loads(headers), content_type, deliveries, reason, at_ms)

@@ -17,11 +17,13 @@ are never in flight together on one channel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, HeadersType
 
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import BadAck, Retryable
@@ -92,7 +94,7 @@ class AmqpTransport:
             raise ValueError("message_id must be a non-empty str")
         message = aio_pika.Message(
             body,
-            headers=dict(headers),
+            headers=cast(HeadersType, dict(headers)),
             message_id=message_id,
             content_type=content_type,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -148,10 +150,8 @@ class AmqpTransport:
     async def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None and not channel.is_closed:
-            try:
+            with contextlib.suppress(Exception):  # already broken; the next call opens a new one
                 await channel.close()
-            except Exception:  # already broken; the next call opens a new one
-                pass
 
     def _exclusive(self, message_id: str) -> _OnePerId:
         return _OnePerId(self._in_flight, message_id)

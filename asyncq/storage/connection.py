@@ -43,14 +43,10 @@ def open_file(
     The connection is closed if any step fails.
     """
     file = check_path(path)
-    if journal_mode not in JOURNAL_MODES or synchronous not in SYNCHRONOUS_LEVELS:
-        raise ValueError(f"unsupported journal_mode={journal_mode!r} or synchronous={synchronous!r}")
+    check_levels(journal_mode, synchronous)  # before connecting, which would create the file
     con = sqlite3.connect(file, isolation_level=None, timeout=timeout, check_same_thread=check_same_thread)
     try:
-        mode = con.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0]
-        if str(mode).upper() != journal_mode:
-            raise sqlite3.OperationalError(f"could not set journal_mode={journal_mode} (got {mode})")
-        con.execute(f"PRAGMA synchronous={synchronous}")
+        configure(con, journal_mode, synchronous)
         with write_transaction(con):
             for statement in ddl:
                 con.execute(statement)
@@ -58,6 +54,21 @@ def open_file(
         con.close()
         raise
     return con
+
+
+def check_levels(journal_mode: str, synchronous: str) -> None:
+    """Only the journal modes and synchronous levels asyncq states durability for."""
+    if journal_mode not in JOURNAL_MODES or synchronous not in SYNCHRONOUS_LEVELS:
+        raise ValueError(f"unsupported journal_mode={journal_mode!r} or synchronous={synchronous!r}")
+
+
+def configure(con: sqlite3.Connection, journal_mode: str, synchronous: str) -> None:
+    """Set and verify the journal mode (it can silently stay as it was) and the synchronous level."""
+    check_levels(journal_mode, synchronous)
+    mode = con.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0]
+    if str(mode).upper() != journal_mode:
+        raise sqlite3.OperationalError(f"could not set journal_mode={journal_mode} (got {mode})")
+    con.execute(f"PRAGMA synchronous={synchronous}")
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from asyncq.core.lifecycle import DEAD, Fence, JobState, decide_finish
+from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState, decide_finish
 from asyncq.errors import Conflict
 from asyncq.storage.connection import Hook, call_hook, write_transaction
 from asyncq.storage.schema import Layout
@@ -214,4 +214,17 @@ def redrive(
         con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
         call_hook(fault, "after-redrive")
     call_hook(fault, "after-commit")
+    return True
+
+
+def cancel(con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str) -> bool:
+    """Park a pending job as dead with reason ``cancelled``, audited; ``ValueError`` if it is not pending."""
+    with write_transaction(con):
+        found = read_state(con, layout, job_id)
+        if found is None or found[2].status != PENDING:
+            raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not pending'}")
+        seq, _payload, state = found
+        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": "cancel"}
+        con.execute(sql(layout, "AUDIT_ACTION"), audit | {"reason": REASON_CANCELLED})
+        con.execute(sql(layout, "CANCEL"), {"seq": seq, "now": now_ms})
     return True

@@ -96,3 +96,16 @@ def sql(layout: Layout, name: str) -> str:
         payload_params=", ".join(f":{column}" for column in layout.payload),
         scope=layout.scope,
     )
+
+
+# Product-only statements (the lab has no cancel and no operator queries).
+CANCEL = """
+UPDATE {jobs} SET status = 'dead', reason = 'cancelled', available_at = :now, owner = NULL, lease_until = NULL
+WHERE seq = :seq AND status = 'pending'
+"""
+
+AUDIT_ACTION = """
+INSERT INTO {audit} (id, token, at_ms, note, action, reason) VALUES (:id, :token, :now, :note, :action, :reason)
+"""
+
+NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION}

@@ -1,0 +1,284 @@
+"""The idempotent RabbitMQ consumer: the effect and its completion key commit together, the ack comes after.
+
+For each delivery the consumer runs the app's database effect and writes the message's completion key in
+one SQLite transaction, and acknowledges the delivery only once that transaction has committed:
+
+* a crash before COMMIT leaves no effect and no key; the broker redelivers and the effect runs again;
+* a crash after COMMIT but before the ack makes the broker redeliver a completed key: it is acknowledged
+  without running the effect again (outcome ``DUPLICATE``);
+* a message that keeps failing (or crashing the process) is bounded by its delivery count: the broker's
+  ``x-delivery-count`` on a quorum queue, or a counted table otherwise. Past ``delivery_limit`` it is
+  parked as dead with its reason (:func:`dead_messages`) and acknowledged; :func:`redrive` republishes it.
+
+This makes a repeated delivery safe for the database effect only. It is not exactly-once delivery, and
+external side effects (e-mail, payments) need their own design. The rule itself is
+:func:`asyncq.amqp_store.process_delivery`; this module only moves deliveries to it and answers the broker.
+
+    async with IdempotentConsumer("app.db", issue_ticket, queue="registrations", concurrency=4) as consumer:
+        await consumer.run()  # until consumer.stop() (e.g. from a SIGTERM handler)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from asyncq.amqp_store import (
+    DeadMessage,
+    Delivery,
+    Effect,
+    Outcome,
+    forget_dead,
+    get_dead,
+    list_dead,
+    open_store,
+    process_delivery,
+)
+from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
+
+__all__ = [
+    "DeadMessage",
+    "Delivery",
+    "Effect",
+    "IdempotentConsumer",
+    "Outcome",
+    "dead_messages",
+    "process_delivery",
+    "redrive",
+]
+
+log = logging.getLogger(__name__)
+
+# Headers the broker adds about earlier deliveries; a redriven message starts afresh without them.
+_BROKER_HEADERS = ("x-delivery-count", "x-death", "x-first-death-exchange", "x-first-death-queue")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class ConsumerStats:
+    """Counts since :meth:`IdempotentConsumer.start` (in memory: a killed process loses them)."""
+
+    delivered: int = 0
+    redelivered: int = 0
+    completed: int = 0
+    duplicates: int = 0
+    parked: int = 0
+    requeued: int = 0
+
+
+class IdempotentConsumer:
+    """Consumes ``queue`` with at most ``prefetch`` unacknowledged deliveries and ``concurrency`` effects
+    running at once, each in a worker thread on its own SQLite connection to ``database``.
+
+    ``queue_arguments`` declares the queue (durable) with those arguments, e.g. ``{"x-queue-type":
+    "quorum"}``; ``declare=False`` uses an existing queue. ``key`` derives the completion key from a
+    delivery (default: its ``message_id``). ``on_outcome`` is called in the event loop after each answer.
+    """
+
+    def __init__(
+        self,
+        database: object,
+        effect: Effect,
+        *,
+        queue: str,
+        url: str = DEFAULT_URL,
+        prefetch: int = 10,
+        concurrency: int = 1,
+        delivery_limit: int = 5,
+        queue_arguments: Mapping[str, Any] | None = None,
+        declare: bool = True,
+        key: Callable[[AbstractIncomingMessage], str | None] | None = None,
+        on_outcome: Callable[[Delivery, Outcome], object] | None = None,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        for name, value in (("prefetch", prefetch), ("concurrency", concurrency), ("delivery_limit", delivery_limit)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.database = database
+        self.effect = effect
+        self.queue_name = queue
+        self.url = url
+        self.prefetch = prefetch
+        self.concurrency = concurrency
+        self.delivery_limit = delivery_limit
+        self.queue_arguments = dict(queue_arguments or {})
+        self.declare = declare
+        self.stats = ConsumerStats()
+        #: Set once the broker has confirmed ``basic.consume``.
+        self.consuming = asyncio.Event()
+        self._key = key or _message_id
+        self._on_outcome = on_outcome
+        self._clock = clock
+        self._connections: asyncio.Queue[sqlite3.Connection] = asyncio.Queue()
+        self._connection: AbstractConnection | None = None
+        self._queue: AbstractQueue | None = None
+        self._tag: str | None = None
+        self._handling: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self._done = asyncio.Event()
+
+    async def __aenter__(self) -> IdempotentConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Open the database connections and the broker connection, then start consuming."""
+        for _ in range(self.concurrency):
+            con = await asyncio.to_thread(open_store, self.database, check_same_thread=False)
+            self._connections.put_nowait(con)
+        self._connection = await aio_pika.connect(self.url)
+        self._connection.close_callbacks.add(self._on_connection_closed)
+        channel = await self._connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=self.prefetch)
+        if self.declare:
+            self._queue = await channel.declare_queue(self.queue_name, durable=True, arguments=self.queue_arguments)
+        else:
+            self._queue = await channel.get_queue(self.queue_name, ensure=True)
+        self._tag = await self._queue.consume(self._on_message)
+        self.consuming.set()
+        log.debug("consuming %s (prefetch=%d, concurrency=%d)", self.queue_name, self.prefetch, self.concurrency)
+
+    async def run(self) -> None:
+        """Wait until :meth:`stop` is called; raise ``ConnectionError`` if the broker connection is lost."""
+        await self._done.wait()
+        if not self._stopping:
+            await self.stop()
+            raise ConnectionError(f"connection to RabbitMQ lost while consuming {self.queue_name!r}")
+
+    async def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop taking deliveries, let running effects finish and be acknowledged (up to ``timeout``
+        seconds), then close: deliveries not yet started return to the queue."""
+        self._stopping = True
+        await self._cancel_consumer()
+        if self._handling:
+            await asyncio.wait(set(self._handling), timeout=timeout)
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.is_closed:
+            await connection.close()
+        while not self._connections.empty():
+            self._connections.get_nowait().close()
+        self._done.set()
+
+    async def _cancel_consumer(self) -> None:
+        queue, tag, self._tag = self._queue, self._tag, None
+        if queue is None or tag is None or self._connection is None or self._connection.is_closed:
+            return
+        try:
+            await queue.cancel(tag)
+        except Exception as exc:  # the channel is gone: nothing more will be delivered anyway
+            log.debug("basic.cancel failed: %r", exc)
+
+    def _on_connection_closed(self, *args: object) -> None:
+        self._done.set()
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handling.add(task)
+        try:
+            await self._handle(message)
+        finally:
+            self._handling.discard(task)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        delivery = self._delivery(message)
+        self.stats.delivered += 1
+        self.stats.redelivered += delivery.redelivered
+        con = await self._connections.get()
+        try:
+            if self._stopping:
+                outcome = Outcome.RETRY  # not started: back to the queue for the next consumer
+            else:
+                outcome = await asyncio.to_thread(
+                    process_delivery, con, delivery, self.effect,
+                    delivery_limit=self.delivery_limit, now=self._clock(),
+                )  # fmt: skip
+        except Exception:
+            log.exception("delivery %r could not be processed; requeueing it", delivery.key)
+            outcome = Outcome.RETRY
+        finally:
+            self._connections.put_nowait(con)
+        await self._answer(message, delivery, outcome)
+
+    async def _answer(self, message: AbstractIncomingMessage, delivery: Delivery, outcome: Outcome) -> None:
+        try:
+            if outcome.acks:
+                await message.ack()
+            else:
+                await message.nack(requeue=True)
+        except Exception as exc:  # committed work stays committed; the redelivery will be a DUPLICATE
+            log.warning("could not answer delivery %r (%s): %r", delivery.key, outcome.value, exc)
+            return
+        self._count(outcome)
+        if self._on_outcome is not None:
+            self._on_outcome(delivery, outcome)
+
+    def _count(self, outcome: Outcome) -> None:
+        name = {
+            Outcome.COMPLETED: "completed",
+            Outcome.DUPLICATE: "duplicates",
+            Outcome.PARKED: "parked",
+            Outcome.RETRY: "requeued",
+        }[outcome]
+        setattr(self.stats, name, getattr(self.stats, name) + 1)
+
+    def _delivery(self, message: AbstractIncomingMessage) -> Delivery:
+        headers = dict(message.headers or {})
+        count = headers.get("x-delivery-count")
+        return Delivery(
+            key=self._key(message),
+            body=message.body,
+            queue=self.queue_name,
+            redelivered=bool(message.redelivered),
+            delivery_count=count if isinstance(count, int) else None,
+            headers=headers,
+            content_type=message.content_type,
+        )
+
+
+def _message_id(message: AbstractIncomingMessage) -> str | None:
+    return message.message_id or None
+
+
+def dead_messages(database: object) -> list[DeadMessage]:
+    """The messages parked in ``database``, oldest first, each with its reason."""
+    con = open_store(database)
+    try:
+        return list_dead(con)
+    finally:
+        con.close()
+
+
+async def redrive(database: object, seq: int, transport: AmqpTransport) -> DeadMessage:
+    """Republish parked message ``seq`` to its queue (confirmed and routed), then forget it.
+
+    The broker's delivery headers are dropped, so the message starts with a fresh delivery count. A crash
+    between the publish and the forget leaves the row to be redriven again: the key makes that harmless.
+    """
+    con = open_store(database)
+    try:
+        dead = get_dead(con, seq)
+        if dead is None:
+            raise LookupError(f"no parked message {seq}")
+        if dead.key is None:
+            raise ValueError(f"parked message {seq} has no message id; republishing it unchanged cannot help")
+        headers = {name: value for name, value in dead.headers.items() if name not in _BROKER_HEADERS}
+        await transport.publish(dead.key, dead.body, headers, content_type=dead.content_type, routing_key=dead.queue)
+        forget_dead(con, seq)
+        return dead
+    finally:
+        con.close()

@@ -1,0 +1,123 @@
+"""What a product queue stores and hands out: job specs, tickets and job records, with their checks.
+
+The value rules are the lab's (``asyncq.core.values``); only the ranges are wider, because product jobs
+live longer than the lab's one-minute budget.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from asyncq.core.lifecycle import Fence
+from asyncq.core.values import check_identifier, check_int
+from asyncq.storage.engine import Claimed, NewJob
+
+DEFAULT_QUEUE = "default"
+MAX_BODY_BYTES = 64 * 1024
+MAX_ATTEMPTS = 1000
+MAX_TTL_MS = 365 * 24 * 3600 * 1000
+MAX_LEASE_MS = 24 * 3600 * 1000
+DEFAULT_TTL_MS = 24 * 3600 * 1000
+DEFAULT_LEASE_MS = 30_000
+MAX_BATCH = 1000
+
+
+def canonical_json(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The stored form of a body: sorted keys, compact, no NaN; ``ValueError`` if not JSON or too big.
+
+    Two bodies are the same job exactly when their canonical forms are equal."""
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"body is not JSON-serialisable: {error}") from None
+    if len(text.encode()) > max_bytes:
+        raise ValueError(f"body is larger than {max_bytes} bytes as JSON")
+    return text
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job to enqueue. ``id`` is its idempotency key: the same id and body again is a no-op."""
+
+    id: str
+    body: Any
+    queue: str = DEFAULT_QUEUE
+    max_attempts: int = 3
+    ttl_ms: int = DEFAULT_TTL_MS
+    delay_ms: int = 0
+
+    def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
+        """Validate every field and build the row inserted at ``now_ms``."""
+        check_identifier(self.id, "id")
+        check_identifier(self.queue, "queue")
+        check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        check_int(self.ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
+        check_int(self.delay_ms, "delay_ms", 0, self.ttl_ms)
+        body = canonical_json(self.body, max_body_bytes)
+        return NewJob(
+            id=self.id,
+            payload={"queue": self.queue, "body": body},
+            max_attempts=self.max_attempts,
+            available_at=now_ms + self.delay_ms,
+            deadline=now_ms + self.ttl_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A claimed job and the fence proving the lease; hand it back to ``finish`` or ``extend``."""
+
+    id: str
+    queue: str
+    body: Any
+    fence: Fence
+    deadline: int
+
+    @property
+    def token(self) -> int:
+        return self.fence.token
+
+    @property
+    def attempt(self) -> int:
+        return self.fence.attempt
+
+    @property
+    def lease_until(self) -> int:
+        return self.fence.lease_until
+
+    @classmethod
+    def from_claimed(cls, claimed: Claimed) -> Ticket:
+        payload = claimed.payload
+        return cls(claimed.id, payload["queue"], json.loads(payload["body"]), claimed.fence, claimed.deadline)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One stored job, as ``Queue.get`` reads it."""
+
+    seq: int
+    id: str
+    queue: str
+    body: Any
+    status: str
+    attempts: int
+    max_attempts: int
+    token: int
+    available_at: int
+    deadline: int
+    owner: str | None
+    lease_until: int | None
+    reason: str | None
+
+    COLUMNS = (
+        "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, "
+        "lease_until, reason"
+    )
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Job:
+        values = list(row)
+        values[3] = json.loads(values[3])
+        return cls(*values)

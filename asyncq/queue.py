@@ -1,0 +1,278 @@
+"""``Queue``: the async facade over one SQLite file (aiosqlite), running the lab's lifecycle unchanged.
+
+All writes of one process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a
+time, each run whole in the connection's thread (``asyncq.storage.aio``). Serialising writers inside
+the process is deliberate: several connections contending for SQLite's write lock only sleep in its
+busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from asyncq.core.lifecycle import OUTCOMES
+from asyncq.core.values import check_choice, check_identifier, check_int, check_time
+from asyncq.jobs import (
+    DEFAULT_LEASE_MS,
+    DEFAULT_QUEUE,
+    DEFAULT_TTL_MS,
+    MAX_BATCH,
+    MAX_BODY_BYTES,
+    MAX_LEASE_MS,
+    MAX_TTL_MS,
+    Job,
+    JobSpec,
+    Ticket,
+)
+from asyncq.storage import engine
+from asyncq.storage.aio import run_sync
+from asyncq.storage.connection import check_path, configure, write_transaction
+from asyncq.storage.durability import DEFAULT, LEVELS, Durability
+from asyncq.storage.migrations import migrate_in_transaction
+from asyncq.storage.schema import PRODUCT
+from asyncq.storage.stats import Stats, read_stats
+
+Clock = Callable[[], int]
+GET_JOB = f"SELECT {Job.COLUMNS} FROM {PRODUCT.jobs} WHERE id = ?"
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch: the time base every process sharing a queue file must use."""
+    return time.time_ns() // 1_000_000
+
+
+def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
+    configure(con, level.journal_mode, level.synchronous)
+    with write_transaction(con):
+        migrate_in_transaction(con)
+
+
+class Transaction:
+    """An open ``BEGIN IMMEDIATE`` on the queue's connection: the app's SQL and its jobs commit together."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+        self.enqueued = 0
+
+    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """Run one statement of the app's own and return its rows."""
+        rows = await self._queue._conn.execute_fetchall(statement, parameters)
+        return list(rows)
+
+    async def enqueue(self, job_id: str, body: Any, **options: Any) -> bool:
+        """Enqueue inside this transaction (see ``Queue.enqueue``)."""
+        row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
+        added = await run_sync(self._queue._conn, engine.enqueue_in_transaction, PRODUCT, row)
+        self.enqueued += added
+        return added
+
+
+class Queue:
+    """A durable job queue in one SQLite file. Open with ``await Queue.open(path)``."""
+
+    def __init__(
+        self, conn: aiosqlite.Connection, path: str, durability: Durability, clock: Clock, max_body_bytes: int
+    ) -> None:
+        self._conn = conn
+        self.path = path
+        self.durability = durability
+        self.max_body_bytes = max_body_bytes
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._waiters: set[asyncio.Event] = set()
+
+    @classmethod
+    async def open(
+        cls,
+        path: str,
+        *,
+        durability: str = DEFAULT.name,
+        clock: Clock = wall_clock_ms,
+        busy_timeout: float = 5.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> Queue:
+        """Open (creating and migrating if needed) a queue file. ``durability`` is ``full`` (WAL+FULL, the
+        default), ``full-delete`` (DELETE+EXTRA) or ``normal`` (WAL+NORMAL: may lose the last commits on
+        power loss)."""
+        file = check_path(path)
+        level = LEVELS.get(durability)
+        if level is None:
+            raise ValueError(f"durability must be one of {sorted(LEVELS)}")
+        conn = await aiosqlite.connect(file, isolation_level=None, timeout=busy_timeout)
+        try:
+            await run_sync(conn, _open_and_migrate, level)
+        except BaseException:
+            await conn.close()
+            raise
+        return cls(conn, file, level, clock, max_body_bytes)
+
+    async def close(self) -> None:
+        """Close the connection (waits for the transaction in progress)."""
+        async with self._lock:
+            await self._conn.close()
+
+    async def __aenter__(self) -> Queue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def now(self) -> int:
+        """The queue clock's current time, checked."""
+        return check_time(self._clock(), "clock()")
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._lock:
+            return await run_sync(self._conn, fn, *args)
+
+    # -- producers ------------------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        job_id: str,
+        body: Any,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = 3,
+        ttl_ms: int = DEFAULT_TTL_MS,
+        delay_ms: int = 0,
+    ) -> bool:
+        """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body."""
+        return (await self.enqueue_many([JobSpec(job_id, body, queue, max_attempts, ttl_ms, delay_ms)]))[0]
+
+    async def enqueue_many(self, jobs: Iterable[JobSpec]) -> list[bool]:
+        """Add several jobs in one transaction: all or none."""
+        now = self.now()
+        rows = [job.to_row(now, self.max_body_bytes) for job in jobs]
+        added: list[bool] = await self._run(engine.enqueue, PRODUCT, rows)
+        if any(added):
+            self._notify()
+        return added
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """``async with queue.transaction() as tx``: ``tx.execute`` the app's SQL and ``tx.enqueue`` jobs;
+        all commit together, or all roll back if the block raises (or is cancelled)."""
+        async with self._lock:
+            await self._conn.execute("BEGIN IMMEDIATE")
+            tx = Transaction(self)
+            try:
+                yield tx
+                with anyio.CancelScope(shield=True):
+                    await self._conn.execute("COMMIT")
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    if self._conn.in_transaction:
+                        await self._conn.execute("ROLLBACK")
+                raise
+        if tx.enqueued:
+            self._notify()
+
+    # -- wake-ups -------------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        for event in self._waiters:
+            event.set()
+
+    async def wait_for_jobs(self, timeout: float) -> None:
+        """Return when this process enqueues a job, or after ``timeout`` seconds (other processes'
+        enqueues are only seen by polling)."""
+        event = asyncio.Event()
+        self._waiters.add(event)
+        try:
+            with anyio.move_on_after(timeout):
+                await event.wait()
+        finally:
+            self._waiters.discard(event)
+
+    # -- workers --------------------------------------------------------------------------------------
+
+    async def claim(
+        self, owner: str, *, queue: str = DEFAULT_QUEUE, limit: int = 1, lease_ms: int = DEFAULT_LEASE_MS
+    ) -> list[Ticket]:
+        """Lease up to ``limit`` ready jobs of ``queue`` in one transaction, each with its own token."""
+        check_identifier(owner, "owner")
+        check_identifier(queue, "queue")
+        check_int(limit, "limit", 1, MAX_BATCH)
+        check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+        claimed = await self._run(
+            lambda con: engine.claim(con, PRODUCT, owner, self.now(), lease_ms, limit=limit, scope={"queue": queue})
+        )
+        return [Ticket.from_claimed(job) for job in claimed]
+
+    async def finish(self, ticket: Ticket, outcome: str, delay_ms: int = 0) -> str | None:
+        """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale."""
+        return (await self.finish_many([(ticket, outcome, delay_ms)]))[0]
+
+    async def finish_many(self, results: Sequence[tuple[Ticket, str, int]]) -> list[str | None]:
+        """Record several outcomes in one commit, each fenced on its own (stale ones change nothing)."""
+        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in results]
+        if not items:
+            return []
+        statuses: list[str | None] = await self._run(lambda con: engine.finish(con, PRODUCT, items, self.now()))
+        if any(status == "pending" for status in statuses):
+            self._notify()
+        return statuses
+
+    async def extend(self, ticket: Ticket, lease_ms: int = DEFAULT_LEASE_MS) -> Ticket | None:
+        """Renew a held lease; the renewed ticket, or ``None`` if the lease is lost."""
+        check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+        fence = await self._run(
+            lambda con: engine.extend(con, PRODUCT, ticket.id, ticket.fence, self.now(), lease_ms)
+        )
+        if fence is None:
+            return None
+        return Ticket(ticket.id, ticket.queue, ticket.body, fence, ticket.deadline)
+
+    async def reconcile(self, ticket: Ticket) -> str | None:
+        """After a finish whose outcome is unknown (cancelled while committing): the status it left, or
+        ``None`` if the ticket still holds the lease, i.e. the finish did not land."""
+        job = await self.get(ticket.id)
+        if job is None or job.token != ticket.token:
+            return None
+        return None if job.status == "leased" and job.lease_until == ticket.lease_until else job.status
+
+    # -- operators ------------------------------------------------------------------------------------
+
+    async def redrive(self, job_id: str, note: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> bool:
+        """Re-arm a dead job with a fresh budget and an audit row; ``ValueError`` if it is not dead."""
+        check_identifier(job_id, "job_id")
+        check_identifier(note, "note")
+        check_int(ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
+        now = self.now()
+        done: bool = await self._run(engine.redrive, PRODUCT, job_id, now, now + ttl_ms, note)
+        self._notify()
+        return done
+
+    async def cancel(self, job_id: str, note: str) -> bool:
+        """Park a pending job as dead (reason ``cancelled``), audited; ``ValueError`` if not pending."""
+        check_identifier(job_id, "job_id")
+        check_identifier(note, "note")
+        done: bool = await self._run(engine.cancel, PRODUCT, job_id, self.now(), note)
+        return done
+
+    async def get(self, job_id: str) -> Job | None:
+        """One job's stored record, or ``None``."""
+        check_identifier(job_id, "job_id")
+        row = await self._run(lambda con: con.execute(GET_JOB, (job_id,)).fetchone())
+        return None if row is None else Job.from_row(tuple(row))
+
+    async def stats(self) -> Stats:
+        """Counts by status and dead reason, oldest pending age, leases by owner."""
+        now = self.now()
+        result: Stats = await self._run(read_stats, PRODUCT, now)
+        return result
+
+
+def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> engine.Finish:
+    check_choice(outcome, "outcome", OUTCOMES)
+    check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
+    return engine.Finish(ticket.id, ticket.fence, outcome, delay_ms)

@@ -1,0 +1,30 @@
+"""The product schema's versions, applied forward with ``PRAGMA user_version`` inside the caller's
+write transaction (SQLite's DDL is transactional, so a failed migration leaves the file as it was)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from asyncq.storage.schema import PRODUCT
+
+# Each entry moves the file from version ``index`` to ``index + 1``. Append only; never edit a step.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (PRODUCT.ddl,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate_in_transaction(con: sqlite3.Connection) -> int:
+    """Bring the file to ``SCHEMA_VERSION``; returns the version found. Refuses a newer file."""
+    found = int(con.execute("PRAGMA user_version").fetchone()[0])
+    if found > SCHEMA_VERSION:
+        raise ValueError(f"queue file has schema version {found}, newer than this asyncq ({SCHEMA_VERSION})")
+    for step in MIGRATIONS[found:]:
+        for statement in step:
+            con.execute(statement)
+    if found != SCHEMA_VERSION:
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return found
+
+
+def is_current(con: sqlite3.Connection) -> bool:
+    """True if the file already has this version's tables (a read; no change)."""
+    return int(con.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
