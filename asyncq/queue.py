@@ -218,19 +218,39 @@ class Queue:
         if not items:
             return []
         statuses: list[str | None] = await self._run(lambda con: engine.finish(con, PRODUCT, items, self.now()))
-        if any(status == "pending" for status in statuses):
-            self._notify()
         return statuses
+
+    async def settle_and_claim(
+        self,
+        results: Sequence[tuple[Ticket, str, int]],
+        owner: str,
+        wants: Sequence[tuple[str, int]],
+        lease_ms: int = DEFAULT_LEASE_MS,
+    ) -> tuple[list[str | None], list[Ticket]]:
+        """Finish ``results`` and claim up to ``n`` jobs for each ``(queue, n)`` of ``wants`` in one
+        commit: the worker pool's group commit."""
+        check_identifier(owner, "owner")
+        check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in results]
+        scoped = [({"queue": check_identifier(q, "queue")}, check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
+        statuses, claimed = await self._run(
+            lambda con: engine.settle_and_claim(con, PRODUCT, items, self.now(), owner, lease_ms, scoped)
+        )
+        return statuses, [Ticket.from_claimed(job) for job in claimed]
 
     async def extend(self, ticket: Ticket, lease_ms: int = DEFAULT_LEASE_MS) -> Ticket | None:
         """Renew a held lease; the renewed ticket, or ``None`` if the lease is lost."""
+        return (await self.extend_many([ticket], lease_ms))[0]
+
+    async def extend_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Ticket | None]:
+        """Renew several held leases in one commit; ``None`` for each one that is lost."""
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
-        fence = await self._run(
-            lambda con: engine.extend(con, PRODUCT, ticket.id, ticket.fence, self.now(), lease_ms)
-        )
-        if fence is None:
-            return None
-        return Ticket(ticket.id, ticket.queue, ticket.body, fence, ticket.deadline)
+        leases = [(ticket.id, ticket.fence) for ticket in tickets]
+        fences = await self._run(lambda con: engine.extend(con, PRODUCT, leases, self.now(), lease_ms))
+        return [
+            None if fence is None else Ticket(ticket.id, ticket.queue, ticket.body, fence, ticket.deadline)
+            for ticket, fence in zip(tickets, fences, strict=True)
+        ]
 
     async def reconcile(self, ticket: Ticket) -> str | None:
         """After a finish whose outcome is unknown (cancelled while committing): the status it left, or

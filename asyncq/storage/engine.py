@@ -91,15 +91,30 @@ def claim(
     """Sweep unclaimable rows to dead, then lease up to ``limit`` ready jobs, oldest ``seq`` first.
 
     The sweep commits even when nothing is claimed; hooks run only when a job was claimed."""
-    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, **(scope or {})}
     with write_transaction(con):
-        con.execute(sql(layout, "SWEEP_DEADLINE"), params)
-        con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
-        rows = con.execute(sql(layout, "CLAIM"), params).fetchall()
-        if rows:
+        claimed = claim_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+        if claimed:
             call_hook(fault, "after-claim")
-    if rows:
+    if claimed:
         call_hook(fault, "after-commit")
+    return claimed
+
+
+def claim_in_transaction(
+    con: sqlite3.Connection,
+    layout: Layout,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    *,
+    limit: int = 1,
+    scope: dict[str, Any] | None = None,
+) -> list[Claimed]:
+    """The sweep and the claim, inside a transaction the caller holds."""
+    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, **(scope or {})}
+    con.execute(sql(layout, "SWEEP_DEADLINE"), params)
+    con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
+    rows = con.execute(sql(layout, "CLAIM"), params).fetchall()
     return [_claimed(layout, row) for row in sorted(rows)]
 
 
@@ -140,13 +155,24 @@ def finish(
 
     Returns the new status per ticket, ``None`` for a stale one (its row is left unchanged). ``expect``
     maps a job id to payload values the ticket claims (the lab's ``qty``): a mismatch is stale too."""
-    results: list[str | None] = []
     with write_transaction(con):
-        for item in items:
-            results.append(_finish_one(con, layout, item, now_ms, (expect or {}).get(item.id), fault))
+        results = finish_in_transaction(con, layout, items, now_ms, expect=expect, fault=fault)
     if any(result is not None for result in results):
         call_hook(fault, "after-commit")
     return results
+
+
+def finish_in_transaction(
+    con: sqlite3.Connection,
+    layout: Layout,
+    items: Sequence[Finish],
+    now_ms: int,
+    *,
+    expect: dict[str, Any] | None = None,
+    fault: Hook = None,
+) -> list[str | None]:
+    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change)."""
+    return [_finish_one(con, layout, item, now_ms, (expect or {}).get(item.id), fault) for item in items]
 
 
 def _finish_one(
@@ -180,16 +206,18 @@ def _finish_one(
 
 
 def extend(
-    con: sqlite3.Connection, layout: Layout, job_id: str, fence: Fence, now_ms: int, lease_ms: int
-) -> Fence | None:
-    """Renew a held lease to ``min(now + lease_ms, deadline)``; ``None`` if the lease is no longer held."""
-    params = {"id": job_id, "now": now_ms, "lease_ms": lease_ms, "owner": fence.owner, "token": fence.token}
-    params |= {"attempt": fence.attempt, "lease_until": fence.lease_until}
+    con: sqlite3.Connection, layout: Layout, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int
+) -> list[Fence | None]:
+    """Renew held leases to ``min(now + lease_ms, deadline)`` in one transaction; ``None`` for each
+    lease that is no longer held (expired, re-claimed or finished)."""
+    renewed: list[Fence | None] = []
     with write_transaction(con):
-        row = con.execute(sql(layout, "EXTEND"), params).fetchone()
-    if row is None:
-        return None
-    return Fence(fence.owner, fence.token, fence.attempt, row[0])
+        for job_id, fence in leases:
+            params = {"id": job_id, "now": now_ms, "lease_ms": lease_ms, "owner": fence.owner}
+            params |= {"token": fence.token, "attempt": fence.attempt, "lease_until": fence.lease_until}
+            row = con.execute(sql(layout, "EXTEND"), params).fetchone()
+            renewed.append(None if row is None else Fence(fence.owner, fence.token, fence.attempt, row[0]))
+    return renewed
 
 
 def redrive(
@@ -228,3 +256,24 @@ def cancel(con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, no
         con.execute(sql(layout, "AUDIT_ACTION"), audit | {"reason": REASON_CANCELLED})
         con.execute(sql(layout, "CANCEL"), {"seq": seq, "now": now_ms})
     return True
+
+
+def settle_and_claim(
+    con: sqlite3.Connection,
+    layout: Layout,
+    items: Sequence[Finish],
+    now_ms: int,
+    owner: str,
+    lease_ms: int,
+    wants: Sequence[tuple[dict[str, Any], int]],
+) -> tuple[list[str | None], list[Claimed]]:
+    """A worker pool's group commit: finish ``items`` and claim up to ``limit`` jobs for each
+    ``(scope, limit)`` in ``wants``, all in one write transaction (one commit for many jobs, each still
+    fenced on its own)."""
+    claimed: list[Claimed] = []
+    with write_transaction(con):
+        statuses = finish_in_transaction(con, layout, items, now_ms)
+        for scope, limit in wants:
+            if limit > 0:
+                claimed += claim_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+    return statuses, claimed

@@ -1,0 +1,412 @@
+"""The receiver side: an aiohttp endpoint that applies each event's effect once, with its inbox row, in SQLite.
+
+``POST /events`` (the path is configurable) takes a JSON body. The event's id is the ``Idempotency-Key``
+header if sent (the body is then any JSON value; an ``id`` in an object body must equal it), else the
+``id`` of a JSON object body. Ids are identifiers (1-64 ASCII letters, digits, ``_``, ``-``).
+
+=================================  ======  ==============================================================
+request                            status  body, and what changes
+=================================  ======  ==============================================================
+new id                             200     ``{"id", "status": "applied"}``: effect and inbox row committed
+same id, same canonical body       200     ``{"id", "status": "duplicate"}``: the same ACK; no effect,
+                                           the row's ``duplicates`` counter goes up
+same id, other body                409     ``{"id", "status": "conflict"}``: the row's ``conflicts`` goes up
+not UTF-8 JSON, no or bad id, …    400     ``{"error"}``: nothing changes
+body over ``max_body_bytes``       413     ``{"error"}``: nothing changes (Content-Length checked first)
+the effect raises ``Permanent``    422     ``{"id", "status": "refused", "error"}``: rolled back
+the effect or SQLite fails         500     ``{"id", "status": "failed"}``: rolled back, the sender retries
+=================================  ======  ==============================================================
+
+"Same body" means the same canonical JSON (sorted keys, compact separators, ASCII escapes), so key order
+and whitespace do not matter while ``1`` and ``1.0`` differ. ``GET /events/stats`` shows the counters.
+
+Durability: the file uses ``journal_mode=DELETE`` with ``synchronous=EXTRA``, and the ACK is sent only after
+``COMMIT`` returned, so an acknowledged effect survives a power loss (EXTRA also syncs the directory after
+the rollback journal is deleted). DELETE rather than WAL because the inbox may share its file with the
+app's tables and an asyncq queue, which open it in DELETE mode, and one file has one journal mode.
+
+Serialisation: every SQLite call runs in one dedicated thread that owns the only connection, so concurrent
+requests queue in memory, in arrival order, instead of contending in SQLite's busy handler.
+
+Counters: the table is the durable record (rows = applied, ``sum(duplicates)``, ``sum(conflicts)``), which
+survives restarts; :attr:`Inbox.counters` also counts, since start, the rejected (400/413) and failed
+requests, which leave no row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import logging
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from asyncq.core.values import check_identifier, check_int, check_time
+from asyncq.errors import Conflict, Permanent
+from asyncq.storage.connection import check_path, open_file, write_transaction
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: The user's effect, run inside the inbox row's write transaction: ``effect(con, event_id, body)``.
+Effect = Callable[[sqlite3.Connection, str, Any], None]
+
+MAX_BODY_BYTES = 65536
+
+INBOX_TABLES = (
+    """CREATE TABLE IF NOT EXISTS asyncq_inbox (id TEXT PRIMARY KEY, body TEXT NOT NULL,
+  applied_at_ms INTEGER NOT NULL, duplicates INTEGER NOT NULL DEFAULT 0, conflicts INTEGER NOT NULL DEFAULT 0)""",
+)
+SELECT_BODY = "SELECT body FROM asyncq_inbox WHERE id = ?"
+INSERT_EVENT = "INSERT INTO asyncq_inbox (id, body, applied_at_ms) VALUES (?, ?, ?)"
+COUNT_DUPLICATE = "UPDATE asyncq_inbox SET duplicates = duplicates + 1 WHERE id = ?"
+COUNT_CONFLICT = "UPDATE asyncq_inbox SET conflicts = conflicts + 1 WHERE id = ?"
+TOTALS = "SELECT count(*), coalesce(sum(duplicates), 0), coalesce(sum(conflicts), 0) FROM asyncq_inbox"
+
+# The example effect's table: what `--effect stock` and the examples use.
+STOCK_TABLES = ("CREATE TABLE IF NOT EXISTS stock (item TEXT PRIMARY KEY, qty INTEGER NOT NULL)",)
+
+
+def add_to_stock(con: sqlite3.Connection, event_id: str, body: Any) -> None:
+    """Example effect: add the body's ``qty`` (int 1-1000) to the ``stock`` row of its ``item`` (default
+    ``snack``). A body without a valid ``qty`` is ``Permanent``: no retry can fix it."""
+    try:
+        if type(body) is not dict:
+            raise ValueError("body must be a JSON object")
+        qty = check_int(body.get("qty"), "qty", 1, 1000)
+        item = check_identifier(body.get("item", "snack"), "item")
+    except ValueError as exc:
+        raise Permanent(str(exc)) from None
+    con.execute(
+        "INSERT INTO stock (item, qty) VALUES (?, ?) ON CONFLICT(item) DO UPDATE SET qty = qty + excluded.qty",
+        (item, qty),
+    )
+
+
+def canonical_json(body: Any) -> str:
+    """The text two bodies are compared by: sorted keys, compact separators, ASCII, strict JSON."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch: the default clock of ``applied_at_ms``."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class InboxCounters:
+    """Requests seen since this process started; the table holds the durable applied/duplicate/conflict
+    counts."""
+
+    applied: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    rejected: int = 0
+    failed: int = 0
+
+
+def record_event(
+    con: sqlite3.Connection, event_id: str, canonical: str, body: Any, now_ms: int, effect: Effect | None
+) -> str:
+    """In one write transaction: a new id gets its row and the effect (``'applied'``); a known id with the
+    same canonical body counts a duplicate (``'duplicate'``), with another body a conflict (``'conflict'``)."""
+    with write_transaction(con):
+        row = con.execute(SELECT_BODY, (event_id,)).fetchone()
+        if row is None:
+            con.execute(INSERT_EVENT, (event_id, canonical, now_ms))
+            if effect is not None:
+                effect(con, event_id, body)
+                if not con.in_transaction:
+                    raise RuntimeError("the effect ended the inbox transaction")
+            return "applied"
+        if row[0] == canonical:
+            con.execute(COUNT_DUPLICATE, (event_id,))
+            return "duplicate"
+        con.execute(COUNT_CONFLICT, (event_id,))
+        return "conflict"
+
+
+class Inbox:
+    """The durable receiver state: one SQLite file, one writer thread owning its only connection.
+
+    ``ddl`` adds the effect's own ``CREATE … IF NOT EXISTS`` statements, run with the inbox's on open.
+    Use as ``async with Inbox(db, effect=…) as inbox:`` or call :meth:`open` and :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        db: object,
+        *,
+        effect: Effect | None = None,
+        ddl: Iterable[str] = (),
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.db = check_path(db, "db")
+        if effect is not None and not callable(effect):
+            raise ValueError("effect must be None or callable")
+        self.effect = effect
+        self.counters = InboxCounters()
+        self._ddl = (*INBOX_TABLES, *ddl)
+        self._clock = clock
+        self._executor: ThreadPoolExecutor | None = None
+        self._con: sqlite3.Connection | None = None  # used only in the executor's thread
+
+    async def open(self) -> None:
+        """Start the writer thread and open the file there (tables created if missing, rows kept)."""
+        if self._executor is not None:
+            raise RuntimeError("the inbox is already open")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncq-inbox")
+        try:
+            self._con = await self._in_thread(
+                open_file, self.db, self._ddl, journal_mode="DELETE", synchronous="EXTRA", timeout=5.0
+            )
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    async def close(self) -> None:
+        """Close the connection in its thread, after the writes already queued, and stop the thread."""
+        executor, con = self._executor, self._con
+        if executor is None:
+            return
+        try:
+            if con is not None:
+                await self._in_thread(con.close)
+        finally:
+            self._executor = self._con = None
+            executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> Inbox:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def receive(self, event_id: str, body: Any) -> str:
+        """Apply ``body`` under ``event_id`` once: ``'applied'`` or ``'duplicate'``; ``Conflict`` for the
+        same id with another body. ``ValueError`` (bad id, body not strict JSON) before any change; an
+        effect's exception rolls everything back and propagates."""
+        check_identifier(event_id, "event_id")
+        canonical = canonical_json(body)
+        try:
+            outcome = await self._in_thread(self._record, event_id, canonical, body)
+        except Exception:
+            self.counters.failed += 1
+            raise
+        if outcome == "conflict":
+            self.counters.conflicts += 1
+            raise Conflict(f"event {event_id} was already received with another body")
+        if outcome == "applied":
+            self.counters.applied += 1
+        else:
+            self.counters.duplicates += 1
+        return outcome
+
+    async def totals(self) -> dict[str, int]:
+        """The durable counts from the table: ``applied`` rows, ``duplicates`` and ``conflicts``."""
+
+        def read(con: sqlite3.Connection) -> tuple[int, int, int]:
+            applied, duplicates, conflicts = con.execute(TOTALS).fetchone()
+            return int(applied), int(duplicates), int(conflicts)
+
+        applied, duplicates, conflicts = await self._in_thread(self._with_connection, read)
+        return {"applied": applied, "duplicates": duplicates, "conflicts": conflicts}
+
+    def _record(self, event_id: str, canonical: str, body: Any) -> str:
+        now_ms = check_time(self._clock(), "clock()")
+        return self._with_connection(record_event, event_id, canonical, body, now_ms, self.effect)
+
+    def _with_connection(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._con is None:
+            raise RuntimeError("the inbox is not open")
+        return fn(self._con, *args)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._executor is None:
+            raise RuntimeError("the inbox is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+
+# --- HTTP --------------------------------------------------------------------------------------------------------
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the cap (413)."""
+
+
+async def read_body(request: web.Request, cap: int) -> bytes:
+    """The request body, refused (``BodyTooLarge``) by its Content-Length or while reading at most cap+1."""
+    if request.content_length is not None and request.content_length > cap:
+        raise BodyTooLarge(f"the body announces {request.content_length} bytes, more than {cap}")
+    received = bytearray()
+    while len(received) <= cap:
+        chunk = await request.content.read(cap + 1 - len(received))
+        if not chunk:
+            break
+        received += chunk
+    if len(received) > cap:
+        raise BodyTooLarge(f"the body is over {cap} bytes")
+    return bytes(received)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("a JSON object repeats a key")
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_event(raw: bytes, idempotency_keys: Sequence[str]) -> tuple[str, Any]:
+    """``(event_id, body)`` from a request body and its ``Idempotency-Key`` headers; ``ValueError`` if the
+    body is not strict UTF-8 JSON, or no valid id can be found, or the header and the body's id differ."""
+    if len(idempotency_keys) > 1:
+        raise ValueError("more than one Idempotency-Key header")
+    try:
+        body = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        canonical_json(body)
+    except RecursionError:
+        raise ValueError("the body nests too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"the body is not strict UTF-8 JSON: {exc}") from None
+    has_id = type(body) is dict and "id" in body
+    body_id = check_identifier(body["id"], "id") if has_id else None
+    if not idempotency_keys:
+        if body_id is None:
+            raise ValueError("the body must be a JSON object with an id (or send an Idempotency-Key header)")
+        return body_id, body
+    key = check_identifier(idempotency_keys[0], "Idempotency-Key")
+    if body_id is not None and body_id != key:
+        raise ValueError("the body's id and the Idempotency-Key header differ")
+    return key, body
+
+
+class _InboxHandler:
+    def __init__(self, inbox: Inbox, max_body_bytes: int) -> None:
+        self.inbox = inbox
+        self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, 64 * 1024 * 1024)
+
+    async def post(self, request: web.Request) -> web.Response:
+        try:
+            raw = await read_body(request, self.max_body_bytes)
+            event_id, body = parse_event(raw, request.headers.getall("Idempotency-Key", []))
+        except BodyTooLarge as exc:
+            self.inbox.counters.rejected += 1
+            return web.json_response({"error": str(exc)}, status=413)
+        except ValueError as exc:
+            self.inbox.counters.rejected += 1
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            status = await self.inbox.receive(event_id, body)
+        except Conflict:
+            return web.json_response({"id": event_id, "status": "conflict"}, status=409)
+        except Permanent as exc:
+            return web.json_response({"id": event_id, "status": "refused", "error": str(exc)}, status=422)
+        except Exception:
+            log.exception("inbox: event %s failed and was rolled back", event_id)
+            return web.json_response({"id": event_id, "status": "failed"}, status=500)
+        return web.json_response({"id": event_id, "status": status})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"since_start": asdict(self.inbox.counters), "table": await self.inbox.totals()})
+
+
+def inbox_routes(inbox: Inbox, *, path: str = "/events", max_body_bytes: int = MAX_BODY_BYTES) -> list[web.RouteDef]:
+    """``POST path`` (the receiver) and ``GET path/stats`` (the counters), to add to an app that opens and
+    closes ``inbox`` itself (for instance with :func:`inbox_lifecycle` in ``app.cleanup_ctx``)."""
+    if type(path) is not str or not path.startswith("/"):
+        raise ValueError("path must be a str starting with '/'")
+    handler = _InboxHandler(inbox, max_body_bytes)
+    return [web.post(path, handler.post), web.get(path.rstrip("/") + "/stats", handler.stats)]
+
+
+def inbox_lifecycle(inbox: Inbox) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A ``cleanup_ctx`` entry: opens ``inbox`` on startup, closes it on cleanup."""
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        async with inbox:
+            yield
+
+    return lifecycle
+
+
+INBOX_KEY = web.AppKey("asyncq_inbox", Inbox)
+
+
+def make_inbox_app(
+    db: object,
+    *,
+    effect: Effect | None = None,
+    ddl: Iterable[str] = (),
+    path: str = "/events",
+    max_body_bytes: int = MAX_BODY_BYTES,
+    clock: Callable[[], int] = wall_clock_ms,
+) -> web.Application:
+    """A ready app: the inbox on ``db`` (at ``app[INBOX_KEY]``), its routes, opened and closed with the app."""
+    inbox = Inbox(db, effect=effect, ddl=ddl, clock=clock)
+    app = web.Application()
+    app[INBOX_KEY] = inbox
+    app.add_routes(inbox_routes(inbox, path=path, max_body_bytes=max_body_bytes))
+    app.cleanup_ctx.append(inbox_lifecycle(inbox))
+    return app
+
+
+# --- standalone: python -m asyncq.inbox --------------------------------------------------------------------------
+
+EFFECTS: dict[str, tuple[Effect | None, tuple[str, ...]]] = {"none": (None, ()), "stock": (add_to_stock, STOCK_TABLES)}
+
+
+async def serve(app: web.Application, host: str, port: int, path: str, ready: Callable[[str], object]) -> None:
+    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT; ``ready`` gets the receiver's bound URL."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        ready(f"http://{shown}:{bound_port}{path}")
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m asyncq.inbox --db PATH [--host H] [--port P]``: prints the URL first, then serves."""
+    parser = argparse.ArgumentParser(prog="python -m asyncq.inbox", description="Run an asyncq inbox receiver.")
+    parser.add_argument("--db", required=True, help="the SQLite file (created if missing)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: any free port)")
+    parser.add_argument("--path", default="/events", help="the receiver's path (default /events)")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
+    parser.add_argument("--effect", choices=sorted(EFFECTS), default="none", help="'stock' adds qty to stock")
+    args = parser.parse_args(argv)
+    effect, ddl = EFFECTS[args.effect]
+    app = make_inbox_app(args.db, effect=effect, ddl=ddl, path=args.path, max_body_bytes=args.max_body_bytes)
+    asyncio.run(serve(app, args.host, args.port, args.path, lambda url: print(url, flush=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Enqueue from synchronous code, inside the caller's own ``sqlite3`` transaction.
+
+``enqueue_sync(con, …)`` joins the transaction ``con`` has open, so the job commits or rolls back with
+the caller's rows. On a connection with no open transaction it opens and commits its own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from asyncq.jobs import DEFAULT_QUEUE, DEFAULT_TTL_MS, MAX_BODY_BYTES, JobSpec
+from asyncq.queue import wall_clock_ms
+from asyncq.storage import engine
+from asyncq.storage.connection import write_transaction
+from asyncq.storage.migrations import is_current, migrate_in_transaction
+from asyncq.storage.schema import PRODUCT
+
+
+def enqueue_sync(
+    con: sqlite3.Connection,
+    job_id: str,
+    body: Any,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    max_attempts: int = 3,
+    ttl_ms: int = DEFAULT_TTL_MS,
+    delay_ms: int = 0,
+    now_ms: int | None = None,
+) -> bool:
+    """Add a job through the caller's connection: ``True`` if inserted, ``False`` if the same id and
+    body exist, ``Conflict`` for another body. Creates asyncq's tables in that transaction if needed."""
+    now = wall_clock_ms() if now_ms is None else now_ms
+    row = JobSpec(job_id, body, queue, max_attempts, ttl_ms, delay_ms).to_row(now, MAX_BODY_BYTES)
+    if con.in_transaction:
+        return _enqueue(con, row)
+    with write_transaction(con):
+        return _enqueue(con, row)
+
+
+def _enqueue(con: sqlite3.Connection, row: engine.NewJob) -> bool:
+    if not is_current(con):
+        migrate_in_transaction(con)
+    return engine.enqueue_in_transaction(con, PRODUCT, row)
