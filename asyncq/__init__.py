@@ -12,18 +12,34 @@ __all__ = [
     "AsyncqError",
     "BadAck",
     "Conflict",
+    "Job",
+    "JobContext",
+    "JobSpec",
     "LeaseLost",
     "Permanent",
+    "Pool",
+    "Queue",
+    "RetryPolicy",
     "Retryable",
+    "Ticket",
+    "enqueue_sync",
 ]
 
 _WHERE = {
     "AsyncqError": "asyncq.errors",
     "BadAck": "asyncq.errors",
     "Conflict": "asyncq.errors",
+    "Job": "asyncq.jobs",
+    "JobContext": "asyncq.pool",
+    "JobSpec": "asyncq.jobs",
     "LeaseLost": "asyncq.errors",
     "Permanent": "asyncq.errors",
+    "Pool": "asyncq.pool",
+    "Queue": "asyncq.queue",
+    "RetryPolicy": "asyncq.pool",
     "Retryable": "asyncq.errors",
+    "Ticket": "asyncq.jobs",
+    "enqueue_sync": "asyncq.sync",
 }
 
 

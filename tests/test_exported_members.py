@@ -1,0 +1,42 @@
+"""The public API is pinned: adding or removing a name is a decision, not an accident."""
+
+from __future__ import annotations
+
+import pytest
+
+import asyncq
+
+pytestmark = pytest.mark.timeout(30)
+
+EXPECTED = [
+    "AsyncqError",
+    "BadAck",
+    "Conflict",
+    "Job",
+    "JobContext",
+    "JobSpec",
+    "LeaseLost",
+    "Permanent",
+    "Pool",
+    "Queue",
+    "RetryPolicy",
+    "Retryable",
+    "Ticket",
+    "enqueue_sync",
+]
+
+
+def test_all_is_pinned_and_sorted() -> None:
+    assert asyncq.__all__ == EXPECTED
+    assert asyncq.__all__ == sorted(asyncq.__all__)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_name_resolves(name: str) -> None:
+    assert getattr(asyncq, name) is not None
+    assert name in dir(asyncq)
+
+
+def test_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError):
+        _ = asyncq.NoSuchThing  # type: ignore[attr-defined]
