@@ -26,6 +26,7 @@ import anyio
 from asyncq.core.backoff import retry_delay
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
 from asyncq.core.values import check_identifier, check_int
+from asyncq.delivery.base import Transport
 from asyncq.errors import Permanent, Retryable
 from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, Ticket
 from asyncq.queue import Queue
@@ -46,6 +47,16 @@ class JobContext:
 
 
 Handler = Callable[[Any, JobContext], Awaitable[object]]
+
+
+def deliver_with(transport: Transport) -> Handler:
+    """A handler that delivers each job's body through ``transport``, with its fencing token in the
+    ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``)."""
+
+    async def deliver(body: Any, context: JobContext) -> None:
+        await transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
+
+    return deliver
 
 
 @dataclass(frozen=True)
