@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from asyncq import JobSpec, Pool, Queue  # noqa: E402
-from asyncq.delivery.http import HttpTransport  # noqa: E402
-from asyncq.pool import deliver_with  # noqa: E402
+from asyncq import JobSpec, Pool, Queue
+from asyncq.delivery.http import HttpTransport
+from asyncq.pool import deliver_with
 
 LEASE_MS = 2_000
 

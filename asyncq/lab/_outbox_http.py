@@ -146,6 +146,8 @@ def _read_capped(response: http.client.HTTPResponse) -> bytes:
     while len(body) <= MAX_BODY:  # read at most MAX_BODY + 1 bytes, never the rest of an endless answer
         chunk = response.read(MAX_BODY + 1 - len(body))
         if not chunk:
+            if response.length:  # http.client returns a short body quietly; a cut answer is no ACK
+                raise BadAck(f"answer ended {response.length} bytes before its Content-Length")
             return body
         body += chunk
     raise BadAck(f"answer is longer than {MAX_BODY} bytes")
@@ -219,9 +221,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(data)
 
+    def _is_events(self) -> bool:
+        # The request target as sent: http.server rewrites a leading '//' in ``self.path``.
+        words = self.requestline.split()
+        return len(words) == 3 and words[1] == "/events"
+
     def _elsewhere(self) -> None:
         self.server.sink.count_request()
-        if self.path == "/events":
+        if self._is_events():
             self._reply(405, {"error": "method not allowed"}, allow="POST")
         else:
             self._reply(404, {"error": "not found"})
@@ -231,7 +238,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         sink = self.server.sink
         sink.count_request()
-        if self.path != "/events":
+        if not self._is_events():
             return self._reply(404, {"error": "not found"})
         lengths = self.headers.get_all("Content-Length") or []
         if (

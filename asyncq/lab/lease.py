@@ -27,7 +27,7 @@ from asyncq.core.values import (
 )
 from asyncq.errors import BadAck, Conflict, Permanent, Retryable
 from asyncq.storage import engine
-from asyncq.storage.connection import check_path, open_file
+from asyncq.storage.connection import open_file
 from asyncq.storage.schema import LAB
 
 __all__ = [
@@ -201,10 +201,12 @@ def run_file(
 ) -> dict[str, Any] | None:
     """``run_once`` on an existing queue file, with a connection it opens and always closes; a path that
     is not an existing regular file is ``FileNotFoundError`` and no file is ever created."""
-    file = check_path(path)
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    file = os.fspath(path)
     try:
-        is_regular = stat.S_ISREG(os.stat(file).st_mode)
-    except OSError:
+        is_regular = isinstance(file, str) and file != ":memory:" and stat.S_ISREG(os.stat(file).st_mode)
+    except (OSError, ValueError):  # ValueError: an embedded NUL byte
         is_regular = False
     if not is_regular:
         raise FileNotFoundError(f"no queue file at {file!r}")
