@@ -17,20 +17,21 @@ the effect raises ``Permanent``    422     ``{"id", "status": "refused", "error"
 the effect or SQLite fails         500     ``{"id", "status": "failed"}``: rolled back, the sender retries
 =================================  ======  ==============================================================
 
-"Same body" means the same canonical JSON (sorted keys, compact separators, ASCII escapes), so key order
-and whitespace do not matter while ``1`` and ``1.0`` differ. ``GET /events/stats`` shows the counters.
+"Same body" means the same canonical JSON (sorted keys, compact separators, ASCII escapes): key order and
+whitespace do not matter, ``1`` and ``1.0`` differ. ``GET /events/stats`` shows the counters.
 
-Durability: the file uses ``journal_mode=DELETE`` with ``synchronous=EXTRA``, and the ACK is sent only after
-``COMMIT`` returned, so an acknowledged effect survives a power loss (EXTRA also syncs the directory after
-the rollback journal is deleted). DELETE rather than WAL because the inbox may share its file with the
-app's tables and an asyncq queue, which open it in DELETE mode, and one file has one journal mode.
+Durability: asyncq's ``full`` level (WAL with ``synchronous=FULL``, as ``Queue`` opens its files), and the ACK
+goes out only after ``COMMIT`` returned, so an acknowledged effect survives a power loss.
 
-Serialisation: every SQLite call runs in one dedicated thread that owns the only connection, so concurrent
+Group commit: requests that arrive while a transaction is being written wait for the next one, which
+records all of them, each inside its own savepoint (a failing effect rolls back only its own event). Under
+load one fsync serves many requests; alone, a request still gets its own commit at once.
+
+Serialisation: all SQLite work runs in one dedicated thread owning the only connection, so concurrent
 requests queue in memory, in arrival order, instead of contending in SQLite's busy handler.
 
-Counters: the table is the durable record (rows = applied, ``sum(duplicates)``, ``sum(conflicts)``), which
-survives restarts; :attr:`Inbox.counters` also counts, since start, the rejected (400/413) and failed
-requests, which leave no row.
+Counters: the table is the durable record (rows = applied, ``sum(duplicates)``, ``sum(conflicts)``);
+:attr:`Inbox.counters` also counts, since start, rejected (400/413) and failed requests, which leave no row.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from aiohttp import web
 from asyncq.core.values import check_identifier, check_int, check_time
 from asyncq.errors import Conflict, Permanent
 from asyncq.storage.connection import check_path, open_file, write_transaction
+from asyncq.storage.durability import FULL
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +107,7 @@ def wall_clock_ms() -> int:
 
 @dataclass
 class InboxCounters:
-    """Requests seen since this process started; the table holds the durable applied/duplicate/conflict
-    counts."""
+    """Requests seen since this process started (the table holds the durable counts)."""
 
     applied: int = 0
     duplicates: int = 0
@@ -118,22 +119,41 @@ class InboxCounters:
 def record_event(
     con: sqlite3.Connection, event_id: str, canonical: str, body: Any, now_ms: int, effect: Effect | None
 ) -> str:
-    """In one write transaction: a new id gets its row and the effect (``'applied'``); a known id with the
-    same canonical body counts a duplicate (``'duplicate'``), with another body a conflict (``'conflict'``)."""
+    """Inside the caller's transaction: a new id gets its row and the effect (``'applied'``); a known id with
+    the same canonical body counts a duplicate (``'duplicate'``), with another body a conflict (``'conflict'``)."""
+    row = con.execute(SELECT_BODY, (event_id,)).fetchone()
+    if row is None:
+        con.execute(INSERT_EVENT, (event_id, canonical, now_ms))
+        if effect is not None:
+            effect(con, event_id, body)
+            if not con.in_transaction:
+                raise RuntimeError("the effect ended the inbox transaction")
+        return "applied"
+    if row[0] == canonical:
+        con.execute(COUNT_DUPLICATE, (event_id,))
+        return "duplicate"
+    con.execute(COUNT_CONFLICT, (event_id,))
+    return "conflict"
+
+
+def record_events(
+    con: sqlite3.Connection, events: Sequence[tuple[str, str, Any]], now_ms: int, effect: Effect | None
+) -> list[str | Exception]:
+    """Record ``(event_id, canonical, body)`` events in one write transaction, each in its own savepoint:
+    an event whose effect raises is rolled back alone and gets its exception as its result."""
+    results: list[str | Exception] = []
     with write_transaction(con):
-        row = con.execute(SELECT_BODY, (event_id,)).fetchone()
-        if row is None:
-            con.execute(INSERT_EVENT, (event_id, canonical, now_ms))
-            if effect is not None:
-                effect(con, event_id, body)
+        for event_id, canonical, body in events:
+            con.execute("SAVEPOINT inbox_event")
+            try:
+                results.append(record_event(con, event_id, canonical, body, now_ms, effect))
+            except Exception as error:
                 if not con.in_transaction:
-                    raise RuntimeError("the effect ended the inbox transaction")
-            return "applied"
-        if row[0] == canonical:
-            con.execute(COUNT_DUPLICATE, (event_id,))
-            return "duplicate"
-        con.execute(COUNT_CONFLICT, (event_id,))
-        return "conflict"
+                    raise
+                con.execute("ROLLBACK TO inbox_event")
+                results.append(error)
+            con.execute("RELEASE inbox_event")
+    return results
 
 
 class Inbox:
@@ -160,6 +180,8 @@ class Inbox:
         self._clock = clock
         self._executor: ThreadPoolExecutor | None = None
         self._con: sqlite3.Connection | None = None  # used only in the executor's thread
+        self._waiting: list[tuple[str, str, Any, asyncio.Future[str | Exception]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Start the writer thread and open the file there (tables created if missing, rows kept)."""
@@ -168,7 +190,7 @@ class Inbox:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncq-inbox")
         try:
             self._con = await self._in_thread(
-                open_file, self.db, self._ddl, journal_mode="DELETE", synchronous="EXTRA", timeout=5.0
+                open_file, self.db, self._ddl, journal_mode=FULL.journal_mode, synchronous=FULL.synchronous, timeout=5.0
             )
         except BaseException:
             self._executor.shutdown(wait=False)
@@ -180,6 +202,8 @@ class Inbox:
         executor, con = self._executor, self._con
         if executor is None:
             return
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
         try:
             if con is not None:
                 await self._in_thread(con.close)
@@ -200,11 +224,14 @@ class Inbox:
         effect's exception rolls everything back and propagates."""
         check_identifier(event_id, "event_id")
         canonical = canonical_json(body)
-        try:
-            outcome = await self._in_thread(self._record, event_id, canonical, body)
-        except Exception:
+        future: asyncio.Future[str | Exception] = asyncio.get_running_loop().create_future()
+        self._waiting.append((event_id, canonical, body, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_waiting())
+        outcome = await future
+        if isinstance(outcome, Exception):
             self.counters.failed += 1
-            raise
+            raise outcome
         if outcome == "conflict":
             self.counters.conflicts += 1
             raise Conflict(f"event {event_id} was already received with another body")
@@ -224,9 +251,25 @@ class Inbox:
         applied, duplicates, conflicts = await self._in_thread(self._with_connection, read)
         return {"applied": applied, "duplicates": duplicates, "conflicts": conflicts}
 
-    def _record(self, event_id: str, canonical: str, body: Any) -> str:
+    async def _write_waiting(self) -> None:
+        """Commit everything waiting, batch after batch, until nothing waits (the group commit)."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                results = await self._in_thread(self._record, [event[:3] for event in batch])
+            except Exception as error:  # the whole transaction failed: every event in it gets the error
+                results = [error] * len(batch)
+            except BaseException:
+                for *_event, future in batch:
+                    future.cancel()
+                raise
+            for (*_event, future), result in zip(batch, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+
+    def _record(self, events: Sequence[tuple[str, str, Any]]) -> list[str | Exception]:
         now_ms = check_time(self._clock(), "clock()")
-        return self._with_connection(record_event, event_id, canonical, body, now_ms, self.effect)
+        return self._with_connection(record_events, events, now_ms, self.effect)
 
     def _with_connection(self, fn: Callable[..., T], *args: Any) -> T:
         if self._con is None:

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from asyncq.delivery.base import Transport
 from asyncq.delivery.http import HttpTransport, retry_after_ms
 from asyncq.errors import BadAck, Permanent, Retryable
 
@@ -121,7 +122,7 @@ def raw_answer(status: int, body: bytes, **headers: str) -> Handler:
 
 async def test_verified_ack_returns_and_the_server_sees_body_and_headers() -> None:
     async with web_server(json_answer(200, {"id": "job-1", "status": "applied"})) as (url, server):
-        transport = HttpTransport(url)
+        transport: Transport = HttpTransport(url)  # what the pool expects
         await transport.deliver("job-1", {"qty": 3, "note": "é"}, {"Asyncq-Token": "42"})
         await transport.close()
     [(method, headers, body)] = server.requests
@@ -155,6 +156,16 @@ async def test_a_borrowed_session_stays_open_and_must_not_trust_the_environment(
         async with aiohttp.ClientSession(trust_env=True) as trusting:
             with pytest.raises(ValueError, match="trust_env"):
                 HttpTransport(url, session=trusting)
+
+
+async def test_a_borrowed_session_s_own_settings_do_not_change_the_rules() -> None:
+    async with (
+        web_server(json_answer(404, {"id": "a"})) as (url, _),
+        aiohttp.ClientSession(raise_for_status=True) as strict,
+    ):
+        transport = HttpTransport(url, session=strict)
+        with pytest.raises(Permanent):  # not a ClientResponseError taken for a broken connection
+            await transport.deliver("a", None, {})
 
 
 @pytest.mark.parametrize(
@@ -335,7 +346,7 @@ async def test_the_deadline_bounds_the_whole_exchange(script: Script) -> None:
     async with RawServer(script) as server:
         transport = HttpTransport(server.url, timeout=0.5)
         started = time.monotonic()
-        with pytest.raises(Retryable) as caught:
+        with pytest.raises(Retryable, match=r"within 0\.5 s") as caught:
             await transport.deliver("job-1", {}, {})
         elapsed = time.monotonic() - started
         await transport.close()

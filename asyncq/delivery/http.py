@@ -170,10 +170,10 @@ class HttpTransport:
         try:
             async with asyncio.timeout(self.timeout):
                 await self._exchange(session, job_id, data, request_headers)
+        except TimeoutError as exc:  # before OSError, its base class
+            raise Retryable(f"{self.url.host}: no complete answer within {self.timeout} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise Retryable(f"{self.url.host}: {type(exc).__name__}: {exc}") from exc
-        except TimeoutError as exc:
-            raise Retryable(f"{self.url.host}: no complete answer within {self.timeout} s") from exc
 
     async def close(self) -> None:
         """Close the transport's own session (a borrowed one stays open); later deliveries fail."""
@@ -201,6 +201,8 @@ class HttpTransport:
             data=data,
             headers=headers,
             allow_redirects=False,
+            raise_for_status=False,
+            auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=self.timeout),
         ) as response:
             if response.status != 200:
@@ -223,6 +225,7 @@ class HttpTransport:
         cap = self.max_response_bytes
         declared = response.content_length
         if declared is not None and declared > cap:
+            response.close()
             raise BadAck(f"{self.url.host} announced {declared} bytes, more than {cap}")
         received = bytearray()
         while len(received) <= cap:

@@ -1,0 +1,274 @@
+"""The inbox receiver on a real SQLite file and a real loopback aiohttp server, and as a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+
+from asyncq.delivery.http import HttpTransport
+from asyncq.errors import Conflict, Permanent
+from asyncq.inbox import INBOX_KEY, STOCK_TABLES, Effect, Inbox, add_to_stock, make_inbox_app
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@asynccontextmanager
+async def running_inbox(
+    db: Path, effect: Effect | None = add_to_stock, **options: Any
+) -> AsyncIterator[tuple[str, Inbox]]:
+    app = make_inbox_app(db, effect=effect, ddl=STOCK_TABLES, **options)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}{options.get('path', '/events')}", app[INBOX_KEY]
+    finally:
+        await runner.cleanup()
+
+
+def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table's rows, read through an independent connection."""
+    con = sqlite3.connect(db)
+    try:
+        tables = [name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        return {table: sorted(con.execute(f"SELECT * FROM {table}").fetchall()) for table in tables}
+    finally:
+        con.close()
+
+
+def stock(db: Path) -> int:
+    return int(dump(db)["stock"][0][1]) if dump(db)["stock"] else 0
+
+
+async def post(session: aiohttp.ClientSession, url: str, data: Any, headers: Any = None) -> tuple[int, dict[str, Any]]:
+    raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+    async with session.post(url, data=raw, headers=headers) as response:
+        return response.status, await response.json()
+
+
+async def test_fifty_simultaneous_posts_of_one_id_apply_once(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def counting(con: sqlite3.Connection, event_id: str, body: Any) -> None:
+        calls.append(event_id)
+        add_to_stock(con, event_id, body)
+
+    db = tmp_path / "sink.db"
+    async with running_inbox(db, counting) as (url, inbox), aiohttp.ClientSession() as session:
+        answers = await asyncio.gather(*(post(session, url, {"id": "evt-1", "qty": 7}) for _ in range(50)))
+        assert inbox.counters.applied == 1 and inbox.counters.duplicates == 49
+        assert await inbox.totals() == {"applied": 1, "duplicates": 49, "conflicts": 0}
+    assert {status for status, _ in answers} == {200}
+    statuses = sorted(answer["status"] for _, answer in answers)
+    assert statuses == ["applied"] + ["duplicate"] * 49
+    assert all(answer["id"] == "evt-1" for _, answer in answers)
+    assert calls == ["evt-1"]
+    [(event_id, body, _, duplicates, conflicts)] = dump(db)["asyncq_inbox"]
+    assert (event_id, json.loads(body), duplicates, conflicts) == ("evt-1", {"id": "evt-1", "qty": 7}, 49, 0)
+    assert dump(db)["stock"] == [("snack", 7)]
+
+
+async def test_distinct_ids_are_each_applied(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db) as (url, _), aiohttp.ClientSession() as session:
+        answers = await asyncio.gather(*(post(session, url, {"id": f"e-{i}", "qty": 1}) for i in range(30)))
+    assert all(answer["status"] == "applied" for _, answer in answers)
+    assert stock(db) == 30 and len(dump(db)["asyncq_inbox"]) == 30
+
+
+MALFORMED = {
+    "not-json": (b"not json", None),
+    "empty": (b"", None),
+    "array": (b'[{"id": "e-2"}]', None),
+    "string": (b'"e-2"', None),
+    "missing-id": (b'{"qty": 1}', None),
+    "bad-id": (b'{"id": "bad id", "qty": 1}', None),
+    "long-id": (json.dumps({"id": "x" * 65, "qty": 1}).encode(), None),
+    "number-id": (b'{"id": 5, "qty": 1}', None),
+    "null-id": (b'{"id": null, "qty": 1}', None),
+    "invalid-utf8": (b'{"id": "e-2", "note": "\xff\xfe"}', None),
+    "bom": (b'\xef\xbb\xbf{"id": "e-2", "qty": 1}', None),
+    "repeated-key": (b'{"id": "e-2", "id": "e-3", "qty": 1}', None),
+    "nan": (b'{"id": "e-2", "qty": NaN}', None),
+    "trailing-data": (b'{"id": "e-2", "qty": 1} {}', None),
+    "deep": (b"[" * 30_000 + b"]" * 30_000, None),
+    "huge-int": (b'{"id": "e-2", "qty": ' + b"9" * 5000 + b"}", None),
+    "bad-key-header": (b'{"qty": 1}', CIMultiDict({"Idempotency-Key": "bad key"})),
+    "key-differs": (b'{"id": "e-2", "qty": 1}', CIMultiDict({"Idempotency-Key": "e-3"})),
+    "two-keys": (b"{}", CIMultiDict([("Idempotency-Key", "e-2"), ("Idempotency-Key", "e-2")])),
+    "key-but-not-json": (b"{", CIMultiDict({"Idempotency-Key": "e-2"})),
+}
+
+
+@pytest.mark.parametrize(("raw", "headers"), list(MALFORMED.values()), ids=list(MALFORMED))
+async def test_malformed_requests_are_400_and_change_nothing(
+    tmp_path: Path, raw: bytes, headers: CIMultiDict[str] | None
+) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db) as (url, inbox), aiohttp.ClientSession() as session:
+        assert await post(session, url, {"id": "e-1", "qty": 2}) == (200, {"id": "e-1", "status": "applied"})
+        before = dump(db)
+        status, answer = await post(session, url, raw, headers)
+        assert status == 400 and "error" in answer
+        assert dump(db) == before
+        assert inbox.counters.rejected == 1
+
+
+async def test_same_id_other_body_is_a_409_and_changes_no_effect(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db) as (url, inbox), aiohttp.ClientSession() as session:
+        assert (await post(session, url, {"id": "e-1", "qty": 2}))[0] == 200
+        assert await post(session, url, {"id": "e-1", "qty": 3}) == (409, {"id": "e-1", "status": "conflict"})
+        assert await post(session, url, {"id": "e-1", "qty": 2}) == (200, {"id": "e-1", "status": "duplicate"})
+        assert inbox.counters.conflicts == 1
+    assert stock(db) == 2
+    assert [row[3:] for row in dump(db)["asyncq_inbox"]] == [(1, 1)]
+
+
+async def test_key_order_and_whitespace_do_not_make_another_body(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db) as (url, _), aiohttp.ClientSession() as session:
+        assert (await post(session, url, b'{"id":"e-1","qty":2,"tags":{"b":1,"a":2}}'))[1]["status"] == "applied"
+        again = b'{ "tags" : { "a" : 2, "b" : 1 }, "qty" : 2, "id" : "e-1" }'
+        assert await post(session, url, again) == (200, {"id": "e-1", "status": "duplicate"})
+        assert (await post(session, url, b'{"id":"e-1","qty":2.0,"tags":{"b":1,"a":2}}'))[0] == 409
+    assert stock(db) == 2
+
+
+async def test_the_id_may_come_from_the_idempotency_key_header(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db, effect=None) as (url, _), aiohttp.ClientSession() as session:
+        key = {"Idempotency-Key": "job-9"}
+        assert await post(session, url, [1, 2, 3], key) == (200, {"id": "job-9", "status": "applied"})
+        assert await post(session, url, [1, 2, 3], key) == (200, {"id": "job-9", "status": "duplicate"})
+        assert (await post(session, url, {"id": "job-8", "qty": 1}, {"Idempotency-Key": "job-8"}))[0] == 200
+    assert [(row[0], row[1]) for row in dump(db)["asyncq_inbox"]] == [
+        ("job-8", '{"id":"job-8","qty":1}'),
+        ("job-9", "[1,2,3]"),
+    ]
+
+
+async def chunks(total: int) -> AsyncIterator[bytes]:
+    yield b'{"id": "e-2", "pad": "'
+    sent = 0
+    while sent < total:
+        yield b"x" * 8192
+        sent += 8192
+    yield b'"}'
+
+
+async def test_oversized_bodies_are_413_by_header_and_while_reading(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db, max_body_bytes=65536) as (url, inbox), aiohttp.ClientSession() as session:
+        assert (await post(session, url, {"id": "e-1", "qty": 1}))[0] == 200
+        before = dump(db)
+        big = json.dumps({"id": "e-2", "qty": 1, "pad": "x" * 70_000}).encode()
+        assert (await post(session, url, big))[0] == 413
+        async with session.post(url, data=chunks(70_000)) as response:  # chunked: no Content-Length
+            assert response.status == 413
+        assert dump(db) == before
+        assert inbox.counters.rejected == 2
+        pad = 65536 - len(json.dumps({"id": "e-3", "qty": 1, "pad": ""}))
+        exact = json.dumps({"id": "e-3", "qty": 1, "pad": "x" * pad}).encode()
+        assert len(exact) == 65536
+        assert (await post(session, url, exact))[0] == 200
+
+
+async def test_effect_errors_roll_back_everything(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+
+    def broken(con: sqlite3.Connection, event_id: str, body: Any) -> None:
+        add_to_stock(con, event_id, body)
+        raise RuntimeError("disk on fire")
+
+    async with running_inbox(db) as (url, inbox), aiohttp.ClientSession() as session:
+        assert (await post(session, url, {"id": "e-1", "qty": 1}))[0] == 200
+        before = dump(db)
+        status, answer = await post(session, url, {"id": "e-2", "qty": 0})  # add_to_stock: Permanent
+        assert (status, answer["status"]) == (422, "refused")
+        assert dump(db) == before
+    async with running_inbox(db, broken) as (url, inbox), aiohttp.ClientSession() as session:
+        assert await post(session, url, {"id": "e-3", "qty": 1}) == (500, {"id": "e-3", "status": "failed"})
+        assert inbox.counters.failed == 1
+    assert dump(db) == before
+
+
+async def test_counts_survive_a_restart_and_are_served(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db) as (url, _), aiohttp.ClientSession() as session:
+        for body in ({"id": "e-1", "qty": 1}, {"id": "e-1", "qty": 1}, {"id": "e-1", "qty": 5}, {"id": "e-2"}):
+            await post(session, url, body)
+    async with running_inbox(db) as (url, _), aiohttp.ClientSession() as session:
+        async with session.get(url + "/stats") as response:
+            stats = await response.json()
+        async with session.get(url) as response:
+            assert response.status == 405
+    assert stats["table"] == {"applied": 1, "duplicates": 1, "conflicts": 1}
+    assert stats["since_start"] == {"applied": 0, "duplicates": 0, "conflicts": 0, "rejected": 0, "failed": 0}
+
+
+async def test_the_effect_runs_inside_a_durable_write_transaction(tmp_path: Path) -> None:
+    seen: list[tuple[bool, str, int]] = []
+
+    def probe(con: sqlite3.Connection, event_id: str, body: Any) -> None:
+        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+        seen.append((con.in_transaction, mode, con.execute("PRAGMA synchronous").fetchone()[0]))
+
+    async with Inbox(tmp_path / "sink.db", effect=probe, clock=lambda: 1234) as inbox:
+        assert await inbox.receive("e-1", {"qty": 1}) == "applied"
+        assert await inbox.receive("e-1", {"qty": 1}) == "duplicate"
+        with pytest.raises(Conflict):
+            await inbox.receive("e-1", {"qty": 2})
+        with pytest.raises(ValueError):
+            await inbox.receive("bad id", {})
+        with pytest.raises(ValueError):
+            await inbox.receive("e-2", {"qty": float("inf")})
+    assert seen == [(True, "wal", 2)]  # 2 is FULL
+    assert dump(tmp_path / "sink.db")["asyncq_inbox"] == [("e-1", '{"qty":1}', 1234, 1, 1)]
+
+
+async def test_http_transport_against_the_inbox(tmp_path: Path) -> None:
+    db = tmp_path / "sink.db"
+    async with running_inbox(db) as (url, _):
+        transport = HttpTransport(url)
+        await transport.deliver("job-1", {"qty": 4}, {"Asyncq-Token": "1"})
+        await transport.deliver("job-1", {"qty": 4}, {"Asyncq-Token": "2"})  # a re-send: the duplicate ACK counts
+        with pytest.raises(Permanent):
+            await transport.deliver("job-1", {"qty": 5}, {})  # 409
+        await transport.close()
+    assert stock(db) == 4
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_the_standalone_receiver_serves_until_a_stop_signal(tmp_path: Path, signum: int) -> None:
+    db = tmp_path / "sink.db"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "asyncq.inbox", "--db", str(db), "--port", "0", "--effect", "stock",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        url = (await asyncio.wait_for(process.stdout.readline(), 10)).decode().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/events")
+        transport = HttpTransport(url)
+        await transport.deliver("job-1", {"qty": 6}, {})
+        await transport.close()
+        process.send_signal(signum)
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert stock(db) == 6
