@@ -1,0 +1,139 @@
+"""HTTP delivery: the worker pool against a bare aiohttp client loop, same receiver, same concurrency.
+
+    .venv/bin/python benchmarks/http_delivery.py            # full run; writes docs/benchmarks.md
+    .venv/bin/python benchmarks/http_delivery.py --quick    # smoke run, prints only
+
+Both sides post the same events to the same kind of receiver (``python -m asyncq.inbox``, a fresh file per
+run, WAL+FULL, group commit) at the same concurrency, alternating run by run. The bare loop holds the events
+in memory and counts a verified 200; the pool's time includes enqueueing the jobs (``enqueue_many``),
+claiming, delivering through ``HttpTransport`` and finishing: the queue's whole cost. Target: pool ≥ 0.75×.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from _report import environment, markdown_table, print_table, verdict, write_section  # noqa: E402
+
+from asyncq import JobSpec, Pool, Queue  # noqa: E402
+from asyncq.delivery.http import HttpTransport, verify_ack  # noqa: E402
+from asyncq.pool import deliver_with  # noqa: E402
+
+Side = Callable[[str, Path, int, int], Awaitable[float]]
+
+
+def start_receiver(db: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "asyncq.inbox", "--db", str(db), "--effect", "stock"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    assert process.stdout is not None
+    return process, process.stdout.readline().strip()
+
+
+async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int) -> float:
+    """``concurrency`` tasks posting events from a shared list with one session; jobs/s."""
+    events = iter(range(jobs))
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(trust_env=False) as session:
+
+        async def post_all() -> None:
+            for n in events:
+                job_id = f"job-{n:06d}"
+                async with session.post(url, json={"qty": 1}, headers={"Idempotency-Key": job_id}) as response:
+                    assert response.status == 200
+                    verify_ack(job_id, await response.read())
+
+        await asyncio.gather(*(post_all() for _ in range(concurrency)))
+    return jobs / (time.perf_counter() - started)
+
+
+async def pool_side(url: str, folder: Path, jobs: int, concurrency: int) -> float:
+    """Enqueue, then a pool of ``concurrency`` tasks delivering through ``HttpTransport``; jobs/s."""
+    started = time.perf_counter()
+    async with await Queue.open(str(folder / "queue.db")) as queue:
+        for start in range(0, jobs, 1000):
+            await queue.enqueue_many(
+                [JobSpec(f"job-{n:06d}", {"qty": 1}) for n in range(start, min(start + 1000, jobs))]
+            )
+        transport = HttpTransport(url)
+        pool = Pool(queue, concurrency=concurrency)
+        pool.register("default", deliver_with(transport))
+        await pool.run(burst=True)
+        await transport.close()
+        assert pool.counters.finished.get("done") == jobs, pool.counters
+    return jobs / (time.perf_counter() - started)
+
+
+def measure(side: Side, jobs: int, concurrency: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="asyncq-http-bench-") as name:
+        folder = Path(name)
+        receiver, url = start_receiver(folder / "inbox.db")
+        try:
+            return asyncio.run(side(url, folder, jobs, concurrency))
+        finally:
+            receiver.terminate()
+            receiver.wait(timeout=30)
+
+
+def run(jobs: int, runs: int, concurrencies: list[int]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for concurrency in concurrencies:
+        bare: list[float] = []
+        pooled: list[float] = []
+        for _ in range(runs):  # alternate, so drift in the machine hits both sides alike
+            bare.append(measure(bare_loop, jobs, concurrency))
+            pooled.append(measure(pool_side, jobs, concurrency))
+        ratio = statistics.median(pooled) / statistics.median(bare)
+        rows.append(
+            [
+                concurrency,
+                f"{statistics.median(bare):,.0f}",
+                f"{statistics.median(pooled):,.0f}",
+                f"{ratio:.2f}x",
+                verdict(ratio >= 0.75),
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run; does not write docs")
+    args = parser.parse_args()
+    jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (4000, 5, [16, 64])
+    headers = ["concurrency", "bare aiohttp loop jobs/s", "asyncq pool jobs/s", "pool / bare", "target ≥ 0.75x"]
+    rows = run(jobs, runs, concurrencies)
+    title = f"HTTP delivery to the inbox receiver, {jobs} jobs a run, medians of {runs} alternating runs"
+    print_table(title, headers, rows)
+    if not args.quick:
+        body = "\n".join(
+            [
+                f"{title}. {environment()}",
+                "",
+                "Command: `.venv/bin/python benchmarks/http_delivery.py`. Receiver: `python -m asyncq.inbox`",
+                "(WAL+FULL, group commit), a fresh file per run. The pool's time includes `enqueue_many` of every job,",
+                "the claims, the deliveries through `HttpTransport` (verified ACKs) and the finishes, on a WAL+FULL",
+                "queue file.",
+                "",
+                markdown_table(headers, rows),
+            ]
+        )
+        write_section("http_delivery", body)
+
+
+if __name__ == "__main__":
+    main()
