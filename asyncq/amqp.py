@@ -78,8 +78,10 @@ class ConsumerStats:
 
 
 class IdempotentConsumer:
-    """Consumes ``queue`` with at most ``prefetch`` unacknowledged deliveries and ``concurrency`` effects
-    running at once, each in a worker thread on its own SQLite connection to ``database``.
+    """Consumes ``queue`` with at most ``prefetch`` unacknowledged deliveries and ``concurrency`` deliveries
+    in progress at once, each in a worker thread on its own SQLite connection to ``database``. SQLite runs
+    one write transaction at a time, so concurrency overlaps one delivery's effect with the others' commits,
+    acks and waits, not two effects with each other.
 
     ``queue_arguments`` declares the queue (durable) with those arguments, e.g. ``{"x-queue-type":
     "quorum"}``; ``declare=False`` uses an existing queue. ``key`` derives the completion key from a
@@ -128,6 +130,11 @@ class IdempotentConsumer:
         self._stopping = False
         self._done = asyncio.Event()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` has begun: no new effect starts."""
+        return self._stopping
+
     async def __aenter__(self) -> IdempotentConsumer:
         await self.start()
         return self
@@ -136,21 +143,28 @@ class IdempotentConsumer:
         await self.stop()
 
     async def start(self) -> None:
-        """Open the database connections and the broker connection, then start consuming."""
-        for _ in range(self.concurrency):
-            con = await asyncio.to_thread(open_store, self.database, check_same_thread=False)
-            self._connections.put_nowait(con)
-        self._connection = await aio_pika.connect(self.url)
-        self._connection.close_callbacks.add(self._on_connection_closed)
-        channel = await self._connection.channel(publisher_confirms=False)
-        await channel.set_qos(prefetch_count=self.prefetch)
-        if self.declare:
-            self._queue = await channel.declare_queue(self.queue_name, durable=True, arguments=self.queue_arguments)
-        else:
-            self._queue = await channel.get_queue(self.queue_name, ensure=True)
-        self._tag = await self._queue.consume(self._on_message)
+        """Open the database connections and the broker connection, then start consuming; on failure
+        everything opened so far is closed again."""
+        try:
+            for _ in range(self.concurrency):
+                con = await asyncio.to_thread(open_store, self.database, check_same_thread=False)
+                self._connections.put_nowait(con)
+            self._connection = await aio_pika.connect(self.url)
+            self._connection.close_callbacks.add(self._on_connection_closed)
+            self._queue = await self._open_queue(self._connection)
+            self._tag = await self._queue.consume(self._on_message)
+        except BaseException:
+            await self.stop()
+            raise
         self.consuming.set()
         log.debug("consuming %s (prefetch=%d, concurrency=%d)", self.queue_name, self.prefetch, self.concurrency)
+
+    async def _open_queue(self, connection: AbstractConnection) -> AbstractQueue:
+        channel = await connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=self.prefetch)
+        if not self.declare:
+            return await channel.get_queue(self.queue_name, ensure=True)
+        return await channel.declare_queue(self.queue_name, durable=True, arguments=self.queue_arguments)
 
     async def run(self) -> None:
         """Wait until :meth:`stop` is called; raise ``ConnectionError`` if the broker connection is lost."""

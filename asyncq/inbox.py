@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import logging
 import signal
 import sqlite3
@@ -52,6 +51,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from asyncq.core.jsontext import canonical_json, loads_strict
 from asyncq.core.values import check_identifier, check_int, check_time
 from asyncq.errors import Conflict, Permanent
 from asyncq.storage.connection import check_path, open_file, write_transaction
@@ -93,11 +93,6 @@ def add_to_stock(con: sqlite3.Connection, event_id: str, body: Any) -> None:
         "INSERT INTO stock (item, qty) VALUES (?, ?) ON CONFLICT(item) DO UPDATE SET qty = qty + excluded.qty",
         (item, qty),
     )
-
-
-def canonical_json(body: Any) -> str:
-    """The text two bodies are compared by: sorted keys, compact separators, ASCII, strict JSON."""
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def wall_clock_ms() -> int:
@@ -305,24 +300,13 @@ async def read_body(request: web.Request, cap: int) -> bytes:
     return bytes(received)
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise ValueError("a JSON object repeats a key")
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_event(raw: bytes, idempotency_keys: Sequence[str]) -> tuple[str, Any]:
     """``(event_id, body)`` from a request body and its ``Idempotency-Key`` headers; ``ValueError`` if the
     body is not strict UTF-8 JSON, or no valid id can be found, or the header and the body's id differ."""
     if len(idempotency_keys) > 1:
         raise ValueError("more than one Idempotency-Key header")
     try:
-        body = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        body = loads_strict(raw)
         canonical_json(body)
     except RecursionError:
         raise ValueError("the body nests too deeply") from None

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.values import check_identifier, check_int
 from asyncq.storage.engine import Claimed, NewJob
@@ -24,15 +25,15 @@ DEFAULT_LEASE_MS = 30_000
 MAX_BATCH = 1000
 
 
-def canonical_json(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:
-    """The stored form of a body: sorted keys, compact, no NaN; ``ValueError`` if not JSON or too big.
+def body_text(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The stored form of a body: its canonical JSON; ``ValueError`` if not JSON or over ``max_bytes``.
 
     Two bodies are the same job exactly when their canonical forms are equal."""
     try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"body is not JSON-serialisable: {error}") from None
-    if len(text.encode()) > max_bytes:
+        text = canonical_json(body)
+    except ValueError as error:
+        raise ValueError(f"body is {error}") from None
+    if len(text) > max_bytes:  # ASCII-escaped, so characters are bytes
         raise ValueError(f"body is larger than {max_bytes} bytes as JSON")
     return text
 
@@ -55,7 +56,7 @@ class JobSpec:
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         check_int(self.ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
         check_int(self.delay_ms, "delay_ms", 0, self.ttl_ms)
-        body = canonical_json(self.body, max_body_bytes)
+        body = body_text(self.body, max_body_bytes)
         return NewJob(
             id=self.id,
             payload={"queue": self.queue, "body": body},

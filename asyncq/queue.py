@@ -162,16 +162,17 @@ class Queue:
         """``async with queue.transaction() as tx``: ``tx.execute`` the app's SQL and ``tx.enqueue`` jobs;
         all commit together, or all roll back if the block raises (or is cancelled)."""
         async with self._lock:
-            await self._conn.execute("BEGIN IMMEDIATE")
             tx = Transaction(self)
             try:
+                await self._conn.execute("BEGIN IMMEDIATE")
                 yield tx
                 with anyio.CancelScope(shield=True):
                     await self._conn.execute("COMMIT")
             except BaseException:
+                # A cancelled BEGIN or COMMIT still runs later in the connection's thread: decide there,
+                # after it, whether a transaction is open (never from this thread, before it has run).
                 with anyio.CancelScope(shield=True):
-                    if self._conn.in_transaction:
-                        await self._conn.execute("ROLLBACK")
+                    await run_sync(self._conn, _rollback_if_open)
                 raise
         if tx.enqueued:
             self._notify()
@@ -290,6 +291,11 @@ class Queue:
         now = self.now()
         result: Stats = await self._run(read_stats, PRODUCT, now)
         return result
+
+
+def _rollback_if_open(con: sqlite3.Connection) -> None:
+    if con.in_transaction:
+        con.execute("ROLLBACK")
 
 
 def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> engine.Finish:

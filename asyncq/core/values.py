@@ -85,3 +85,13 @@ def check_event(event: object, name: str = "event") -> dict[str, Any]:
 def snapshot(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """A shallow copy: what a callback receives so that it cannot change the caller's record."""
     return dict(mapping)
+
+
+def check_seconds(value: object, name: str) -> float:
+    """A duration in seconds: a positive, finite, exact ``int`` or ``float`` (no bool, no subclass)."""
+    if type(value) not in (int, float):
+        raise ValueError(f"{name} must be an int or float, not {type(value).__name__}")
+    assert isinstance(value, int | float)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return float(value)

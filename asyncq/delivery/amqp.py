@@ -10,8 +10,10 @@ broker answers each one: ``basic.ack`` alone is the verified acknowledgement. Th
   ``Retryable``; the channel is dropped and a new one is opened on the next call;
 * a body that is not JSON → ``Permanent`` (from :func:`asyncq.delivery.base.encode_body`).
 
-The returned message is matched to its publish by ``message_id`` (the job id), so two publishes of one id
-are never in flight together on one channel.
+A timeout or a lost connection does not prove that the broker dropped the message: the retry may publish
+it twice, which is why consumers deduplicate by ``message_id`` (see :mod:`asyncq.amqp`). A returned message
+is matched to its publish by ``message_id`` (the job id), so two publishes of one id are never in flight
+together on one channel.
 """
 
 from __future__ import annotations

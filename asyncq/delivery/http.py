@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import ipaddress
-import json
 import math
 import re
 import time
@@ -41,6 +40,7 @@ from collections.abc import Iterable, Mapping
 import aiohttp
 from yarl import URL
 
+from asyncq.core.jsontext import loads_strict
 from asyncq.core.values import check_identifier, check_int
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import AsyncqError, BadAck, Permanent, Retryable
@@ -240,11 +240,11 @@ class HttpTransport:
 
 
 def verify_ack(job_id: str, raw: bytes) -> None:
-    """Accept ``raw`` only if it is UTF-8 JSON for an object whose ``id`` is ``job_id``; else ``BadAck``."""
+    """Accept ``raw`` only if it is strict UTF-8 JSON for an object whose ``id`` is ``job_id``; else ``BadAck``."""
     try:
-        ack = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):
-        raise BadAck("the answer is not UTF-8 JSON") from None
+        ack = loads_strict(raw)
+    except ValueError as error:
+        raise BadAck(f"the answer is not strict UTF-8 JSON: {error}") from None
     if type(ack) is not dict:
         raise BadAck(f"the answer is a JSON {type(ack).__name__}, not an object")
     if ack.get("id") != job_id:

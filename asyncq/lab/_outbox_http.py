@@ -14,7 +14,6 @@ import http.client
 import http.server
 import ipaddress
 import json
-import math
 import re
 import socket
 import socketserver
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from asyncq.core.jsontext import loads_strict
 from asyncq.core.values import check_event
 from asyncq.errors import BadAck, Conflict
 
@@ -173,34 +173,6 @@ def post_json(target: LoopbackTarget, payload: dict[str, Any], timeout: float) -
         raise BadAck(f"malformed HTTP answer: {exc!r}") from exc
     finally:
         connection.close()
-
-
-def loads_strict(body: bytes) -> object:
-    """Strict UTF-8 JSON: no NaN/Infinity, no duplicate keys. Anything else is ``ValueError``."""
-
-    def no_constants(name: str) -> object:
-        raise ValueError(f"JSON constant {name} is not allowed")
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        result = dict(pairs)
-        if len(result) != len(pairs):
-            raise ValueError("duplicate key in JSON object")
-        return result
-
-    try:
-        return json.loads(body.decode("utf-8"), parse_constant=no_constants, object_pairs_hook=unique)
-    except RecursionError as exc:  # deeply nested input
-        raise ValueError("JSON nested too deeply") from exc
-
-
-def check_seconds(value: object, name: str) -> float:
-    """A positive finite exact ``int`` or ``float`` (``bool`` and subclasses rejected)."""
-    if type(value) not in (int, float):
-        raise ValueError(f"{name} must be an int or float, not {type(value).__name__}")
-    assert isinstance(value, int | float)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return float(value)
 
 
 # --- the receiver ---------------------------------------------------------------------------------

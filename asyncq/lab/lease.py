@@ -58,9 +58,7 @@ def open_queue(path: str | os.PathLike[str]) -> sqlite3.Connection:
     return open_file(path, LAB.ddl, journal_mode="DELETE", synchronous="FULL", timeout=1.0)
 
 
-def enqueue(
-    con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms: int, max_attempts: int = 3
-) -> bool:
+def enqueue(con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms: int, max_attempts: int = 3) -> bool:
     """Insert a pending job (``True``); the same id and qty again is ``False`` and keeps the whole row;
     the same id with another qty is ``Conflict``."""
     checked = check_event(event)
@@ -128,15 +126,11 @@ def finish(
     check_hook(fault)
     fence = Fence(held["owner"], held["token"], held["attempt"], held["lease_until"])
     item = engine.Finish(held["id"], fence, outcome, delay_ms)
-    status = engine.finish(con, LAB, [item], now_ms, expect={held["id"]: {"qty": held["qty"]}}, fault=fault)[
-        0
-    ]
+    status = engine.finish(con, LAB, [item], now_ms, expect={held["id"]: {"qty": held["qty"]}}, fault=fault)[0]
     return False if status is None else status
 
 
-def redrive(
-    con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str, fault: Fault = None
-) -> bool:
+def redrive(con: sqlite3.Connection, job_id: str, now_ms: int, ttl_ms: int, note: str, fault: Fault = None) -> bool:
     """Re-arm a dead job (attempts 0, a new deadline) after writing an audit row; ``ValueError`` if the
     job is missing or not dead."""
     check_identifier(job_id, "job_id")
@@ -147,9 +141,7 @@ def redrive(
     return engine.redrive(con, LAB, job_id, now_ms, now_ms + ttl_ms, note, fault=fault)
 
 
-def _deliver(
-    send: Callable[[dict[str, Any]], object], ticket: dict[str, Any], jitter: float
-) -> tuple[str, int]:
+def _deliver(send: Callable[[dict[str, Any]], object], ticket: dict[str, Any], jitter: float) -> tuple[str, int]:
     """Call ``send`` once with a fresh ``{id, qty}`` and classify the result as ``(outcome, delay_ms)``."""
     try:
         answer = send({"id": ticket["id"], "qty": ticket["qty"]})

@@ -21,13 +21,12 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from asyncq.core.values import check_event, check_hook, check_identifier, check_int, snapshot
+from asyncq.core.jsontext import loads_strict
+from asyncq.core.values import check_event, check_hook, check_identifier, check_int, check_seconds, snapshot
 from asyncq.errors import BadAck, Conflict
 from asyncq.lab._outbox_http import (
     SinkServer,
     check_bind_host,
-    check_seconds,
-    loads_strict,
     parse_loopback_url,
     post_json,
 )

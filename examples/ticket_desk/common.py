@@ -1,0 +1,18 @@
+"""What the handlers share: the teaching pause."""
+
+from __future__ import annotations
+
+import sys
+
+
+def checkpoint(pause: str | None, name: str) -> None:
+    """Stop at ``name`` when ``worker.py --pause NAME`` asked for it: print ``Paused NAME.`` and wait for
+    Enter (carry on) or Ctrl+C (the worker exits with status 130). Otherwise do nothing.
+
+    A checkpoint only waits. It never simulates work or a broker event: what happens after Ctrl+C is
+    what RabbitMQ and SQLite really do when a worker stops there.
+    """
+    if pause != name:
+        return
+    print(f"Paused {name}.", flush=True)
+    sys.stdin.readline()

@@ -1,0 +1,183 @@
+"""``asyncq.amqp.IdempotentConsumer`` on the real broker and a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiormq
+import pytest
+from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
+
+from asyncq.amqp import Delivery, IdempotentConsumer, Outcome, dead_messages, redrive
+from asyncq.delivery.amqp import AmqpTransport
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(30)]
+__all__ = ["amqp_url"]  # the fixture, imported for pytest
+DEADLINE = 15.0
+
+
+class Setup:
+    """A queue of the test's own, a store with a ``tickets`` table, and what the consumer answered."""
+
+    def __init__(self, tmp_path: Path, url: str, quorum: bool = False) -> None:
+        self.url = url
+        self.queue = unique_queue()
+        self.arguments = {**QUEUE_ARGUMENTS, **({"x-queue-type": "quorum"} if quorum else {})}
+        self.db_path = tmp_path / "app.db"
+        con = sqlite3.connect(self.db_path)
+        con.execute("CREATE TABLE tickets (id TEXT NOT NULL)")
+        con.close()
+        self.outcomes: list[tuple[str | None, Outcome]] = []
+        self.transport = AmqpTransport(url, routing_key=self.queue, declare=self.declare)
+
+    async def declare(self, channel: object) -> None:
+        await channel.declare_queue(self.queue, durable=True, arguments=self.arguments)  # type: ignore[attr-defined]
+
+    def consumer(
+        self, effect: Callable[[sqlite3.Connection, Delivery], object], **options: object
+    ) -> IdempotentConsumer:
+        return IdempotentConsumer(
+            self.db_path, effect, queue=self.queue, url=self.url, queue_arguments=self.arguments,
+            on_outcome=lambda d, outcome: self.outcomes.append((d.key, outcome)), **options,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    async def publish(self, *keys: str) -> None:
+        for key in keys:
+            await self.transport.deliver(key, {"id": key}, {})
+
+    async def until(self, condition: Callable[[], object], what: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not condition():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {what}; outcomes: {self.outcomes}")
+            await asyncio.sleep(0.01)
+
+    def tickets(self) -> list[str]:
+        con = sqlite3.connect(self.db_path)
+        try:
+            return [key for (key,) in con.execute("SELECT id FROM tickets ORDER BY id")]
+        finally:
+            con.close()
+
+
+@pytest.fixture
+async def setup(tmp_path: Path, amqp_url: str) -> AsyncIterator[Setup]:
+    setup = Setup(tmp_path, amqp_url)
+    yield setup
+    await setup.transport.close()
+
+
+def issue(db: sqlite3.Connection, delivery: Delivery) -> None:
+    db.execute("INSERT INTO tickets VALUES (?)", (delivery.key,))
+
+
+async def test_each_key_is_completed_once_and_every_delivery_acked(setup: Setup) -> None:
+    await setup.publish("R-1", "R-2", "R-1", "R-3")
+    async with setup.consumer(issue, prefetch=10, concurrency=3) as consumer:
+        await setup.until(lambda: len(setup.outcomes) == 4, "four answers")
+        await setup.until(lambda: queue_counts(setup.queue) == (0, 0), "no ready or unacked message")
+    assert setup.tickets() == ["R-1", "R-2", "R-3"]
+    assert sorted(setup.outcomes, key=str) == sorted(
+        [
+            ("R-1", Outcome.COMPLETED),
+            ("R-2", Outcome.COMPLETED),
+            ("R-3", Outcome.COMPLETED),
+            ("R-1", Outcome.DUPLICATE),
+        ],
+        key=str,
+    )
+    assert (consumer.stats.completed, consumer.stats.duplicates, consumer.stats.requeued) == (3, 1, 0)
+
+
+async def test_concurrent_writers_all_complete_without_requeues(setup: Setup) -> None:
+    keys = [f"R-{n}" for n in range(40)]
+    await setup.publish(*keys)
+    async with setup.consumer(issue, prefetch=16, concurrency=4) as consumer:
+        await setup.until(lambda: len(setup.outcomes) == 40, "forty answers")
+    assert sorted(setup.tickets()) == sorted(keys)
+    assert consumer.stats.requeued == 0 and consumer.stats.completed == 40
+
+
+@pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
+async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
+    tmp_path: Path, amqp_url: str, quorum: bool
+) -> None:
+    setup = Setup(tmp_path, amqp_url, quorum=quorum)
+    broken = threading.Event()
+    broken.set()
+
+    def flaky(db: sqlite3.Connection, delivery: Delivery) -> None:
+        if broken.is_set() and delivery.key == "poison":
+            raise RuntimeError("template missing")
+        issue(db, delivery)
+
+    await setup.publish("poison", "R-1")
+    async with setup.consumer(flaky, delivery_limit=3) as consumer:
+        await setup.until(lambda: ("poison", Outcome.PARKED) in setup.outcomes, "the poison message to be parked")
+        await setup.until(lambda: queue_counts(setup.queue) == (0, 0), "no ready or unacked message")
+        (dead,) = dead_messages(setup.db_path)
+        assert (dead.key, dead.deliveries, dead.queue) == ("poison", 4, setup.queue)
+        assert "delivery limit 3 exceeded" in dead.reason and "RuntimeError: template missing" in dead.reason
+        assert consumer.stats.requeued == 3 and setup.tickets() == ["R-1"]
+
+        broken.clear()  # the operator fixed the cause, then redrives
+        await redrive(setup.db_path, dead.seq, setup.transport)
+        await setup.until(lambda: ("poison", Outcome.COMPLETED) in setup.outcomes, "the redriven message")
+    assert dead_messages(setup.db_path) == [] and setup.tickets() == ["R-1", "poison"]
+    await setup.transport.close()
+
+
+async def test_prefetch_bounds_the_unacknowledged_deliveries(setup: Setup) -> None:
+    gate = threading.Event()
+
+    def held(db: sqlite3.Connection, delivery: Delivery) -> None:
+        gate.wait(DEADLINE)
+        issue(db, delivery)
+
+    await setup.publish(*(f"R-{n}" for n in range(7)))
+    async with setup.consumer(held, prefetch=3, concurrency=1):
+        await setup.until(lambda: queue_counts(setup.queue) == (4, 3), "three deliveries held, four ready")
+        gate.set()
+        await setup.until(lambda: len(setup.outcomes) == 7, "seven answers")
+    assert len(setup.tickets()) == 7
+
+
+async def test_graceful_stop_finishes_the_running_effect_and_returns_the_rest(setup: Setup) -> None:
+    entered, gate = threading.Event(), threading.Event()
+
+    def held(db: sqlite3.Connection, delivery: Delivery) -> None:
+        entered.set()
+        gate.wait(DEADLINE)
+        issue(db, delivery)
+
+    await setup.publish(*(f"R-{n}" for n in range(5)))
+    consumer = setup.consumer(held, prefetch=5, concurrency=1)
+    await consumer.start()
+    running = asyncio.create_task(consumer.run())
+    await setup.until(entered.is_set, "the first effect to start")
+    stopping = asyncio.create_task(consumer.stop())
+    await setup.until(lambda: consumer.stopping, "the stop to begin")
+    gate.set()
+    await stopping
+    await running  # returns quietly after stop()
+    assert setup.tickets() == ["R-0"] and ("R-0", Outcome.COMPLETED) in setup.outcomes
+    await setup.until(lambda: queue_counts(setup.queue) == (4, 0), "the four unstarted deliveries back in the queue")
+
+
+def test_settings_are_checked() -> None:
+    for bad in ({"prefetch": 0}, {"concurrency": 0}, {"delivery_limit": True}):
+        with pytest.raises(ValueError):
+            IdempotentConsumer("x.db", issue, queue="q", **bad)  # type: ignore[arg-type]
+
+
+async def test_a_failed_start_closes_what_it_opened(tmp_path: Path) -> None:
+    consumer = IdempotentConsumer(tmp_path / "app.db", issue, queue="q", url="amqp://guest:guest@127.0.0.1:1/")
+    with pytest.raises(aiormq.exceptions.AMQPConnectionError):
+        await consumer.start()
+    assert consumer.stopping and not consumer.consuming.is_set()
+    await consumer.run()  # returns at once: it was stopped

@@ -1,0 +1,80 @@
+"""The Nightjar site in headless Chromium: register, see the ticket being prepared, run the worker, then
+open and download the ticket. Skipped with the reason when Chromium, chromedriver or selenium is missing
+(a failure under ``CI=true``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rabbit_support import CHROMEDRIVER, CHROMIUM, amqp_url, browser_problem, unavailable, wait_until
+from ticket_desk_support import TicketDesk
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.browser, pytest.mark.timeout(90)]
+__all__ = ["amqp_url"]  # the fixture, imported for pytest
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium that downloads into ``tmp_path / "downloads"``."""
+    problem = browser_problem()
+    if problem is not None:
+        unavailable(problem)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"):
+        options.add_argument(argument)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}
+    )
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    desk = TicketDesk(tmp_path, amqp_url)
+    try:
+        browser.get(desk.start_site() + "/")
+        browser.find_element(By.LINK_TEXT, "Explore the evening").click()
+        browser.find_element(By.LINK_TEXT, "Plan your visit").click()
+        browser.find_element(By.LINK_TEXT, "The evening").click()
+        field = browser.find_element(By.ID, "name")
+        assert browser.find_element(By.CSS_SELECTOR, "label[for=name]").text == "Guest name"
+        field.send_keys("Normal guest")
+        browser.find_element(By.XPATH, "//button[text()='Register for the evening']").click()
+
+        assert browser.current_url.endswith("/registrations/R-0002")
+        assert "Your ticket is being prepared" in browser.find_element(By.TAG_NAME, "body").text
+        wait_until(lambda: desk.published("R-0002"), 30, "the relay to publish R-0002")
+        assert desk.worker() == ["Received R-0002 redelivered=False", "Handler returned."]
+
+        browser.find_element(By.LINK_TEXT, "Your registrations").click()
+        browser.find_element(By.PARTIAL_LINK_TEXT, "Normal guest").click()
+        browser.find_element(By.LINK_TEXT, "Open ticket").click()
+        assert "Normal guest" in browser.find_element(By.CLASS_NAME, "ticket").text
+        browser.find_element(By.LINK_TEXT, "Download ticket").click()
+        downloaded = tmp_path / "downloads" / "nightjar-ticket-R-0002.txt"
+        wait_until(downloaded.exists, 30, "the downloaded ticket")
+        text = downloaded.read_text()
+        assert "Registration: R-0002" in text and "Name: Normal guest" in text
+
+        browser.find_element(By.LINK_TEXT, "Back to registration").click()
+        assert browser.current_url.endswith("/registrations/R-0002")
+        browser.get(desk.url + "/registrations/R-0001")
+        browser.find_element(By.LINK_TEXT, "Open ticket").click()
+        assert "Mina Patel" in browser.find_element(By.CLASS_NAME, "ticket").text
+    finally:
+        desk.close()
