@@ -5,6 +5,7 @@
     ├── Retryable    a handler or transport asks for another attempt later
     ├── Permanent    a handler or transport says another attempt cannot help
     ├── BadAck       an answer that is not evidence of completion
+    │   └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
     └── LeaseLost    the worker no longer holds the job's lease (renewal refused)
 
 Bad input is a plain ``ValueError`` raised before any change, as the lab contracts require; a busy or
