@@ -75,3 +75,23 @@ PRODUCT = Layout(
         "CREATE INDEX IF NOT EXISTS asyncq_audit_id ON asyncq_audit(id)",
     ),
 )
+
+# The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one
+# fenced lease row. Created with ``IF NOT EXISTS`` by ``asyncq.outbox_store.ensure_tables``, beside the app's tables.
+OUTBOX_TABLES = (
+    """CREATE TABLE IF NOT EXISTS asyncq_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
+  topic TEXT NOT NULL, body TEXT NOT NULL, created_at INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK(state IN ('unsent','sent','alarm','quarantined')),
+  attempts INTEGER NOT NULL DEFAULT 0, budget_from INTEGER NOT NULL DEFAULT 0, last_error TEXT,
+  next_attempt_at INTEGER NOT NULL, sent_at INTEGER)""",
+    "CREATE INDEX IF NOT EXISTS asyncq_outbox_state ON asyncq_outbox(state)",
+    """CREATE TABLE IF NOT EXISTS asyncq_outbox_audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL,
+  item_seq INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+  action TEXT NOT NULL CHECK(action IN ('retry','quarantine','requeue')), from_state TEXT NOT NULL,
+  note TEXT NOT NULL, reason TEXT, attempts INTEGER NOT NULL, last_error TEXT,
+  skipped_ahead_of TEXT NOT NULL, skipped_count INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS asyncq_outbox_audit_id ON asyncq_outbox_audit(id)",
+    """CREATE TABLE IF NOT EXISTS asyncq_outbox_lease (name TEXT PRIMARY KEY, owner TEXT,
+  token INTEGER NOT NULL, lease_until INTEGER)""",
+    "INSERT OR IGNORE INTO asyncq_outbox_lease (name, token) VALUES ('relay', 0)",
+)

@@ -1,0 +1,448 @@
+"""The product outbox's named statements, and each transition as one short transaction (the tables are
+``OUTBOX_TABLES`` in ``asyncq.storage.schema``).
+
+An item moves only along these edges (``docs/outbox.md`` draws them)::
+
+    [add] ──► unsent ──(verified ACK, fenced)──► sent
+              unsent ──(failure, budget spent or Permanent, fenced)──► alarm
+              alarm  ──(retry: operator, audited)──► unsent
+    unsent | alarm ──(quarantine: operator, audited with the items that now go first)──► quarantined
+       quarantined ──(requeue: operator, audited with the items that went first)──► unsent
+
+Relay writes (start an attempt, mark sent, record a failure) run in the same transaction as a renewal of the
+relay's lease by owner and token, so a relay that lost its lease changes nothing. Operator writes are not
+fenced: they are the operator's decision and are recorded in ``asyncq_outbox_audit``. Every function takes
+``now`` from its caller and assumes its arguments are already validated. The relay's lease is one row, so
+one relay runs per outbox file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from asyncq.core.values import check_identifier, check_time
+from asyncq.errors import Conflict
+from asyncq.jobs import MAX_BODY_BYTES, body_text
+from asyncq.queue import wall_clock_ms
+from asyncq.storage.connection import configure, write_transaction
+from asyncq.storage.schema import OUTBOX_TABLES
+
+UNSENT, SENT, ALARM, QUARANTINED = "unsent", "sent", "alarm", "quarantined"
+DEFAULT_TOPIC = "default"
+LEASE_NAME = "relay"
+# action: (the states it moves an item from, the state it moves it to)
+OPERATOR_MOVES = {
+    "retry": ((ALARM, UNSENT), UNSENT),
+    "quarantine": ((UNSENT, ALARM), QUARANTINED),
+    "requeue": ((QUARANTINED,), UNSENT),
+}
+TEXT_MAX = 500
+AUDIT_IDS_MAX = 1000  # ids listed in one audit row; ``skipped_count`` is always exact
+
+ITEM_COLUMNS = "seq, id, topic, body, created_at, state, attempts, budget_from, last_error, next_attempt_at, sent_at"
+HAS_TABLES = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'asyncq_outbox_lease'"
+INSERT_ITEM = """INSERT INTO asyncq_outbox (id, topic, body, created_at, state, next_attempt_at)
+VALUES (:id, :topic, :body, :now, 'unsent', :now)"""
+SELECT_ITEM = f"SELECT {ITEM_COLUMNS} FROM asyncq_outbox WHERE id = :id"
+# The head: the lowest seq among waiting items, each state read through its own index range.
+HEAD_BATCH = f"""SELECT {ITEM_COLUMNS} FROM asyncq_outbox WHERE seq IN (
+  SELECT seq FROM (SELECT seq FROM asyncq_outbox WHERE state = 'unsent' ORDER BY seq LIMIT :limit)
+  UNION ALL SELECT seq FROM (SELECT seq FROM asyncq_outbox WHERE state = 'alarm' ORDER BY seq LIMIT :limit)
+) ORDER BY seq LIMIT :limit"""
+START_ATTEMPT = """UPDATE asyncq_outbox SET attempts = attempts + 1
+WHERE seq = :seq AND state = 'unsent' AND next_attempt_at <= :now"""
+MARK_SENT = """UPDATE asyncq_outbox SET state = 'sent', sent_at = :now, last_error = NULL
+WHERE seq = :seq AND state = 'unsent'"""
+RECORD_FAILURE = """UPDATE asyncq_outbox SET last_error = :error, next_attempt_at = :next_attempt_at,
+  state = CASE WHEN :permanent OR attempts - budget_from >= :alarm_after THEN 'alarm' ELSE 'unsent' END
+WHERE seq = :seq AND state = 'unsent' RETURNING state"""
+SET_STATE = """UPDATE asyncq_outbox SET state = :state, next_attempt_at = :now, budget_from = :budget_from
+WHERE seq = :seq AND state = :from_state"""
+WAITING_BEHIND = "SELECT id FROM asyncq_outbox WHERE state IN ('unsent', 'alarm') AND seq > :seq ORDER BY seq"
+SENT_BEHIND = "SELECT id FROM asyncq_outbox WHERE state = 'sent' AND seq > :seq ORDER BY seq"
+INSERT_AUDIT = """INSERT INTO asyncq_outbox_audit (id, item_seq, at_ms, action, from_state, note, reason, attempts,
+  last_error, skipped_ahead_of, skipped_count)
+VALUES (:id, :seq, :now, :action, :from_state, :note, :reason, :attempts, :last_error, :skipped, :skipped_count)"""
+SELECT_AUDIT = """SELECT id, at_ms, action, from_state, note, reason, attempts, last_error, skipped_ahead_of,
+  skipped_count FROM asyncq_outbox_audit WHERE id = :id OR :id IS NULL ORDER BY seq"""
+COUNT_BY_STATE = "SELECT count(*) FROM asyncq_outbox WHERE state = :state"
+OLDEST_WAITING = "SELECT min(created_at) FROM asyncq_outbox WHERE state IN ('unsent', 'alarm')"
+
+# Taken only when free or expired, always with a new token (the fence).
+LEASE_ACQUIRE = """UPDATE asyncq_outbox_lease SET owner = :owner, token = token + 1, lease_until = :now + :lease_ms
+WHERE name = :name AND (owner IS NULL OR lease_until <= :now) RETURNING token, lease_until"""
+# Renewed only by the holder of this token: any acquisition since has changed it.
+LEASE_RENEW = """UPDATE asyncq_outbox_lease SET lease_until = :now + :lease_ms
+WHERE name = :name AND owner = :owner AND token = :token RETURNING lease_until"""
+LEASE_RELEASE = """UPDATE asyncq_outbox_lease SET owner = NULL, lease_until = NULL
+WHERE name = :name AND owner = :owner AND token = :token"""
+LEASE_READ = "SELECT owner, token, lease_until FROM asyncq_outbox_lease WHERE name = :name"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One stored outbox item; ``body`` is its canonical JSON text."""
+
+    seq: int
+    id: str
+    topic: str
+    body: str
+    created_at: int
+    state: str
+    attempts: int
+    budget_from: int
+    last_error: str | None
+    next_attempt_at: int
+    sent_at: int | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The relay lease as stored: ``owner`` is ``None`` when free; ``token`` is the fence."""
+
+    owner: str | None
+    token: int
+    lease_until: int | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one fenced relay write did: the renewed lease (``None``: lost, nothing changed), whether the
+    delivered item was marked sent, and whether the next item's attempt was counted (it is unsent and due)."""
+
+    lease: Lease | None
+    marked: bool
+    started: bool
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed delivery to record: the error text, when to try again, and whether to alarm at once."""
+
+    error: str
+    next_attempt_at: int
+    permanent: bool
+    alarm_after: int
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action: ``skipped_ahead_of`` lists (up to 1000) ids that go, or went, before this item."""
+
+    id: str
+    at_ms: int
+    action: str
+    from_state: str
+    note: str
+    reason: str | None
+    attempts: int
+    last_error: str | None
+    skipped_ahead_of: list[str]
+    skipped_count: int
+
+
+@dataclass(frozen=True)
+class ReceiverFigures:
+    """The receiver's durable inbox counts (``GET …/events/stats``, its ``table`` part)."""
+
+    applied: int
+    duplicates: int
+    conflicts: int
+
+    @classmethod
+    def from_stats(cls, answer: object) -> ReceiverFigures:
+        """The counts from an ``asyncq.inbox`` stats answer; ``ValueError`` if they are not there."""
+        table = answer.get("table") if type(answer) is dict else None
+        found = [table.get(name) for name in ("applied", "duplicates", "conflicts")] if type(table) is dict else []
+        counts = [count for count in found if type(count) is int]
+        if len(counts) != 3:
+            raise ValueError("the receiver did not answer with inbox counts")
+        return cls(*counts)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What an operator watches. ``unsent`` counts the items waiting (states ``unsent`` and ``alarm``, of
+    which ``alarmed`` in alarm); ``alarm`` is true when the head item is in alarm; ``quarantined`` items are
+    not sent and are counted apart. ``receiver`` is filled by ``Relay.figures`` when it knows the receiver."""
+
+    now_ms: int
+    unsent: int
+    alarm: bool
+    alarmed: int
+    quarantined: int
+    oldest_unsent_age_ms: int | None
+    head_id: str | None
+    head_state: str | None
+    head_attempts: int
+    head_last_error: str | None
+    lease_owner: str | None
+    lease_token: int
+    lease_until: int | None
+    receiver: ReceiverFigures | None = None
+    receiver_error: str | None = None
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """An item to add, checked: an identifier id and topic, and the body as canonical JSON text."""
+
+    id: str
+    topic: str
+    body: str
+
+    @classmethod
+    def check(cls, item_id: object, body: object, topic: object) -> NewItem:
+        """``ValueError`` for a bad id or topic, or a body that is not JSON or over 64 KiB."""
+        return cls(check_identifier(item_id, "id"), check_identifier(topic, "topic"), body_text(body, MAX_BODY_BYTES))
+
+
+# Why a relay pass stopped (``alarm`` is the state's name).
+IDLE, MORE, FAILED, BACKOFF = "idle", "more", "failed", "backoff"
+NOT_LEADER, LEASE_LOST, CHANGED, STOPPING = "not-leader", "lease-lost", "changed", "stopping"
+
+
+@dataclass(frozen=True)
+class RelayResult:
+    """One ``Relay.run_once``: how many items it marked sent, why it stopped (``idle``, ``more``, ``failed``,
+    ``backoff``, ``alarm``, ``not-leader``, ``lease-lost``, ``changed``, ``stopping``), the head item it
+    stopped at, how long to wait before the next pass, the delivery error if any, and the lease token."""
+
+    sent: int
+    stopped: str
+    head_id: str | None = None
+    wait_ms: int = 0
+    error: str | None = None
+    token: int | None = None
+
+
+def check_text(value: object, name: str) -> str:
+    """Free text for notes and reasons: 1-500 printable characters."""
+    if type(value) is not str or not 0 < len(value) <= TEXT_MAX or not value.isprintable():
+        raise ValueError(f"{name} must be a str of 1-{TEXT_MAX} printable characters")
+    return value
+
+
+def default_owner() -> str:
+    """A relay owner name unique to this process and object: host, pid and random bits."""
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:30] or "host"
+    return f"relay-{host}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def ensure_tables(con: sqlite3.Connection) -> None:
+    """Create the outbox tables inside the caller's transaction, if they are missing."""
+    if con.execute(HAS_TABLES).fetchone()[0] == 0:
+        for statement in OUTBOX_TABLES:
+            con.execute(statement)
+
+
+def open_tables(con: sqlite3.Connection, journal_mode: str, synchronous: str) -> None:
+    """Configure a freshly opened connection and create the outbox tables if missing."""
+    configure(con, journal_mode, synchronous)
+    with write_transaction(con):
+        ensure_tables(con)
+
+
+def add_in_transaction(con: sqlite3.Connection, item: NewItem, now_ms: int) -> bool:
+    """Insert an unsent item inside the caller's transaction (creating the tables if needed); ``False`` if the
+    id exists with the same topic and body, else ``Conflict``."""
+    ensure_tables(con)
+    found = get_item(con, item.id)
+    if found is not None:
+        if (found.topic, found.body) != (item.topic, item.body):
+            raise Conflict(f"outbox item {item.id!r} already exists with another topic or body")
+        return False
+    con.execute(INSERT_ITEM, {"id": item.id, "topic": item.topic, "body": item.body, "now": now_ms})
+    return True
+
+
+def add(con: sqlite3.Connection, item: NewItem, now_ms: int) -> bool:
+    """:func:`add_in_transaction` in a write transaction of its own."""
+    with write_transaction(con):
+        return add_in_transaction(con, item, now_ms)
+
+
+def add_sync(
+    con: sqlite3.Connection, item_id: str, body: Any, *, topic: str = DEFAULT_TOPIC, now_ms: int | None = None
+) -> bool:
+    """Add an outbox item through the caller's ``sqlite3`` connection, joining its open transaction (or in
+    one of its own): ``True`` if added, ``False`` if the same id, topic and body exist, ``Conflict`` for
+    another topic or body. Creates the outbox tables in that transaction if needed."""
+    item = NewItem.check(item_id, body, topic)
+    now = wall_clock_ms() if now_ms is None else check_time(now_ms)
+    if con.in_transaction:
+        return add_in_transaction(con, item, now)
+    return add(con, item, now)
+
+
+def get_item(con: sqlite3.Connection, item_id: str) -> Item | None:
+    """One item by id, or ``None``."""
+    row = con.execute(SELECT_ITEM, {"id": item_id}).fetchone()
+    return None if row is None else Item(*row)
+
+
+def head_batch(con: sqlite3.Connection, limit: int) -> list[Item]:
+    """Up to ``limit`` waiting items (``unsent`` or ``alarm``) in ``seq`` order; a read, finished here."""
+    return [Item(*row) for row in con.execute(HEAD_BATCH, {"limit": limit}).fetchall()]
+
+
+def _renew(con: sqlite3.Connection, owner: str, token: int, now_ms: int, lease_ms: int) -> Lease | None:
+    params = {"name": LEASE_NAME, "owner": owner, "token": token, "now": now_ms, "lease_ms": lease_ms}
+    row = con.execute(LEASE_RENEW, params).fetchone()
+    return None if row is None else Lease(owner, token, row[0])
+
+
+def hold_lease(
+    con: sqlite3.Connection, held: Lease | None, owner: str, now_ms: int, lease_ms: int
+) -> tuple[Lease, bool]:
+    """Renew ``held`` if it is still ours, else take the lease if it is free or expired (token + 1).
+
+    Returns the lease as stored afterwards and whether it is ours (renewed or just acquired)."""
+    with write_transaction(con):
+        if held is not None and held.owner is not None:
+            renewed = _renew(con, held.owner, held.token, now_ms, lease_ms)
+            if renewed is not None:
+                return renewed, True
+        params = {"name": LEASE_NAME, "owner": owner, "now": now_ms, "lease_ms": lease_ms}
+        row = con.execute(LEASE_ACQUIRE, params).fetchone()
+        if row is not None:
+            return Lease(owner, row[0], row[1]), True
+        return Lease(*con.execute(LEASE_READ, {"name": LEASE_NAME}).fetchone()), False
+
+
+def renew_lease(con: sqlite3.Connection, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+    """Extend ``lease`` if it still holds (same owner and token); ``None`` if it was lost. Never acquires."""
+    assert lease.owner is not None
+    with write_transaction(con):
+        return _renew(con, lease.owner, lease.token, now_ms, lease_ms)
+
+
+def release_lease(con: sqlite3.Connection, lease: Lease) -> bool:
+    """Free the lease if ``lease`` still holds it (the token stays, so the next holder gets a new one)."""
+    with write_transaction(con):
+        params = {"name": LEASE_NAME, "owner": lease.owner, "token": lease.token}
+        return con.execute(LEASE_RELEASE, params).rowcount == 1
+
+
+def advance(
+    con: sqlite3.Connection, lease: Lease, now_ms: int, lease_ms: int, sent: int | None, start: int | None
+) -> Step:
+    """Fenced, in one transaction: mark item ``sent`` (a seq, after its verified ACK) sent and count an
+    attempt on item ``start`` before it is delivered. If the lease was lost, nothing changes."""
+    assert lease.owner is not None
+    with write_transaction(con):
+        renewed = _renew(con, lease.owner, lease.token, now_ms, lease_ms)
+        if renewed is None:
+            return Step(None, marked=False, started=False)
+        marked = sent is not None and con.execute(MARK_SENT, {"seq": sent, "now": now_ms}).rowcount == 1
+        started = start is not None and con.execute(START_ATTEMPT, {"seq": start, "now": now_ms}).rowcount == 1
+    return Step(renewed, marked, started)
+
+
+def record_failure(
+    con: sqlite3.Connection, lease: Lease, now_ms: int, lease_ms: int, seq: int, failure: Failure
+) -> tuple[Lease | None, str | None]:
+    """Fenced: store the error and the next attempt time; ``alarm`` once the budget is spent or at once if
+    ``permanent``. Returns the renewed lease (``None`` if lost) and the item's new state."""
+    assert lease.owner is not None
+    with write_transaction(con):
+        renewed = _renew(con, lease.owner, lease.token, now_ms, lease_ms)
+        if renewed is None:
+            return None, None
+        params = {"seq": seq, "error": failure.error, "next_attempt_at": failure.next_attempt_at}
+        params |= {"permanent": failure.permanent, "alarm_after": failure.alarm_after}
+        row = con.execute(RECORD_FAILURE, params).fetchone()
+    return renewed, None if row is None else str(row[0])
+
+
+def _ids(con: sqlite3.Connection, statement: str, seq: int) -> tuple[list[str], int]:
+    """The first ``AUDIT_IDS_MAX`` ids the statement finds behind ``seq`` and how many it finds in all (streamed,
+    so a long backlog is counted without being held in memory)."""
+    ids: list[str] = []
+    count = 0
+    for (item_id,) in con.execute(statement, {"seq": seq}):
+        count += 1
+        if count <= AUDIT_IDS_MAX:
+            ids.append(str(item_id))
+    return ids, count
+
+
+def operator_move(
+    con: sqlite3.Connection, item_id: str, action: str, now_ms: int, note: str, reason: str | None
+) -> AuditEntry:
+    """``retry`` (alarm or unsent → unsent, due now, a fresh budget), ``quarantine`` (unsent or alarm →
+    quarantined, recording the waiting items that now go first) or ``requeue`` (quarantined → unsent at its
+    own seq, a fresh budget, recording the items sent while it was out). ``ValueError`` if the item is
+    missing or in another state (nothing changes). The audit row and the move commit together."""
+    sources, target = OPERATOR_MOVES[action]
+    with write_transaction(con):
+        item = get_item(con, item_id)
+        if item is None or item.state not in sources:
+            raise ValueError(f"outbox item {item_id!r} is {'missing' if item is None else item.state}: cannot {action}")
+        skipped: list[str] = []
+        count = 0
+        if action != "retry":
+            skipped, count = _ids(con, WAITING_BEHIND if action == "quarantine" else SENT_BEHIND, item.seq)
+        entry = AuditEntry(
+            item_id, now_ms, action, item.state, note, reason, item.attempts, item.last_error, skipped, count
+        )
+        con.execute(INSERT_AUDIT, _audit_params(item.seq, entry))
+        move = {"seq": item.seq, "state": target, "from_state": item.state, "now": now_ms}
+        con.execute(SET_STATE, move | {"budget_from": item.attempts})
+    return entry
+
+
+def _audit_params(seq: int, entry: AuditEntry) -> dict[str, Any]:
+    params = {"seq": seq, "now": entry.at_ms, "skipped": json.dumps(entry.skipped_ahead_of)}
+    fields = ("id", "action", "from_state", "note", "reason", "attempts", "last_error", "skipped_count")
+    return params | {name: getattr(entry, name) for name in fields}
+
+
+def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[AuditEntry]:
+    """The audit rows of one item (or of all items), oldest first."""
+    rows = con.execute(SELECT_AUDIT, {"id": item_id}).fetchall()
+    return [_audit_entry(*row) for row in rows]
+
+
+def _audit_entry(*row: Any) -> AuditEntry:
+    item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
+    return AuditEntry(
+        item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count
+    )
+
+
+def read_figures(con: sqlite3.Connection, now_ms: int) -> Figures:
+    """Counts by state, the oldest waiting item's age, the head item and the lease, read in one transaction
+    so that they agree."""
+    con.execute("BEGIN")
+    try:
+        unsent, alarm, quarantined = (
+            int(con.execute(COUNT_BY_STATE, {"state": state}).fetchone()[0]) for state in (UNSENT, ALARM, QUARANTINED)
+        )
+        oldest = con.execute(OLDEST_WAITING).fetchone()[0]
+        heads = head_batch(con, 1)
+        lease = Lease(*con.execute(LEASE_READ, {"name": LEASE_NAME}).fetchone())
+    finally:
+        con.execute("COMMIT")
+    head = heads[0] if heads else None
+    return Figures(
+        now_ms=now_ms,
+        unsent=unsent + alarm,
+        alarm=head is not None and head.state == ALARM,
+        alarmed=alarm,
+        quarantined=quarantined,
+        oldest_unsent_age_ms=None if oldest is None else max(0, now_ms - oldest),
+        head_id=None if head is None else head.id,
+        head_state=None if head is None else head.state,
+        head_attempts=0 if head is None else head.attempts,
+        head_last_error=None if head is None else head.last_error,
+        lease_owner=lease.owner,
+        lease_token=lease.token,
+        lease_until=lease.lease_until,
+    )

@@ -1,0 +1,493 @@
+"""The product outbox and its relay on real SQLite files, a real inbox receiver on loopback, and real child
+processes (restarted relays, a relay SIGKILLed in the middle of a delivery)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from asyncq import outbox_store as store
+from asyncq.delivery.fake import Delivery, FakeTransport
+from asyncq.delivery.http import HttpTransport
+from asyncq.errors import Conflict, Permanent, Retryable
+from asyncq.inbox import make_inbox_app
+from asyncq.outbox import Outbox, Relay, add_sync
+from asyncq.pool import RetryPolicy
+
+pytestmark = pytest.mark.timeout(30)
+
+CHILD = Path(__file__).resolve().parent / "relay_children.py"
+STEADY = RetryPolicy(base_ms=100, cap_ms=1000, jitter=lambda: 1.0)  # backoff 100, 200, 400 … ms
+
+
+class Clock:
+    """An injected clock in ms that only the test moves."""
+
+    def __init__(self, now: int = 1_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Receiver:
+    """What the inbox's effect saw: the ids applied in order, and ids made to fail (500 or, for Permanent, 422).
+    ``hold`` ids: their first request waits until ``release`` is set, then answers 503 without applying."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+        self.requests: list[str] = []
+        self.poison: dict[str, type[Exception]] = {}
+        self.hold: set[str] = set()
+        self.arrived = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def effect(self, con: sqlite3.Connection, event_id: str, body: Any) -> None:
+        if event_id in self.poison:
+            raise self.poison[event_id](f"{event_id} is poison")
+        self.applied.append(event_id)
+
+    @web.middleware
+    async def gate(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+        key = request.headers.get("Idempotency-Key", "")
+        if request.method == "POST":
+            self.requests.append(key)
+        if key in self.hold:
+            self.hold.discard(key)
+            self.arrived.set()
+            await self.release.wait()
+            return web.json_response({"id": key, "status": "held"}, status=503)
+        return await handler(request)
+
+
+@asynccontextmanager
+async def running_inbox(db: Path, receiver: Receiver) -> AsyncIterator[str]:
+    app = make_inbox_app(db, effect=receiver.effect)
+    app.middlewares.append(receiver.gate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/events"
+    finally:
+        receiver.release.set()
+        await runner.cleanup()
+
+
+def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Read through an independent connection."""
+    con = sqlite3.connect(db)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def item(db: Path, item_id: str) -> dict[str, Any]:
+    columns = ("state", "attempts", "last_error", "next_attempt_at", "sent_at")
+    [row] = rows(db, f"SELECT {', '.join(columns)} FROM asyncq_outbox WHERE id = '{item_id}'")
+    return dict(zip(columns, row, strict=True))
+
+
+def states(db: Path) -> list[tuple[str, str]]:
+    return [(i, s) for i, s in rows(db, "SELECT id, state FROM asyncq_outbox ORDER BY seq")]
+
+
+async def child(mode: str, config: dict[str, Any], cwd: Path) -> list[dict[str, Any]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(CHILD),
+        mode,
+        json.dumps(config),
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    return [json.loads(line) for line in out.decode().splitlines()]
+
+
+async def line(proc: asyncio.subprocess.Process, want: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The child's next JSON line that ``want``s, within a deadline."""
+    assert proc.stdout is not None
+    async with asyncio.timeout(15):
+        while True:
+            raw = await proc.stdout.readline()
+            assert raw, f"child {proc.pid} ended"
+            found: dict[str, Any] = json.loads(raw)
+            if want(found):
+                return found
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+# --- adding: atomic with the app's rows --------------------------------------------------------------------------
+
+
+async def test_items_commit_and_roll_back_with_the_apps_rows(tmp_path: Path, clock: Clock) -> None:
+    db = tmp_path / "app.db"
+    async with await Outbox.open(str(db), clock=clock) as outbox:
+        async with outbox.transaction() as tx:
+            await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
+        with pytest.raises(RuntimeError):
+            async with outbox.transaction() as tx:
+                await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-1", 1))
+                assert await tx.add("o-1", {"qty": 1, "item": "snack"}, topic="orders")
+                raise RuntimeError("the app fails after both writes")
+        assert rows(db, "SELECT * FROM orders") == [] and states(db) == []
+
+        async with outbox.transaction() as tx:
+            await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-1", 1))
+            assert await tx.add("o-1", {"qty": 1, "item": "snack"}, topic="orders")
+        assert await outbox.add("o-1", {"item": "snack", "qty": 1}, topic="orders") is False  # same canonical body
+        with pytest.raises(Conflict):
+            await outbox.add("o-1", {"qty": 2, "item": "snack"}, topic="orders")
+        with pytest.raises(Conflict):
+            await outbox.add("o-1", {"qty": 1, "item": "snack"})  # another topic
+        with pytest.raises(Conflict):  # a conflict inside the app's transaction rolls its rows back too
+            async with outbox.transaction() as tx:
+                await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-2", 2))
+                await tx.add("o-1", {"qty": 9})
+        for bad in ("", "o 1", "x" * 65):
+            with pytest.raises(ValueError):
+                await outbox.add(bad, {})
+        with pytest.raises(ValueError):
+            await outbox.add("o-3", {"qty": float("nan")})
+        found = await outbox.get("o-1")
+        assert found is not None and (found.state, found.attempts, found.created_at) == ("unsent", 0, clock.now)
+    assert rows(db, "SELECT * FROM orders") == [("o-1", 1)] and states(db) == [("o-1", "unsent")]
+
+
+async def test_add_sync_joins_the_callers_sqlite3_transaction(tmp_path: Path, clock: Clock) -> None:
+    db = tmp_path / "app.db"
+    con = sqlite3.connect(db, isolation_level=None)
+    try:
+        con.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("INSERT INTO orders VALUES ('o-1')")
+        assert add_sync(con, "o-1", {"qty": 1}, now_ms=5)
+        con.execute("ROLLBACK")
+        assert rows(db, "SELECT * FROM orders") == []
+        assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'asyncq_outbox'") == []  # rolled back too
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("INSERT INTO orders VALUES ('o-1')")
+        assert add_sync(con, "o-1", {"qty": 1}, now_ms=5)
+        con.execute("COMMIT")
+        assert add_sync(con, "o-1", {"qty": 1}) is False and not con.in_transaction  # its own transaction
+        with pytest.raises(Conflict):
+            add_sync(con, "o-1", {"qty": 2})
+    finally:
+        con.close()
+    async with await Outbox.open(str(db), clock=clock) as outbox:
+        transport = FakeTransport()
+        assert (await Relay(outbox, transport).run_once()).sent == 1
+        assert transport.delivered_ids() == ["o-1"] and transport.delivered[0].body == {"qty": 1}
+
+
+# --- order, backoff, alarm ---------------------------------------------------------------------------------------
+
+
+async def test_a_failing_middle_item_holds_back_the_ones_behind_it(tmp_path: Path, clock: Clock) -> None:
+    receiver = Receiver()
+    receiver.poison["B"] = RuntimeError  # the receiver answers 500: Retryable
+    db = tmp_path / "app.db"
+    async with running_inbox(tmp_path / "sink.db", receiver) as url, await Outbox.open(str(db), clock=clock) as outbox:
+        for item_id in "ABC":
+            await outbox.add(item_id, {"qty": 1})
+        transport = HttpTransport(url, timeout=5)
+        relay = Relay(outbox, transport, retry=STEADY, alarm_after=3)
+        try:
+            first = await relay.run_once()
+            assert (first.sent, first.stopped, first.head_id, first.wait_ms) == (1, "failed", "B", 100)
+            assert "Retryable" in (first.error or "")
+            assert states(db) == [("A", "sent"), ("B", "unsent"), ("C", "unsent")]
+            assert item(db, "B")["attempts"] == 1 and item(db, "B")["next_attempt_at"] == clock.now + 100
+            assert item(db, "C")["attempts"] == 0
+
+            waiting = await relay.run_once()  # not due yet: nothing is sent, B is not tried
+            assert (waiting.sent, waiting.stopped, waiting.wait_ms) == (0, "backoff", 100)
+            assert receiver.requests == ["A", "B"]
+
+            clock.now += 100
+            assert (await relay.run_once()).wait_ms == 200  # capped exponential backoff
+            clock.now += 200
+            del receiver.poison["B"]
+            done = await relay.run_once()
+            assert (done.sent, done.stopped) == (2, "idle")
+        finally:
+            await transport.close()
+    assert receiver.applied == ["A", "B", "C"]  # the order of the first successful deliveries
+    assert [i for (i,) in rows(tmp_path / "sink.db", "SELECT id FROM asyncq_inbox ORDER BY rowid")] == ["A", "B", "C"]
+    assert receiver.requests == ["A", "B", "B", "B", "C"] and item(db, "B")["attempts"] == 3
+
+
+async def test_alarm_and_attempts_survive_a_restart_and_nothing_behind_moves(tmp_path: Path) -> None:
+    receiver = Receiver()
+    receiver.poison["B"] = RuntimeError
+    db = tmp_path / "app.db"
+    con = sqlite3.connect(db, isolation_level=None)
+    for item_id in "ABC":
+        add_sync(con, item_id, {"qty": 1})
+    con.close()
+    async with running_inbox(tmp_path / "sink.db", receiver) as url:
+        config = {"db": str(db), "url": url, "alarm_after": 3}
+        passes = await child("until-alarm", config, tmp_path)
+        assert [(p["stopped"], p["sent"]) for p in passes] == [("failed", 1), ("failed", 0), ("alarm", 0)]
+        stored = item(db, "B")
+        assert (stored["state"], stored["attempts"]) == ("alarm", 3) and "Retryable" in stored["last_error"]
+
+        restarted = await child("once", config, tmp_path)  # a new process reads the alarm from the file
+        [result, figures] = restarted
+        assert (result["stopped"], result["sent"], result["head_id"]) == ("alarm", 0, "B")
+        assert (figures["alarm"], figures["head_id"], figures["head_attempts"], figures["unsent"]) == (True, "B", 3, 2)
+        assert receiver.requests == ["A", "B", "B", "B"] and item(db, "C")["attempts"] == 0
+
+        del receiver.poison["B"]
+        async with await Outbox.open(str(db)) as outbox:
+            entry = await outbox.retry("B", "INC-7: receiver fixed")
+            assert (entry.action, entry.from_state, entry.attempts, entry.skipped_ahead_of) == ("retry", "alarm", 3, [])
+            with pytest.raises(ValueError):
+                await outbox.retry("A", "it is sent")  # only alarm or unsent items
+        [result, figures] = await child("once", config, tmp_path)
+        assert (result["stopped"], result["sent"]) == ("idle", 2) and figures["unsent"] == 0
+    assert receiver.applied == ["A", "B", "C"] and item(db, "B")["attempts"] == 4
+
+
+async def test_a_fresh_budget_after_retry_and_one_warning_per_state_change(
+    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="asyncq.outbox")
+    async with await Outbox.open(str(tmp_path / "app.db"), clock=clock) as outbox:
+        await outbox.add("A", {"qty": 1})
+        transport = FakeTransport()
+        transport.fail_always("A", Retryable("busy"))
+        relay = Relay(outbox, transport, retry=STEADY, alarm_after=2)
+        for _ in range(2):
+            result = await relay.run_once()
+            clock.now += result.wait_ms
+        assert result.stopped == "alarm"
+        for _ in range(5):
+            assert (await relay.run_once()).stopped == "alarm"  # polled, not retried
+        assert len(transport.attempts) == 2
+        warnings = [r for r in caplog.records if r.name == "asyncq.outbox" and r.levelno == logging.WARNING]
+        assert len(warnings) == 2  # the first failure, then the alarm: not once per poll
+
+        await outbox.retry("A", "try again")
+        assert (await relay.run_once()).stopped == "failed"  # a fresh budget of 2, attempts kept (3)
+        clock.now += 1000
+        assert (await relay.run_once()).stopped == "alarm"
+        assert (await outbox.get("A")).attempts == 4  # type: ignore[union-attr]
+
+
+async def test_quarantine_records_reason_and_the_items_that_now_go_first(tmp_path: Path, clock: Clock) -> None:
+    receiver = Receiver()
+    receiver.poison["B"] = Permanent  # 422: no retry can help, so the alarm comes at once
+    db = tmp_path / "app.db"
+    async with running_inbox(tmp_path / "sink.db", receiver) as url, await Outbox.open(str(db), clock=clock) as outbox:
+        for item_id in "ABCD":
+            await outbox.add(item_id, {"qty": 1})
+        transport = HttpTransport(url, timeout=5)
+        relay = Relay(outbox, transport, retry=STEADY, alarm_after=5)
+        try:
+            result = await relay.run_once()
+            assert (result.sent, result.stopped, result.head_id) == (1, "alarm", "B")
+            assert "Permanent" in (result.error or "") and item(db, "B")["attempts"] == 1
+
+            entry = await outbox.quarantine("B", reason="the receiver refuses this body (422)", note="INC-42")
+            assert (entry.action, entry.from_state, entry.reason, entry.note) == (
+                "quarantine",
+                "alarm",
+                "the receiver refuses this body (422)",
+                "INC-42",
+            )
+            assert (entry.skipped_ahead_of, entry.skipped_count) == (["C", "D"], 2)
+            assert "Permanent" in (entry.last_error or "")
+            figures = await outbox.figures()
+            assert (figures.unsent, figures.quarantined, figures.head_id, figures.alarm) == (2, 1, "C", False)
+
+            assert (await relay.run_once()).sent == 2  # C and D overtake B, as recorded
+            with pytest.raises(ValueError):
+                await outbox.quarantine("C", reason="sent already", note="no")
+            del receiver.poison["B"]
+            requeued = await outbox.requeue("B", note="INC-42 fixed")
+            assert (requeued.from_state, requeued.skipped_ahead_of, requeued.skipped_count) == (
+                "quarantined",
+                ["C", "D"],
+                2,
+            )
+            assert (await relay.run_once()).sent == 1
+        finally:
+            await transport.close()
+        assert [e.action for e in await outbox.audit("B")] == ["quarantine", "requeue"]
+    assert receiver.applied == ["A", "C", "D", "B"]
+    assert states(db) == [("A", "sent"), ("B", "sent"), ("C", "sent"), ("D", "sent")]
+    [(reason, skipped)] = rows(
+        db, "SELECT reason, skipped_ahead_of FROM asyncq_outbox_audit WHERE action = 'quarantine'"
+    )
+    assert (reason, json.loads(skipped)) == ("the receiver refuses this body (422)", ["C", "D"])
+
+
+# --- one relay per outbox: the fenced lease ----------------------------------------------------------------------
+
+
+async def test_a_relay_that_lost_its_lease_can_never_mark_sent(tmp_path: Path, clock: Clock) -> None:
+    db = str(tmp_path / "app.db")
+    async with await Outbox.open(db, clock=clock) as first_box, await Outbox.open(db, clock=clock) as second_box:
+        await first_box.add("A", {"qty": 1})
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(delivery: Delivery) -> None:
+            entered.set()
+            await release.wait()
+
+        first = Relay(first_box, FakeTransport(hook=hold), owner="first", lease_ms=60_000)
+        second_transport = FakeTransport()
+        second_transport.fail("A", Retryable("busy"))
+        second = Relay(second_box, second_transport, owner="second", lease_ms=60_000, retry=STEADY)
+        in_flight = asyncio.create_task(first.run_once())
+        await entered.wait()
+
+        waiting = await second.run_once()
+        assert (waiting.stopped, waiting.token, waiting.wait_ms) == ("not-leader", 1, 60_000)
+        clock.now += 60_000  # the first relay's lease expires while it is still delivering
+        took_over = await second.run_once()
+        assert (took_over.stopped, took_over.token) == ("failed", 2)
+
+        release.set()  # the first relay gets its ACK now, with a stale token
+        late = await in_flight
+        assert (late.stopped, late.sent) == ("lease-lost", 0)
+        stored = item(Path(db), "A")
+        assert (stored["state"], stored["attempts"], stored["sent_at"]) == ("unsent", 2, None)
+        assert "busy" in stored["last_error"]  # what the current holder recorded, nothing from the stale one
+
+        stale = store.Lease("first", 1, None)
+        step = await first_box._run(store.advance, stale, clock.now, 60_000, 1, None)
+        assert step == store.Step(None, marked=False, started=False)
+        assert item(Path(db), "A")["state"] == "unsent"
+        assert (await first.run_once()).stopped == "not-leader"  # it does not get the lease back either
+        clock.now += took_over.wait_ms
+        assert (await second.run_once()).sent == 1
+
+
+async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(tmp_path: Path) -> None:
+    receiver = Receiver()
+    receiver.hold.add("A")  # the first request for A is held until the test says so
+    db = tmp_path / "app.db"
+    async with await Outbox.open(str(db)) as outbox:
+        for item_id in "ABC":
+            await outbox.add(item_id, {"qty": 1})
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(owner: str) -> asyncio.subprocess.Process:
+        config = {"db": str(db), "url": url, "owner": owner, "lease_ms": 1500}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(CHILD), "run", json.dumps(config), cwd=tmp_path, stdout=asyncio.subprocess.PIPE
+        )
+        procs.append(proc)
+        return proc
+
+    async with running_inbox(tmp_path / "sink.db", receiver) as url:
+        try:
+            first = await start("first")
+            await asyncio.wait_for(receiver.arrived.wait(), 15)  # the first relay is inside its delivery of A
+            second = await start("second")
+            for _ in range(2):  # it keeps waiting while the first renews its lease
+                assert (await line(second, lambda p: True))["stopped"] == "not-leader"
+            assert receiver.requests == ["A"] and receiver.applied == []
+            assert rows(db, "SELECT owner, token FROM asyncq_outbox_lease") == [("first", 1)]
+
+            first.kill()  # SIGKILL, in the middle of the delivery
+            assert await first.wait() == -signal.SIGKILL
+            took_over = await line(second, lambda p: p["stopped"] != "not-leader")
+            assert (took_over["token"], took_over["sent"]) == (2, 3)
+            assert rows(db, "SELECT owner, token FROM asyncq_outbox_lease") == [("second", 2)]
+
+            second.send_signal(signal.SIGTERM)  # a graceful stop releases the lease
+            assert await asyncio.wait_for(second.wait(), 15) == 0
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    await proc.wait()
+    assert receiver.applied == ["A", "B", "C"] and receiver.requests == ["A", "A", "B", "C"]
+    assert rows(db, "SELECT owner, token FROM asyncq_outbox_lease") == [(None, 2)]
+    assert [s for _, s in states(db)] == ["sent"] * 3
+
+
+async def test_run_wakes_on_adds_and_stops_gracefully(tmp_path: Path) -> None:
+    async with await Outbox.open(str(tmp_path / "app.db")) as outbox:
+        transport = FakeTransport()
+        relay = Relay(outbox, transport, poll_ms=60_000)  # only a wake-up can make it look again
+        running = asyncio.create_task(relay.run())
+        await outbox.add("A", {"qty": 1})
+        async with outbox.transaction() as tx:
+            await tx.add("B", {"qty": 2})
+        async with asyncio.timeout(10):
+            while transport.delivered_ids() != ["A", "B"]:
+                await asyncio.sleep(0.01)
+        relay.stop()
+        await asyncio.wait_for(running, 10)
+        figures = await outbox.figures()
+        assert (figures.unsent, figures.lease_owner, figures.lease_token) == (0, None, 1)
+
+
+# --- the operator's figures --------------------------------------------------------------------------------------
+
+
+async def test_figures_show_backlog_age_head_attempts_and_the_receivers_counts(tmp_path: Path, clock: Clock) -> None:
+    receiver = Receiver()
+    async with (
+        running_inbox(tmp_path / "sink.db", receiver) as url,
+        await Outbox.open(str(tmp_path / "app.db"), clock=clock) as outbox,
+    ):
+        direct = HttpTransport(url, timeout=5)
+        await direct.deliver("A", {"qty": 1}, {})  # another publisher got A there first: a duplicate later
+        await direct.deliver("K", {"qty": 2}, {})  # K is known with another body: a conflict later
+        await direct.close()
+        start = clock.now
+        for item_id in ("A", "K", "Z"):
+            await outbox.add(item_id, {"qty": 1})
+            clock.now += 500
+        clock.now = start + 4000
+        transport = HttpTransport(url, timeout=5)
+        relay = Relay(outbox, transport, stats_url=url + "/stats", owner="relay-1")
+        try:
+            before = await relay.figures()
+            assert (before.unsent, before.oldest_unsent_age_ms, before.head_id, before.head_attempts) == (
+                3,
+                4000,
+                "A",
+                0,
+            )
+            assert before.receiver == store.ReceiverFigures(applied=2, duplicates=0, conflicts=0)
+
+            result = await relay.run_once()
+            assert (result.sent, result.stopped, result.head_id) == (1, "alarm", "K")  # 409 is Permanent
+            after = await relay.figures()
+        finally:
+            await transport.close()
+    assert (after.unsent, after.oldest_unsent_age_ms, after.alarmed, after.quarantined) == (2, 3500, 1, 0)
+    assert (after.alarm, after.head_id, after.head_state, after.head_attempts) == (True, "K", "alarm", 1)
+    assert "409" in (after.head_last_error or "")
+    assert (after.lease_owner, after.lease_token) == ("relay-1", 1)
+    assert after.receiver == store.ReceiverFigures(applied=2, duplicates=1, conflicts=1)
+
+    async with await Outbox.open(str(tmp_path / "app.db"), clock=clock) as reopened:
+        figures = await Relay(reopened, FakeTransport(), stats_url=url + "/stats").figures()  # the receiver is gone
+    assert figures.receiver is None and figures.receiver_error is not None and figures.unsent == 2
