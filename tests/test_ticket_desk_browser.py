@@ -36,6 +36,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     )
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(30)
+    driver.implicitly_wait(10)  # a click that navigates returns before the next page exists
     try:
         yield driver
     finally:
@@ -44,6 +45,11 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: str, browser: Any) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    def wait_for_url(suffix: str) -> None:
+        WebDriverWait(browser, 30).until(expected_conditions.url_matches(f"{suffix}$"))
 
     desk = TicketDesk(tmp_path, amqp_url)
     try:
@@ -56,7 +62,7 @@ def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: st
         field.send_keys("Normal guest")
         browser.find_element(By.XPATH, "//button[text()='Register for the evening']").click()
 
-        assert browser.current_url.endswith("/registrations/R-0002")
+        wait_for_url("/registrations/R-0002")
         assert "Your ticket is being prepared" in browser.find_element(By.TAG_NAME, "body").text
         wait_until(lambda: desk.published("R-0002"), 30, "the relay to publish R-0002")
         assert desk.worker() == ["Received R-0002 redelivered=False", "Handler returned."]
@@ -72,7 +78,7 @@ def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: st
         assert "Registration: R-0002" in text and "Name: Normal guest" in text
 
         browser.find_element(By.LINK_TEXT, "Back to registration").click()
-        assert browser.current_url.endswith("/registrations/R-0002")
+        wait_for_url("/registrations/R-0002")
         browser.get(desk.url + "/registrations/R-0001")
         browser.find_element(By.LINK_TEXT, "Open ticket").click()
         assert "Mina Patel" in browser.find_element(By.CLASS_NAME, "ticket").text
