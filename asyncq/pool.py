@@ -17,9 +17,10 @@ import asyncio
 import logging
 import random
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -94,6 +95,33 @@ class PoolCounters:
             self.finished[status] = self.finished.get(status, 0) + 1
 
 
+class PoolObserver(Protocol):
+    """What a pool reports as it works (``asyncq.metrics.PoolMetrics`` is one). Called on the event loop:
+    each method must return at once and never raise."""
+
+    def on_claimed(self, count: int) -> None: ...
+
+    def on_finished(self, outcome: str, status: str | None) -> None: ...
+
+    def on_delivery(self, seconds: float, outcome: str) -> None: ...
+
+    def on_lease_lost(self) -> None: ...
+
+
+class _NoObserver:
+    def on_claimed(self, count: int) -> None:
+        pass
+
+    def on_finished(self, outcome: str, status: str | None) -> None:
+        pass
+
+    def on_delivery(self, seconds: float, outcome: str) -> None:
+        pass
+
+    def on_lease_lost(self) -> None:
+        pass
+
+
 @dataclass
 class _InFlight:
     ticket: Ticket
@@ -118,6 +146,7 @@ class Pool:
         retry: RetryPolicy | None = None,
         poll_min: float = 0.05,
         poll_max: float = 1.0,
+        observer: PoolObserver | None = None,
     ) -> None:
         self.queue = queue
         self.concurrency = check_int(concurrency, "concurrency", 1, 1000)
@@ -127,6 +156,7 @@ class Pool:
         self.retry = retry or RetryPolicy()
         self.poll_min, self.poll_max = poll_min, poll_max
         self.counters = PoolCounters()
+        self.observer: PoolObserver = observer if observer is not None else _NoObserver()
         self._handlers: dict[str, Handler] = {}
         self._results: list[tuple[Ticket, str, int]] = []
         self._inflight: dict[tuple[str, int], _InFlight] = {}
@@ -213,10 +243,14 @@ class Pool:
             return 0
         statuses, tickets = await self.queue.settle_and_claim(results, self.owner, wants, self.lease_ms)
         self.counters.commits += 1
-        for (ticket, _outcome, _delay), status in zip(results, statuses, strict=True):
+        for (ticket, outcome, _delay), status in zip(results, statuses, strict=True):
             self._log_finish(ticket, status)
+            self.observer.on_finished(outcome, status)
         self.counters.claimed += len(tickets)
+        if tickets:
+            self.observer.on_claimed(len(tickets))
         for ticket in tickets:
+            log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
             flight = self._inflight[ticket.id, ticket.token] = _InFlight(ticket)
             flight.task = asyncio.create_task(self._run_job(flight))
         return len(tickets)
@@ -281,17 +315,20 @@ class Pool:
     # -- one job --------------------------------------------------------------------------------------
 
     async def _run_job(self, flight: _InFlight) -> None:
+        started = time.perf_counter()
         try:
             outcome, delay_ms = await self._call_handler(flight.ticket)
         except asyncio.CancelledError:
             if not flight.lost:
                 raise
             self.counters.leases_lost += 1
+            self.observer.on_lease_lost()
             log.warning("lease lost for job %s token %d: result discarded", flight.ticket.id, flight.ticket.token)
             return
         finally:
             del self._inflight[flight.key]
             self._wake.set()
+        self.observer.on_delivery(time.perf_counter() - started, outcome)
         self._results.append((flight.ticket, outcome, delay_ms))
 
     async def _call_handler(self, ticket: Ticket) -> tuple[str, int]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncq import Queue  # noqa: E402
-from asyncq.delivery.http import HttpTransport  # noqa: E402
+from asyncq import Queue
+from asyncq.delivery.http import HttpTransport
 
 
 async def main(db: str, url: str, owner: str, lease_ms: int) -> None:

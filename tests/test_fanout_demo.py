@@ -21,10 +21,8 @@ def test_fanout_survives_a_killed_worker_with_every_job_applied_once(tmp_path: P
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    report = dict(
-        line.rsplit("  ", 1) for line in done.stdout.splitlines() if "  " in line and not line.startswith(("[", "files"))
-    )
-    figures = {name.strip(): value.strip() for name, value in report.items()}
+    lines = [line for line in done.stdout.splitlines() if "  " in line and not line.startswith(("[", "files"))]
+    figures = {name.strip(): value.strip() for name, value in (line.rsplit("  ", 1) for line in lines)}
     assert figures["enqueued"] == "3000"
     assert figures["applied (inbox rows)"] == "3000"
     assert figures["stock (sum of qty)"] == "3000"

@@ -129,9 +129,7 @@ def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
     )
 
 
-def read_state(
-    con: sqlite3.Connection, layout: Layout, job_id: str
-) -> tuple[int, dict[str, Any], JobState] | None:
+def read_state(con: sqlite3.Connection, layout: Layout, job_id: str) -> tuple[int, dict[str, Any], JobState] | None:
     """``(seq, payload, lifecycle state)`` of one job, or ``None`` if it does not exist."""
     row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job_id}).fetchone()
     if row is None:

@@ -1,0 +1,5 @@
+"""``python -m asyncq``: the ``asyncq`` command."""
+
+from asyncq.cli import main
+
+raise SystemExit(main())

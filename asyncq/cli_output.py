@@ -1,0 +1,231 @@
+"""How the ``asyncq`` command shows its results to a person: aligned columns, times in ISO-8601 UTC with
+their age (``3m12s ago``), and a progress line on a terminal. ``--json`` prints the same data as it is;
+each ``render_*`` function here turns one command's data into text, and adds nothing to it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+_UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
+
+
+def iso(ms: int | None) -> str:
+    """A millisecond timestamp as ISO-8601 UTC to the second (``-`` for none)."""
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def span(ms: int) -> str:
+    """A duration in its two largest units: ``3m12s``, ``2h05m``, ``4d03h``; under a second in ms."""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms}ms"
+    parts: list[str] = []
+    for unit, size in _UNITS:
+        if ms >= size or parts:
+            parts.append(f"{ms // size}{unit}" if not parts else f"{ms // size:02d}{unit}")
+            ms %= size
+        if len(parts) == 2:
+            break
+    return "".join(parts)
+
+
+def moment(ms: int | None, now_ms: int) -> str:
+    """``2025-01-02T03:04:05Z (3m12s ago)``, or ``(in 12s)`` for a time to come."""
+    if ms is None:
+        return "-"
+    relation = f"{span(now_ms - ms)} ago" if ms <= now_ms else f"in {span(ms - now_ms)}"
+    return f"{iso(ms)} ({relation})"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns aligned with two spaces between them; a column of numbers is right-aligned."""
+    cells = [[("-" if value is None else str(value)) for value in row] for row in rows]
+    numeric = [all(isinstance(row[i], int) for row in rows) and bool(rows) for i in range(len(headers))]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        padded = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers), *(line(row) for row in cells)])
+
+
+def counts(mapping: dict[str, int]) -> str:
+    """``done 5, dead 2`` (``none`` when empty)."""
+    return ", ".join(f"{key} {value}" for key, value in mapping.items()) or "none"
+
+
+def emit(data: dict[str, Any], text: str, as_json: bool, stream: TextIO | None = None) -> None:
+    """Print the command's data: as one JSON document, or as the text a person reads."""
+    out = stream or sys.stdout
+    out.write((json.dumps(data, indent=2, sort_keys=True) if as_json else text) + "\n")
+    out.flush()
+
+
+# -- one renderer per command ---------------------------------------------------------------------------
+
+
+def render_init(data: dict[str, Any]) -> str:
+    verb = "created" if data["created"] else "checked"
+    return (
+        f"{verb} queue {data['path']}: schema version {data['schema_version']}, "
+        f"journal {data['journal_mode']}, auto_vacuum {data['auto_vacuum']}"
+    )
+
+
+def render_enqueue(data: dict[str, Any]) -> str:
+    return (
+        f"enqueued {data['added']} new job(s) into {data['path']}; "
+        f"{data['unchanged']} already there with the same body (unchanged)"
+    )
+
+
+def render_status(data: dict[str, Any]) -> str:
+    now = data["now_ms"]
+    statuses = table(["status", "jobs"], [*data["by_status"].items(), ("total", data["total"])])
+    lines = [f"queue file  {data['path']}", f"now         {iso(now)}", "", statuses, ""]
+    lines.append(f"dead by reason: {counts(data['dead_by_reason'])}")
+    age = data["oldest_pending_age_ms"]
+    lines.append(f"oldest ready pending job: {'none' if age is None else span(age) + ' waiting'}")
+    histogram = [(row["attempts"], row["jobs"]) for row in data["attempts"]]
+    lines += ["", "attempts made by pending and leased jobs:", table(["attempts", "jobs"], histogram)]
+    leases = [(row["owner"], row["held"], moment(row["first_expiry_ms"], now)) for row in data["leases"]]
+    lines += ["", "leases held:", table(["owner", "held", "first expiry"], leases) if leases else "none"]
+    lines.append(f"expired leases (their worker stopped renewing; the next claim takes them): {data['expired_leases']}")
+    inbox = data["inbox"]
+    if inbox is not None:
+        totals = f"applied {inbox['applied']}, duplicates {inbox['duplicates']}, conflicts {inbox['conflicts']}"
+        lines += ["", f"inbox {inbox['file']}: {totals}"]
+    return "\n".join(lines)
+
+
+def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
+    """A list of jobs as a table."""
+    headers = ["seq", "id", "queue", "status", "reason", "attempts", "redrives", "available", "deadline", "owner"]
+    rows = [
+        (
+            job["seq"],
+            job["id"],
+            job["queue"],
+            job["status"],
+            job["reason"],
+            f"{job['attempts']}/{job['max_attempts']}",
+            job["redrives"],
+            moment(job["available_at"], now_ms),
+            moment(job["deadline"], now_ms),
+            job["owner"],
+        )
+        for job in jobs
+    ]
+    return table(headers, rows)
+
+
+def _more(data: dict[str, Any]) -> str:
+    if not data["more"]:
+        return f"{data['count']} job(s)"
+    last = data["jobs"][-1]["seq"]
+    return f"{data['count']} job(s) shown; there are more (--limit, or --after {last})"
+
+
+def render_jobs(data: dict[str, Any]) -> str:
+    if not data["jobs"]:
+        return "no jobs match"
+    return job_rows(data["jobs"], data["now_ms"]) + "\n" + _more(data)
+
+
+def render_dead(data: dict[str, Any]) -> str:
+    head = f"dead jobs by reason: {counts(data['by_reason'])}"
+    if not data["jobs"]:
+        return head
+    return head + "\n\n" + job_rows(data["jobs"], data["now_ms"]) + "\n" + _more(data)
+
+
+def render_show(data: dict[str, Any]) -> str:
+    job, now = data["job"], data["now_ms"]
+    times = {"available_at", "deadline", "lease_until"}
+    width = max(len(key) for key in job)
+    lines = [
+        f"{key.ljust(width)}  {moment(value, now) if key in times else '-' if value is None else value}"
+        for key, value in job.items()
+        if key != "body"
+    ]
+    lines += ["body:", json.dumps(job["body"], indent=2, sort_keys=True, ensure_ascii=False), ""]
+    history = [(h["seq"], h["action"], h["token"], moment(h["at_ms"], now), h["note"]) for h in data["history"]]
+    lines.append(table(["audit", "action", "token", "at", "note"], history) if history else "no redrive or cancel")
+    return "\n".join(lines)
+
+
+def render_redrive(data: dict[str, Any]) -> str:
+    if not data["jobs"]:
+        return "no dead job matches: nothing to redrive"
+    rows = [(job["id"], job["queue"], job["reason"], job["token"], data["note"]) for job in data["jobs"]]
+    listing = table(["id", "queue", "reason", "token", "note"], rows)
+    if not data["applied"]:
+        return f"would redrive {data['count']} job(s) (nothing written; add --apply):\n{listing}"
+    audit = [(a["seq"], a["id"], a["token"], iso(a["at_ms"]), a["note"]) for a in data["audit"]]
+    lines = [
+        f"redrove {len(data['audit'])} job(s); audit rows written:",
+        table(["audit", "id", "token", "at", "note"], audit),
+    ]
+    lines += [f"skipped {s['id']}: {s['error']}" for s in data["skipped"]]
+    return "\n".join(lines)
+
+
+def render_cancel(data: dict[str, Any]) -> str:
+    audit = data["audit"]
+    return f"cancelled {data['id']} (now dead, reason cancelled); audit row {audit['seq']} note {audit['note']}"
+
+
+def render_prune(data: dict[str, Any]) -> str:
+    cutoff = f"ended before {iso(data['cutoff_ms'])} ({span(data['older_than_ms'])} ago)"
+    found = f"{data['count']} job(s) {cutoff}: {counts(data['by_status'])}"
+    ids = ", ".join(data["ids"]) + (" …" if len(data["ids"]) < data["count"] else "")
+    if not data["applied"]:
+        return f"would delete {found} (nothing written; add --apply)" + (f"\nfirst: {ids}" if ids else "")
+    vacuum = {
+        "incremental": "space given back (incremental vacuum)",
+        "full": "file rewritten by VACUUM (auto_vacuum is now incremental)",
+        "skipped": "space kept for new jobs: this file is not auto_vacuum=incremental (see --vacuum)",
+    }[data["vacuum"]]
+    return (
+        f"deleted {data['deleted']} of {found}; audit rows kept\n{vacuum}; "
+        f"file {data['bytes_before']} -> {data['bytes_after']} bytes"
+    )
+
+
+def render_backup(data: dict[str, Any]) -> str:
+    return (
+        f"backed up {data['source']} to {data['path']}: {data['bytes']} bytes, {data['pages']} pages of "
+        f"{data['page_size']}, integrity {data['check']}, jobs {counts(data['jobs'])}"
+    )
+
+
+def render_work(data: dict[str, Any]) -> str:
+    return (
+        f"worker {data['owner']} on {', '.join(data['queues'])}: claimed {data['claimed']}, "
+        f"finished {counts(data['finished'])}, stale finishes {data['stale_finishes']}, leases lost "
+        f"{data['leases_lost']}, handler errors {data['handler_errors']}, in {data['seconds']:.1f}s"
+    )
+
+
+class ProgressBar:
+    """A one-line bar redrawn in place (for a terminal): ``[#####-----]  500/1000 jobs``."""
+
+    def __init__(self, total: int, stream: TextIO, width: int = 30) -> None:
+        self.total, self.stream, self.width = max(total, 1), stream, width
+
+    def show(self, done: int) -> None:
+        filled = self.width * done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.stream.write(f"\r[{bar}] {done}/{self.total} jobs")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()

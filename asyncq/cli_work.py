@@ -1,0 +1,119 @@
+"""``asyncq work`` and ``asyncq serve-inbox``: the long-running subcommands, kept apart so that the other
+commands never load aiohttp.
+
+``work`` runs a ``Pool`` on the queue file with one handler: delivery by HTTP POST to ``--url`` (a verified
+ACK, ``asyncq.delivery.http``) or an async function ``module:function`` taking ``(body, context)``. It stops
+gracefully on SIGINT or SIGTERM (``Pool.serve``), or with ``--burst`` once nothing is ready and nothing runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from asyncq import cli_output as out
+from asyncq import cli_store as store
+from asyncq.cli_commands import Report, report
+from asyncq.cli_store import CliError
+from asyncq.delivery.base import Transport
+from asyncq.pool import Handler, Pool, deliver_with
+from asyncq.queue import Queue
+
+
+def handler_name(spec: str) -> tuple[str, str]:
+    """``(module, function)`` from ``module:function`` (a usage error otherwise)."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise store.UsageError(f"--handler must be module:function, got {spec!r}")
+    return module_name, name
+
+
+def load_handler(spec: str) -> Handler:
+    """The async function named by ``module:function`` (the working directory is importable)."""
+    module_name, name = handler_name(spec)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise CliError(f"cannot load the handler {spec}: {error}") from None
+    if not inspect.iscoroutinefunction(function):
+        raise CliError(f"the handler {spec} must be an async function taking (body, context)")
+    handler: Handler = function
+    return handler
+
+
+def http_transport(args: argparse.Namespace) -> Transport:
+    """The HTTP transport for ``--url`` (a bad URL or host is a usage error)."""
+    from asyncq.delivery.http import HttpTransport  # loads aiohttp, which only --url needs
+
+    try:
+        return HttpTransport(args.url, allowed_hosts=args.allow_host or None, timeout=args.delivery_timeout)
+    except ValueError as error:
+        raise store.UsageError(str(error)) from None
+
+
+def work(args: argparse.Namespace) -> Report:
+    """Run the pool until a signal (or, with ``--burst``, until the queue is drained); print its counters."""
+    transport = http_transport(args) if args.url else None
+    if args.handler:
+        handler_name(args.handler)
+    file = store.probe_for_writing(args.db, args.timeout)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = deliver_with(transport) if transport is not None else load_handler(args.handler)
+    started = time.monotonic()
+    pool = asyncio.run(_work(file, args, handler, transport))
+    data: dict[str, Any] = {"path": file.path, "owner": pool.owner, "queues": list(args.queue or ["default"])}
+    data |= asdict(pool.counters) | {"seconds": round(time.monotonic() - started, 3)}
+    return report(data, out.render_work)
+
+
+async def _work(file: store.QueueFile, args: argparse.Namespace, handler: Handler, transport: Transport | None) -> Pool:
+    queue = await Queue.open(file.path, durability=file.durability, busy_timeout=args.timeout)
+    try:
+        pool = Pool(queue, concurrency=args.concurrency, owner=args.owner, lease_ms=args.lease)
+        for name in args.queue or ["default"]:
+            pool.register(name, handler)
+        display = asyncio.create_task(show_progress(pool, sys.stderr)) if sys.stderr.isatty() else None
+        try:
+            await pool.serve(grace=args.grace, burst=args.burst)
+        finally:
+            if display is not None:
+                display.cancel()
+                sys.stderr.write("\n")
+    finally:
+        await queue.close()
+        if transport is not None:
+            await transport.close()
+    return pool
+
+
+async def show_progress(pool: Pool, stream: TextIO, interval: float = 0.5) -> None:
+    """Redraw the pool's counters on one terminal line every ``interval`` seconds."""
+    started = time.monotonic()
+    while True:
+        counters = pool.counters
+        done = sum(counters.finished.values())
+        rate = done / max(time.monotonic() - started, 1e-9)
+        stream.write(
+            f"\rclaimed {counters.claimed}  finished {out.counts(dict(sorted(counters.finished.items())))}  "
+            f"running {pool.running}  errors {counters.handler_errors}  {rate:.0f} jobs/s\x1b[K"
+        )
+        stream.flush()
+        await asyncio.sleep(interval)
+
+
+def serve_inbox(args: argparse.Namespace) -> int:
+    """Run the inbox receiver (``python -m asyncq.inbox``) on ``--db``; it prints its URL, then serves."""
+    from asyncq.inbox import main as inbox_main
+
+    argv = ["--db", args.db, "--host", args.host, "--port", str(args.port), "--path", args.path]
+    return inbox_main([*argv, "--effect", args.effect])

@@ -1,0 +1,220 @@
+"""The dashboard's HTML: one self-contained page (inline CSS, an inline SVG chart, no CDN), every value
+escaped with ``html.escape``. Pure functions from the snapshot the dashboard read to text."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from asyncq.storage.stats import Stats
+
+CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
+WIDTH, HEIGHT, LEFT, BOTTOM = 640, 180, 48, 22
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#1f2328;background:#fff}
+h1{font-size:1.3rem;margin:0 0 .2rem}h2{font-size:1.05rem;margin:1.4rem 0 .4rem}
+table{border-collapse:collapse;margin:.2rem 0}th,td{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left}
+th{background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}
+.muted{color:#656d76}code{font-size:12px}svg{border:1px solid #d0d7de;background:#fbfbfb}
+form{display:flex;gap:.3rem;margin:0}input{font:inherit;width:9rem}button{font:inherit;cursor:pointer}
+.legend span{margin-right:1rem}.swatch{display:inline-block;width:.8rem;height:.8rem;margin-right:.25rem}
+"""
+
+# Reload every few seconds, unless the operator is typing (a note or the token would be lost).
+REFRESH_SCRIPT = """
+(function(){var every=%d;function typing(){var a=document.activeElement;
+return (a&&a.tagName==="INPUT")||Array.prototype.some.call(document.querySelectorAll("input"),
+function(i){return i.type!=="hidden"&&i.value!==""})}
+function tick(){if(typing()){setTimeout(tick,1000)}else{location.replace(location.pathname)}}
+setTimeout(tick,every)})();
+"""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Queue depth at one moment, for the chart."""
+
+    at_ms: int
+    counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one page shows, read in one go."""
+
+    stats: Stats
+    dead_jobs: list[dict[str, Any]]
+    audit: list[dict[str, Any]]
+    leases: list[dict[str, Any]]
+    samples: list[Sample] = field(default_factory=list)
+
+
+def utc(ms: int | None) -> str:
+    """Epoch milliseconds as ``YYYY-MM-DD HH:MM:SS.mmmZ``."""
+    if ms is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _cells(values: Iterable[object], numeric: Sequence[int] = ()) -> str:
+    return "".join(
+        f'<td class="n">{escape(str(v))}</td>' if i in numeric else f"<td>{escape(str(v))}</td>"
+        for i, v in enumerate(values)
+    )
+
+
+def _table(table_id: str, headers: Sequence[str], rows: Sequence[str], empty: str) -> str:
+    if not rows:
+        return f'<p class="muted" id="{table_id}-empty">{escape(empty)}</p>'
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def render_counts(stats: Stats) -> str:
+    """Jobs by status, the oldest ready job's wait, expired leases and dead jobs by reason."""
+    rows = [
+        f'<tr><th>{escape(s)}</th><td class="n" id="count-{escape(s)}">{n}</td></tr>'
+        for s, n in stats.by_status.items()
+    ]
+    rows.append(f'<tr><th>total</th><td class="n" id="count-total">{stats.total}</td></tr>')
+    age = "none ready" if stats.oldest_ready_age_ms is None else f"{stats.oldest_ready_age_ms / 1000:.1f} s"
+    rows.append(f'<tr><th>oldest ready waits</th><td class="n" id="oldest-ready">{escape(age)}</td></tr>')
+    rows.append(f'<tr><th>expired leases</th><td class="n" id="expired-leases">{stats.expired_leases}</td></tr>')
+    reasons = ", ".join(f"{escape(r)}: {n}" for r, n in sorted(stats.dead_by_reason.items())) or "none"
+    rows.append(f'<tr><th>dead by reason</th><td id="dead-by-reason">{reasons}</td></tr>')
+    return f'<table id="counts"><tbody>{"".join(rows)}</tbody></table>'
+
+
+def render_chart(samples: Sequence[Sample]) -> str:
+    """An inline SVG line chart of pending, leased and dead jobs over ``samples``."""
+    label = f"queue depth over the last {len(samples)} samples"
+    svg = f'<svg id="chart" role="img" aria-label="{label}" width="{WIDTH}" height="{HEIGHT}" '
+    svg += f'viewBox="0 0 {WIDTH} {HEIGHT}" xmlns="http://www.w3.org/2000/svg"><title>{label}</title>'
+    if len(samples) < 2:
+        return svg + f'<text x="{LEFT}" y="{HEIGHT // 2}" fill="#656d76">collecting samples…</text></svg>'
+    first, last = samples[0].at_ms, samples[-1].at_ms
+    top = max(1, *(sample.counts.get(status, 0) for sample in samples for status in CHART_STATUSES))
+    plot_w, plot_h = WIDTH - LEFT - 8, HEIGHT - BOTTOM - 8
+
+    def point(sample: Sample, status: str) -> str:
+        x = LEFT + (sample.at_ms - first) / max(1, last - first) * plot_w
+        y = 8 + plot_h - sample.counts.get(status, 0) / top * plot_h
+        return f"{x:.1f},{y:.1f}"
+
+    parts = [
+        f'<line x1="{LEFT}" y1="{8 + plot_h}" x2="{WIDTH - 8}" y2="{8 + plot_h}" stroke="#8c959f"/>',
+        f'<line x1="{LEFT}" y1="8" x2="{LEFT}" y2="{8 + plot_h}" stroke="#8c959f"/>',
+        f'<text x="{LEFT - 6}" y="16" text-anchor="end" font-size="11">{top}</text>',
+        f'<text x="{LEFT - 6}" y="{8 + plot_h}" text-anchor="end" font-size="11">0</text>',
+        f'<text x="{LEFT}" y="{HEIGHT - 6}" font-size="11">{escape(utc(first))}</text>',
+        f'<text x="{WIDTH - 8}" y="{HEIGHT - 6}" text-anchor="end" font-size="11">{escape(utc(last))}</text>',
+    ]
+    for status, colour in CHART_STATUSES.items():
+        points = " ".join(point(sample, status) for sample in samples)
+        parts.append(
+            f'<polyline class="series-{status}" fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>'
+        )
+    return svg + "".join(parts) + "</svg>"
+
+
+def render_legend() -> str:
+    """The chart's colours."""
+    spans = (f'<span><i class="swatch" style="background:{c}"></i>{s}</span>' for s, c in CHART_STATUSES.items())
+    return f'<p class="legend">{"".join(spans)}</p>'
+
+
+def _redrive_form(job_id: str) -> str:
+    return (
+        '<form method="post" action="/redrive">'
+        f'<input type="hidden" name="job" value="{escape(job_id)}">'
+        '<input name="note" placeholder="note" required pattern="[A-Za-z0-9_-]{1,64}" aria-label="note" '
+        'title="1-64 letters, digits, _ or -">'
+        '<input name="token" type="password" placeholder="token" required autocomplete="off" aria-label="token">'
+        "<button>Redrive</button></form>"
+    )
+
+
+def _short(body: object, limit: int = 80) -> str:
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_dead(jobs: Sequence[dict[str, Any]], total: int) -> str:
+    """Dead jobs with their reasons, newest first, each with a redrive form."""
+    rows = []
+    for job in jobs:
+        attempts = f"{job['attempts']}/{job['max_attempts']}"
+        values = (job["id"], job["queue"], job["reason"] or "", attempts, job["redrives"], _short(job["body"]))
+        rows.append(
+            f'<tr data-job="{escape(job["id"])}">{_cells(values, (3, 4))}<td>{_redrive_form(job["id"])}</td></tr>'
+        )
+    shown = f'<p class="muted">showing {len(jobs)} of {total}</p>' if total > len(jobs) else ""
+    headers = ("job", "queue", "reason", "attempts", "redrives", "body", "redrive (needs the start-up token)")
+    return _table("dead", headers, rows, "no dead jobs") + shown
+
+
+def render_audit(rows: Sequence[dict[str, Any]]) -> str:
+    """The redrive and cancel audit log, newest first."""
+    cells = [
+        f'<tr data-seq="{row["seq"]}">'
+        + _cells((utc(row["at_ms"]), row["id"], row["action"], row["token"], row["note"], row["reason"] or ""), (3,))
+        + "</tr>"
+        for row in rows
+    ]
+    return _table("audit", ("at", "job", "action", "token", "note", "reason"), cells, "no audit rows yet")
+
+
+def render_leases(rows: Sequence[dict[str, Any]], now_ms: int) -> str:
+    """Leases in flight, the soonest to expire first."""
+    cells = []
+    for row in rows:
+        left = (row["lease_until"] - now_ms) / 1000
+        remaining = f"{left:.1f} s" if left > 0 else "expired"
+        values = (
+            row["owner"],
+            row["id"],
+            row["queue"],
+            row["token"],
+            row["attempts"],
+            utc(row["lease_until"]),
+            remaining,
+        )
+        cells.append(f"<tr>{_cells(values, (3, 4, 6))}</tr>")
+    headers = ("owner", "job", "queue", "token", "attempt", "lease until", "left")
+    return _table("leases", headers, cells, "no leases in flight")
+
+
+def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce: str) -> str:
+    """The whole status page."""
+    stats = snapshot.stats
+    dead_total = stats.by_status.get("dead", 0)
+    body = (
+        f'<h1>asyncq dashboard</h1><p class="muted"><code>{escape(path)}</code> as of '
+        f'<span id="now">{escape(utc(stats.now_ms))}</span></p>'
+        f"<h2>Jobs</h2>{render_counts(stats)}"
+        f"<h2>Queue depth</h2>{render_chart(snapshot.samples)}{render_legend()}"
+        f"<h2>Dead jobs</h2>{render_dead(snapshot.dead_jobs, dead_total)}"
+        f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
+        f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
+    )
+    script = REFRESH_SCRIPT % int(refresh_seconds * 1000)
+    return _document("asyncq dashboard", body, f'<script nonce="{escape(nonce)}">{script}</script>')
+
+
+def render_message(title: str, message: str) -> str:
+    """A short page for a refused or failed request, with a way back."""
+    body = f'<h1>{escape(title)}</h1><p id="message">{escape(message)}</p><p><a href="/">back to the dashboard</a></p>'
+    return _document(title, body, "")
+
+
+def _document(title: str, body: str, script: str) -> str:
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f'<meta name="viewport" content="width=device-width"><style>{STYLE}</style></head>'
+        f"<body>{body}{script}</body></html>"
+    )

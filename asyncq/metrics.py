@@ -1,0 +1,241 @@
+"""Prometheus metrics for a worker pool and an inbox receiver (the ``metrics`` extra: prometheus-client).
+
+Every figure goes into a registry of its own, never prometheus-client's global one, so that several pools
+(and tests) in one process never collide. Counters move as the pool works; gauges are read at scrape time.
+
+==========================================  =======================================================================
+metric                                      meaning
+==========================================  =======================================================================
+``asyncq_claims_total``                     jobs this pool leased
+``asyncq_finishes_total{status}``           finishes that landed, by the job's new status (done, pending, dead)
+``asyncq_stale_finishes_total``             finishes refused because the ticket no longer held the lease
+``asyncq_retries_total``                    failed attempts put back to pending for another try
+``asyncq_leases_lost_total``                handlers cancelled because their lease renewal was refused
+``asyncq_delivery_seconds{outcome}``        handler (delivery) time by outcome: ok, retry, permanent
+``asyncq_jobs{status}``                     jobs in the queue file by status, read at scrape time
+``asyncq_dead_jobs{reason}``                dead jobs by reason, read at scrape time
+``asyncq_oldest_ready_age_seconds``         how long the oldest ready job has waited (0 when none waits)
+``asyncq_queue_file_up``                    1 if the queue file could be read at scrape time, else 0
+``asyncq_inbox_events_total{outcome}``      inbox requests since start: applied, duplicate, conflict,
+                                            rejected (400/413), failed (the effect refused or failed)
+==========================================  =======================================================================
+
+Beside a pool::
+
+    metrics = PoolMetrics(queue_path=queue.path, clock=queue.now)
+    pool = Pool(queue, observer=metrics)
+    async with await start_metrics_server(metrics.registry, port=9108):
+        await pool.serve()
+
+In an inbox app: ``instrument_inbox_app(make_inbox_app(db))`` adds ``GET /metrics``.
+
+Scrape-time reads open the queue file read-only (``mode=ro``) with the standard ``sqlite3`` module, in a
+worker thread, so a scrape neither blocks the event loop nor touches the pool's connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from contextlib import closing
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from asyncq.cli_store import CliError, connect_read_only
+from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, PENDING, RETRY
+from asyncq.inbox import INBOX_KEY, Inbox
+from asyncq.storage.schema import PRODUCT
+from asyncq.storage.stats import Stats, read_stats
+
+log = logging.getLogger("asyncq.metrics")
+
+#: Delivery-time buckets in seconds: from a local handler's milliseconds to an HTTP call near its timeout.
+DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+INBOX_OUTCOMES = ("applied", "duplicate", "conflict", "rejected", "failed")
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PoolMetrics:
+    """A pool observer (``Pool(queue, observer=…)``) counting into ``registry`` (a new one if not given).
+
+    With ``queue_path``, the registry also reads the queue file's depth at scrape time
+    (:class:`QueueCollector`, with ``clock`` in epoch milliseconds, the queue's time base)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        queue_path: str | os.PathLike[str] | None = None,
+        clock: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        self.registry = into = registry if registry is not None else CollectorRegistry()
+        self.claims = Counter("asyncq_claims", "Jobs this pool leased.", registry=into)
+        self.finishes = Counter("asyncq_finishes", "Finishes that landed, by new status.", ["status"], registry=into)
+        self.stale_finishes = Counter("asyncq_stale_finishes", "Finishes refused as stale (lease lost).", registry=into)
+        self.retries = Counter("asyncq_retries", "Failed attempts put back to pending.", registry=into)
+        self.leases_lost = Counter("asyncq_leases_lost", "Handlers cancelled after a refused renewal.", registry=into)
+        self.delivery = Histogram(
+            "asyncq_delivery_seconds", "Handler time by outcome.", ["outcome"], buckets=DELIVERY_BUCKETS, registry=into
+        )
+        for status in (DONE, PENDING, DEAD):
+            self.finishes.labels(status)  # present at zero from the first scrape
+        for outcome in OUTCOMES:
+            self.delivery.labels(outcome)
+        if queue_path is not None:
+            self.registry.register(QueueCollector(queue_path, clock=clock))
+
+    def on_claimed(self, count: int) -> None:
+        """``count`` jobs were leased in one commit."""
+        self.claims.inc(count)
+
+    def on_finished(self, outcome: str, status: str | None) -> None:
+        """A finish of ``outcome`` committed with the job's new ``status`` (``None``: refused as stale)."""
+        if status is None:
+            self.stale_finishes.inc()
+            return
+        self.finishes.labels(status).inc()
+        if outcome == RETRY and status == PENDING:
+            self.retries.inc()
+
+    def on_delivery(self, seconds: float, outcome: str) -> None:
+        """A handler returned ``outcome`` after ``seconds``."""
+        self.delivery.labels(outcome).observe(seconds)
+
+    def on_lease_lost(self) -> None:
+        """A handler was cancelled because its lease was taken away."""
+        self.leases_lost.inc()
+
+
+class QueueCollector(Collector):
+    """Depth by status, dead jobs by reason and the oldest ready job's age, read from the file per scrape."""
+
+    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = _wall_clock_ms) -> None:
+        self.path = path
+        self.clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        """The metric names, without reading the file (for the registry's duplicate check)."""
+        return self._families(None)
+
+    def collect(self) -> Iterable[Metric]:
+        """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
+        try:
+            with closing(connect_read_only(os.fspath(self.path), timeout=5.0)) as con:
+                stats = read_stats(con, PRODUCT, self.clock())
+        except (sqlite3.Error, CliError) as error:
+            log.warning("metrics: cannot read queue file %s: %s", self.path, error)
+            return self._families(None, up=0)
+        return self._families(stats)
+
+    @staticmethod
+    def _families(stats: Stats | None, up: int = 1) -> list[Metric]:
+        jobs = GaugeMetricFamily("asyncq_jobs", "Jobs in the queue file by status.", labels=["status"])
+        dead = GaugeMetricFamily("asyncq_dead_jobs", "Dead jobs by reason.", labels=["reason"])
+        oldest = GaugeMetricFamily("asyncq_oldest_ready_age_seconds", "Wait of the oldest ready job.")
+        file_up = GaugeMetricFamily("asyncq_queue_file_up", "1 if the queue file was readable.", value=up)
+        if stats is not None:
+            for status, count in stats.by_status.items():
+                jobs.add_metric([status], count)
+            for reason, count in sorted(stats.dead_by_reason.items()):
+                dead.add_metric([reason], count)
+            oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
+        return [jobs, dead, oldest, file_up]
+
+
+class InboxCollector(Collector):
+    """``asyncq_inbox_events_total{outcome}`` from an :class:`~asyncq.inbox.Inbox`'s counters since start."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+
+    def describe(self) -> Iterable[Metric]:
+        """The metric name, for the registry's duplicate check."""
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        """The counters as they are now."""
+        counters = self.inbox.counters
+        values = (counters.applied, counters.duplicates, counters.conflicts, counters.rejected, counters.failed)
+        family = self._family()
+        for outcome, value in zip(INBOX_OUTCOMES, values, strict=True):
+            family.add_metric([outcome], value)
+        return [family]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily("asyncq_inbox_events", "Inbox requests since start, by outcome.", labels=["outcome"])
+
+
+# --- HTTP ------------------------------------------------------------------------------------------------
+
+
+def metrics_routes(registry: CollectorRegistry, *, path: str = "/metrics") -> list[web.RouteDef]:
+    """``GET path``: the registry in Prometheus' text format, rendered in a worker thread."""
+
+    async def scrape(request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return [web.get(path, scrape)]
+
+
+def instrument_inbox_app(
+    app: web.Application, registry: CollectorRegistry | None = None, *, path: str = "/metrics"
+) -> CollectorRegistry:
+    """Add the inbox's counters (``app[INBOX_KEY]``, as ``make_inbox_app`` sets it) and ``GET path`` to
+    ``app``; the registry used (a new one if not given)."""
+    registry = registry if registry is not None else CollectorRegistry()
+    registry.register(InboxCollector(app[INBOX_KEY]))
+    app.add_routes(metrics_routes(registry, path=path))
+    return registry
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; ``await close()`` (or ``async with``) stops it."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    async def close(self) -> None:
+        """Stop serving and release the port."""
+        await self.runner.cleanup()
+
+    async def __aenter__(self) -> MetricsServer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+async def start_metrics_server(registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> MetricsServer:
+    """Serve ``GET /metrics`` for ``registry`` on ``host:port`` (0: any free port) beside a pool."""
+    app = web.Application()
+    app.add_routes(metrics_routes(registry))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_host, bound_port = runner.addresses[0][:2]
+    return MetricsServer(runner, str(bound_host), int(bound_port))

@@ -1,0 +1,194 @@
+"""Every way the ``asyncq`` command can be pointed wrong gives one clear line, a meaningful exit status, no
+traceback, and leaves the file byte for byte as it was (a missing file is never created)."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_support import build_queue, cli_env, fingerprint, run_cli, run_many
+
+from asyncq.cli_store import filesystem_type
+
+pytestmark = pytest.mark.timeout(60)
+
+# Every command that needs an existing queue file, as run on "q.db" (the error comes before any work).
+ON_A_QUEUE = [
+    ["status"],
+    ["jobs"],
+    ["show", "p-1"],
+    ["dead"],
+    ["redrive", "--reason", "permanent", "--note", "n"],
+    ["redrive", "x-exh-1", "--note", "n"],
+    ["prune", "--older-than", "1d"],
+    ["prune", "--older-than", "1s", "--apply"],
+    ["enqueue", "e-1", "{}"],
+    ["cancel", "p-1", "--note", "n"],
+    ["backup", "copy.db"],
+    ["work", "--handler", "nowhere:handle", "--burst"],
+]
+WRITERS = [
+    ["init"],
+    ["enqueue", "e-1", "{}"],
+    ["cancel", "p-1", "--note", "n"],
+    ["redrive", "x-exh-1", "--note", "n"],
+    ["redrive", "--reason", "permanent", "--note", "n", "--apply"],
+    ["prune", "--older-than", "1s", "--apply"],
+]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "q.db"
+    build_queue(path)
+    return path
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, message: str) -> None:
+    assert done.returncode == code, (done.args, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    if code == 1:
+        assert done.stderr.startswith("asyncq: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr, (done.args, done.stderr)
+
+
+def test_a_missing_file_is_reported_and_never_created(tmp_path: Path) -> None:
+    results = run_many([[*args, "--db", "q.db"] for args in ON_A_QUEUE], cwd=tmp_path)
+    for done in results:
+        assert_one_line_error(done, 1, "asyncq: error: no such queue file: q.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_sqlite_file_without_a_queue_is_not_a_queue(tmp_path: Path) -> None:
+    con = sqlite3.connect(tmp_path / "q.db", isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE orders (id TEXT)")
+    con.close()  # checkpointed: only the main file is left
+    before = fingerprint(tmp_path / "q.db")
+    for done in run_many([[*args, "--db", "q.db"] for args in ON_A_QUEUE], cwd=tmp_path):
+        assert_one_line_error(done, 1, "q.db is not an asyncq queue (it has no asyncq_jobs table)")
+    assert fingerprint(tmp_path / "q.db") == before
+    assert not (tmp_path / "copy.db").exists()
+
+
+def test_a_file_that_is_not_sqlite_is_refused_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "q.db").write_text("these are my notes, not a database\n" * 200)
+    before = fingerprint(tmp_path / "q.db")
+    commands = [[*args, "--db", "q.db"] for args in [*ON_A_QUEUE, ["init"]]]
+    for done in run_many(commands, cwd=tmp_path):
+        assert_one_line_error(done, 1, "q.db is not a SQLite database (file is not a database)")
+    assert fingerprint(tmp_path / "q.db") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.db"]
+
+
+@pytest.fixture
+def locked(tmp_path: Path, template: Path) -> Iterator[Path]:
+    """A queue file whose write lock another process holds (BEGIN IMMEDIATE) for the test's duration."""
+    db = tmp_path / "q.db"
+    shutil.copyfile(template, db)
+    code = (
+        "import sqlite3, sys\n"
+        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "con.execute('BEGIN IMMEDIATE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+        "con.execute('ROLLBACK')\n"
+        "con.close()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cli_env()
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        yield db
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=10) == 0
+
+
+def test_a_write_command_facing_a_held_lock_fails_after_its_timeout(locked: Path) -> None:
+    # The fingerprint is taken outside the holder's lifetime: reading the file in a process that holds a SQLite
+    # lock on it would drop that lock (POSIX locks belong to the process), so compare against the template.
+    template_print = fingerprint(locked)
+    commands = [[*args, "--db", "q.db", "--timeout", "0.2"] for args in WRITERS]
+    for done in run_many(commands, cwd=locked.parent):
+        assert_one_line_error(done, 1, "database is locked: another process holds the write lock")
+    reads = run_many(
+        [["status", "--db", "q.db", "--timeout", "0.2"], ["backup", "b.db", "--db", "q.db"]], cwd=locked.parent
+    )
+    assert [done.returncode for done in reads] == [0, 0]  # WAL: readers never wait for the writer
+    assert template_print == fingerprint(locked)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cancel", "p-1", "--note", "two words"], "argument --note: 'two words' is not 1-64 ASCII letters"),
+        (["prune", "--older-than", "7 days"], "argument --older-than: '7 days' is not a duration"),
+        (["enqueue", "bad id", "{}"], "argument ID: 'bad id' is not"),
+        (["enqueue", "e-1", "{not json"], "argument BODY: not JSON"),
+        (["enqueue", "e-1"], "give the job's BODY (JSON) after its ID"),
+        (["jobs", "--status", "lost"], "argument --status: invalid choice: 'lost'"),
+        (["jobs", "--limit", "0"], "argument --limit: '0' is not a whole number"),
+        (["redrive", "--note", "n"], "name the dead jobs to redrive, or give --reason (not both)"),
+        (["redrive", "x-exh-1", "--reason", "exhausted", "--note", "n"], "or give --reason (not both)"),
+        (["redrive", "x-exh-1"], "the following arguments are required: --note"),
+        (["prune", "--older-than", "1d", "--vacuum"], "--vacuum goes with --apply"),
+        (["work", "--burst"], "one of the arguments --url --handler is required"),
+        (["work", "--url", "http://example.com/events"], "url host 'example.com' is not in the allowed hosts"),
+        (["work", "--handler", "no-colon"], "--handler must be module:function"),
+        (["status", "--timeout", "soon"], "argument --timeout: 'soon' is not a number of seconds"),
+        (["show"], "the following arguments are required: ID"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_that_touch_nothing(
+    tmp_path: Path, template: Path, args: list[str], message: str
+) -> None:
+    shutil.copyfile(template, tmp_path / "q.db")
+    before = fingerprint(tmp_path / "q.db")
+    done = run_cli(*args, "--db", "q.db", cwd=tmp_path)
+    assert_one_line_error(done, 2, message)
+    assert fingerprint(tmp_path / "q.db") == before
+
+
+def test_a_missing_db_option_is_a_usage_error(tmp_path: Path) -> None:
+    done = run_cli("status", cwd=tmp_path)
+    assert_one_line_error(done, 2, "the following arguments are required: --db")
+
+
+def test_state_errors_leave_the_file_as_it_was(tmp_path: Path, template: Path) -> None:
+    db = tmp_path / "q.db"
+    shutil.copyfile(template, db)
+    before = fingerprint(db)
+    expected = {
+        ("cancel", "x-perm-1"): "asyncq: error: job 'x-perm-1' is not pending\n",
+        ("cancel", "nope"): "asyncq: error: job 'nope' is missing\n",
+        ("redrive", "p-1"): "asyncq: error: job 'p-1' is pending, not dead: nothing redriven\n",
+        ("redrive", "x-exh-1", "p-2"): "asyncq: error: job 'p-2' is pending, not dead: nothing redriven\n",
+    }
+    commands = [[*key, "--note", "n", "--db", "q.db"] for key in expected]
+    for done, message in zip(run_many(commands, cwd=tmp_path), expected.values(), strict=True):
+        assert_one_line_error(done, 1, "")
+        assert done.stderr == message
+    assert fingerprint(db) == before
+
+
+def test_the_file_system_of_a_path_is_read_from_the_mount_table() -> None:
+    mounts = (
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "server:/export /srv/shared nfs4 rw 0 0\n"
+        "//nas/q /mnt/my\\040share cifs rw 0 0\n"
+        "tmpfs /srv/shared/tmp tmpfs rw 0 0\n"
+    )
+    assert filesystem_type("/srv/shared/q.db", mounts) == "nfs4"
+    assert filesystem_type("/srv/shared/tmp/q.db", mounts) == "tmpfs"
+    assert filesystem_type("/mnt/my share/q.db", mounts) == "cifs"
+    assert filesystem_type("/srv/sharedness/q.db", mounts) == "ext4"
+    assert filesystem_type("/home/q.db", "") == ""

@@ -1,0 +1,191 @@
+"""The operator's changes through the ``asyncq`` command, as real subprocesses: redrive (preview, then
+exactly what was previewed), cancel, prune with its vacuum, and the online backup while a writer runs."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_support import DAY_MS, EXPECTED_STATUS, Clock, build_queue, cli_env, fingerprint, run_cli, run_json
+
+from asyncq.queue import Queue, wall_clock_ms
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "q.db"
+    build_queue(path)
+    return path
+
+
+@pytest.fixture
+def db(tmp_path: Path, template: Path) -> Path:
+    copy = tmp_path / "q.db"
+    shutil.copyfile(template, copy)
+    return copy
+
+
+def rows(path: Path, statement: str) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(statement).fetchall()
+    finally:
+        con.close()
+
+
+def test_redrive_preview_writes_nothing_and_apply_writes_exactly_the_previewed_rows(db: Path) -> None:
+    before = fingerprint(db)
+    preview = run_json("redrive", "--db", "q.db", "--reason", "permanent", "--note", "fixed-upstream", cwd=db.parent)
+    assert fingerprint(db) == before
+    assert preview["applied"] is False and preview["audit"] == [] and preview["skipped"] == []
+    assert [(j["id"], j["token"], j["reason"]) for j in preview["jobs"]] == [
+        ("old-perm", 1, "permanent"),
+        ("x-perm-1", 1, "permanent"),
+        ("x-perm-2", 1, "permanent"),
+    ]
+    text = run_cli("redrive", "--db", "q.db", "--reason", "permanent", "--note", "fixed-upstream", cwd=db.parent)
+    assert text.stdout.startswith("would redrive 3 job(s) (nothing written; add --apply)")
+    assert fingerprint(db) == before
+    audit_before = rows(db, "SELECT count(*) FROM asyncq_audit")
+    applied = run_json(
+        "redrive", "--db", "q.db", "--reason", "permanent", "--note", "fixed-upstream", "--apply", cwd=db.parent
+    )
+    assert applied["applied"] is True and applied["jobs"] == preview["jobs"]
+    previewed = [(j["id"], j["token"], preview["note"]) for j in preview["jobs"]]
+    assert [(a["id"], a["token"], a["note"]) for a in applied["audit"]] == previewed
+    written = rows(db, "SELECT id, token, note FROM asyncq_audit WHERE action = 'redrive' ORDER BY seq")
+    assert written == previewed and rows(db, "SELECT count(*) FROM asyncq_audit")[0][0] == audit_before[0][0] + 3
+    assert rows(db, "SELECT DISTINCT status FROM asyncq_jobs WHERE id IN ('old-perm', 'x-perm-1', 'x-perm-2')") == [
+        ("pending",)
+    ]
+    again = run_json("redrive", "--db", "q.db", "--reason", "permanent", "--note", "again", "--apply", cwd=db.parent)
+    assert again["count"] == 0 and again["audit"] == []
+
+
+def test_redrive_with_a_limit_takes_the_oldest(db: Path) -> None:
+    args = ("redrive", "--db", "q.db", "--reason", "permanent", "--note", "n", "--limit", "2", "--apply")
+    assert [a["id"] for a in run_json(*args, cwd=db.parent)["audit"]] == ["old-perm", "x-perm-1"]
+
+
+def test_redrive_named_jobs_at_once_with_their_history(db: Path) -> None:
+    done = run_cli("redrive", "--db", "q.db", "x-exh-1", "x-dl-1", "--note", "INC-42", "--ttl", "2h", cwd=db.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("redrove 2 job(s); audit rows written:")
+    shown = run_json("show", "--db", "q.db", "x-dl-1", cwd=db.parent)
+    job = shown["job"]
+    assert (job["status"], job["attempts"], job["redrives"]) == ("pending", 0, 1)
+    assert 7_100_000 < job["deadline"] - shown["now_ms"] <= 7_200_000
+    assert [(h["action"], h["note"]) for h in shown["history"]] == [("redrive", "INC-42")]
+
+
+def test_cancel_parks_a_pending_job_with_an_audit_row(db: Path) -> None:
+    data = run_json("cancel", "--db", "q.db", "p-1", "--note", "customer-left", cwd=db.parent)
+    assert data["id"] == "p-1" and data["cancelled"] is True
+    audit = data["audit"]
+    assert (audit["id"], audit["action"], audit["note"], audit["token"]) == ("p-1", "cancel", "customer-left", 0)
+    assert rows(db, "SELECT status, reason FROM asyncq_jobs WHERE id = 'p-1'") == [("dead", "cancelled")]
+    text = run_cli("cancel", "--db", "q.db", "p-2", "--note", "dup", cwd=db.parent).stdout
+    assert text.startswith("cancelled p-2 (now dead, reason cancelled); audit row")
+
+
+def test_prune_previews_then_deletes_old_finished_jobs_and_keeps_their_audit(db: Path) -> None:
+    before = fingerprint(db)
+    preview = run_json("prune", "--db", "q.db", "--older-than", "7d", cwd=db.parent)
+    assert fingerprint(db) == before
+    assert preview["applied"] is False and preview["deleted"] is None and preview["count"] == 6
+    assert preview["by_status"] == {"done": 3, "dead": 3}
+    assert preview["ids"] == ["old-done-1", "old-done-2", "old-done-3", "old-perm", "old-cancel", "old-dl"]
+    assert preview["older_than_ms"] == 7 * DAY_MS and preview["cutoff_ms"] == preview["now_ms"] - 7 * DAY_MS
+    only_done = run_json(
+        "prune", "--db", "q.db", "--older-than", "7d", "--status", "done", "--limit", "1", cwd=db.parent
+    )
+    assert only_done["count"] == 3 and only_done["ids"] == ["old-done-1"]
+    applied = run_json("prune", "--db", "q.db", "--older-than", "7d", "--apply", cwd=db.parent)
+    assert applied["deleted"] == 6 and applied["vacuum"] == "skipped"
+    assert rows(db, "SELECT count(*) FROM asyncq_jobs") == [(10,)]
+    assert rows(db, "SELECT id, action FROM asyncq_audit WHERE id = 'old-cancel'") == [("old-cancel", "cancel")]
+    assert rows(db, "SELECT count(*) FROM asyncq_jobs WHERE status IN ('pending', 'leased')") == [(4,)]
+    full = run_json("prune", "--db", "q.db", "--older-than", "7d", "--apply", "--vacuum", cwd=db.parent)
+    assert full["deleted"] == 0 and full["vacuum"] == "full"
+    assert rows(db, "PRAGMA auto_vacuum") == [(2,)]
+
+
+async def _finish_old_jobs(path: Path, count: int) -> None:
+    async with await Queue.open(str(path), clock=Clock(wall_clock_ms() - 30 * DAY_MS)) as queue:
+        for n in range(count):
+            await queue.enqueue(f"big-{n}", {"pad": "x" * 4000})
+        for ticket in await queue.claim("builder", limit=count):
+            await queue.finish(ticket, "ok")
+
+
+def test_prune_gives_space_back_on_a_file_made_by_init(tmp_path: Path) -> None:
+    assert run_cli("init", "--db", "q.db", cwd=tmp_path).returncode == 0
+    asyncio.run(_finish_old_jobs(tmp_path / "q.db", 300))
+    data = run_json("prune", "--db", "q.db", "--older-than", "1d", "--apply", cwd=tmp_path)
+    assert data["deleted"] == 300 and data["vacuum"] == "incremental"
+    assert data["bytes_after"] < data["bytes_before"] // 4
+    assert (
+        "space given back (incremental vacuum)"
+        in run_cli("prune", "--db", "q.db", "--older-than", "1d", "--apply", cwd=tmp_path).stdout
+    )
+
+
+def test_backup_writes_a_checked_copy_and_refuses_to_overwrite(db: Path) -> None:
+    data = run_json("backup", "--db", "q.db", "copy.db", cwd=db.parent)
+    assert data["source"] == "q.db" and data["path"] == "copy.db" and data["check"] == "ok"
+    assert data["jobs"] == EXPECTED_STATUS and data["bytes"] == data["pages"] * data["page_size"]
+    assert run_json("status", "--db", "copy.db", cwd=db.parent)["by_status"] == EXPECTED_STATUS
+    again = run_cli("backup", "--db", "q.db", "copy.db", cwd=db.parent)
+    assert again.returncode == 1 and again.stderr == "asyncq: error: copy.db exists (use --force to replace it)\n"
+    forced = run_cli("backup", "--db", "q.db", "copy.db", "--force", cwd=db.parent)
+    assert forced.returncode == 0 and forced.stdout.startswith("backed up q.db to copy.db:")
+    itself = run_cli("backup", "--db", "q.db", "q.db", "--force", cwd=db.parent)
+    assert itself.returncode == 1 and "must not be the queue file itself" in itself.stderr
+    assert sorted(p.name for p in db.parent.iterdir() if "partial" in p.name) == []
+
+
+WRITER = """
+import asyncio, sys
+from asyncq.jobs import JobSpec
+from asyncq.queue import Queue
+
+async def main() -> None:
+    async with await Queue.open(sys.argv[1]) as queue:
+        batch = 0
+        while True:  # 50 jobs per transaction, until killed
+            await queue.enqueue_many([JobSpec(f"w-{batch}-{n}", {"pad": "y" * 500}) for n in range(50)])
+            batch += 1
+            if batch == 20:
+                print("writing", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_backup_while_a_writer_commits_is_a_consistent_snapshot(tmp_path: Path) -> None:
+    assert run_cli("init", "--db", "q.db", cwd=tmp_path).returncode == 0
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, "q.db"], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
+        copies = [run_json("backup", "--db", "q.db", f"copy-{n}.db", cwd=tmp_path) for n in range(3)]
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)
+    counts = []
+    for n, data in enumerate(copies):
+        assert data["check"] == "ok"
+        [(jobs,)] = rows(tmp_path / f"copy-{n}.db", "SELECT count(*) FROM asyncq_jobs")
+        assert rows(tmp_path / f"copy-{n}.db", "PRAGMA integrity_check") == [("ok",)]
+        assert jobs == data["jobs"]["pending"] and jobs % 50 == 0  # whole transactions only
+        counts.append(jobs)
+    assert counts[0] >= 1000 and counts == sorted(counts)

@@ -1,0 +1,215 @@
+"""The status page over real HTTP on loopback, on a real queue file: what it shows, and a redrive that needs
+the token (refused ones change nothing, an accepted one writes exactly one audit row)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from asyncq.dashboard import DASHBOARD_KEY, Dashboard, main, make_dashboard_app
+from asyncq.jobs import JobSpec
+from asyncq.queue import Queue
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = 1_700_000_000_000
+TOKEN = "open-sesame-42"
+XSS = "<script>alert(1)</script>"
+
+
+@pytest.fixture
+def clock() -> list[int]:
+    return [T0]
+
+
+async def seed(queue: Queue) -> None:
+    """pending 1, leased 1 (worker-7), done 2, dead 3 (permanent, exhausted, cancelled), one audit row."""
+    jobs = [JobSpec("done-1", 1), JobSpec("done-2", 2), JobSpec("refused", {"html": XSS})]
+    jobs += [JobSpec("tired", 4, max_attempts=1), JobSpec("busy", 5), JobSpec("unwanted", 6), JobSpec("waiting", 7)]
+    await queue.enqueue_many(jobs)
+    tickets = await queue.claim("worker-7", limit=5, lease_ms=60_000)
+    for ticket, outcome in zip(tickets, ("ok", "ok", "permanent", "retry"), strict=False):
+        await queue.finish(ticket, outcome)
+    await queue.cancel("unwanted", "not-needed")
+
+
+@pytest.fixture
+async def path(tmp_path: Path, clock: list[int]) -> Path:
+    file = tmp_path / "queue.db"
+    async with await Queue.open(file, clock=lambda: clock[0]) as queue:
+        await seed(queue)
+    return file
+
+
+@pytest.fixture
+async def server(path: Path, clock: list[int]) -> AsyncIterator[tuple[str, Dashboard]]:
+    """The dashboard app on an ephemeral loopback port: its base URL and its state."""
+    app = make_dashboard_app(path, token=TOKEN, clock=lambda: clock[0], sample_seconds=3600)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", app[DASHBOARD_KEY]
+    finally:
+        await runner.cleanup()
+
+
+async def get(url: str, **headers: str) -> tuple[int, str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
+        return response.status, await response.text(), response.headers
+
+
+async def post_redrive(base: str, form: dict[str, str]) -> tuple[int, str, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(base + "/redrive", data=form, allow_redirects=False) as response,
+    ):
+        return response.status, await response.text(), response.headers
+
+
+def dump(path: Path) -> str:
+    with closing(sqlite3.connect(path)) as con:
+        return "\n".join(con.iterdump())
+
+
+def audit_rows(path: Path) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(path)) as con:
+        return con.execute("SELECT id, token, at_ms, note, action FROM asyncq_audit ORDER BY seq").fetchall()
+
+
+def cell(page: str, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}">([^<]*)<', page)
+    assert found is not None, element_id
+    return found.group(1)
+
+
+def table(page: str, table_id: str) -> str:
+    found = re.search(rf'<table id="{table_id}">.*?</table>', page)
+    assert found is not None, table_id
+    return found.group(0)
+
+
+async def test_the_page_shows_counts_dead_jobs_with_reasons_the_audit_log_and_leases(
+    server: tuple[str, Dashboard],
+) -> None:
+    status, page, headers = await get(server[0] + "/")
+    assert status == 200
+    counts = {s: cell(page, f"count-{s}") for s in ("pending", "leased", "done", "dead", "total")}
+    assert counts == {"pending": "1", "leased": "1", "done": "2", "dead": "3", "total": "7"}
+    assert cell(page, "dead-by-reason") == "cancelled: 1, exhausted: 1, permanent: 1"
+    dead = table(page, "dead")
+    for job_id, reason in (("refused", "permanent"), ("tired", "exhausted"), ("unwanted", "cancelled")):
+        assert f'<tr data-job="{job_id}"><td>{job_id}</td><td>default</td><td>{reason}</td>' in dead
+    assert dead.count('action="/redrive"') == 3
+    assert "<td>unwanted</td><td>cancel</td>" in table(page, "audit")
+    assert "<td>worker-7</td><td>busy</td><td>default</td>" in table(page, "leases")
+    assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert TOKEN not in page
+    policy = headers["Content-Security-Policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+    assert headers["X-Frame-Options"] == "DENY"
+
+
+async def test_a_wrong_or_missing_token_is_refused_and_changes_nothing(
+    server: tuple[str, Dashboard], path: Path
+) -> None:
+    before = dump(path)
+    for form in (
+        {"job": "refused", "note": "retry-it", "token": "open-sesame-43"},
+        {"job": "refused", "note": "retry-it", "token": ""},
+        {"job": "refused", "note": "retry-it"},
+        {"job": "refused", "note": "retry-it", "token": TOKEN + " "},
+    ):
+        status, text, _headers = await post_redrive(server[0], form)
+        assert status == 403, form
+        assert "nothing changed" in text
+    assert dump(path) == before
+
+
+async def test_the_token_redrives_the_job_with_exactly_one_audit_row(
+    server: tuple[str, Dashboard], path: Path, clock: list[int]
+) -> None:
+    clock[0] += 5_000
+    status, _text, headers = await post_redrive(server[0], {"job": "refused", "note": "fixed-parser", "token": TOKEN})
+    assert (status, headers["Location"]) == (303, "/")
+    assert audit_rows(path) == [
+        ("unwanted", 0, T0, "not-needed", "cancel"),
+        ("refused", 1, T0 + 5_000, "fixed-parser", "redrive"),
+    ]
+    job = await read_job(path, "refused")
+    assert (job.status, job.attempts, job.reason, job.available_at) == ("pending", 0, None, T0 + 5_000)
+
+    _status, page, _headers = await get(server[0] + "/")
+    assert '<td>refused</td><td>redrive</td><td class="n">1</td><td>fixed-parser</td>' in table(page, "audit")
+    assert 'data-job="refused"' not in page
+    assert cell(page, "count-dead") == "2"
+
+    before = dump(path)
+    status, text, _headers = await post_redrive(server[0], {"job": "refused", "note": "again", "token": TOKEN})
+    assert status == 409 and "not dead" in text
+    assert dump(path) == before
+
+
+async def test_a_note_or_job_that_is_not_an_identifier_is_refused(server: tuple[str, Dashboard], path: Path) -> None:
+    before = dump(path)
+    for form in ({"job": "refused", "note": "two words"}, {"job": "refused", "note": ""}, {"job": "<b>", "note": "n"}):
+        status, text, _headers = await post_redrive(server[0], form | {"token": TOKEN})
+        assert status == 400, form
+        assert "<b>" not in text
+    assert dump(path) == before
+
+
+async def test_the_chart_draws_the_sampled_depth_over_time(
+    server: tuple[str, Dashboard], path: Path, clock: list[int]
+) -> None:
+    base, dashboard = server
+    async with asyncio.timeout(5):
+        while not dashboard.samples:  # the sample taken at start-up, before this test's own
+            await asyncio.sleep(0.005)
+    dashboard.samples.clear()
+    await dashboard.sample_once()
+    clock[0] += 2_000
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        await queue.enqueue_many([JobSpec(f"more-{n}", n) for n in range(3)])
+    await dashboard.sample_once()
+
+    _status, page, _headers = await get(base + "/")
+    pending = re.search(r'<polyline class="series-pending"[^>]*points="([^"]*)"', page)
+    assert pending is not None
+    (x0, y0), (x1, y1) = [tuple(map(float, p.split(","))) for p in pending.group(1).split()]
+    assert x0 < x1 and y1 < y0  # later, and higher: 1 pending, then 4
+    assert "<svg" in page and "https://" not in page  # self-contained: nothing loaded from elsewhere
+
+    _status, text, _headers = await get(base + "/stats.json")
+    assert '"pending": 4' in text and f'"at_ms": {T0 + 2_000}' in text
+
+
+async def test_a_host_header_that_is_not_loopback_is_refused(server: tuple[str, Dashboard]) -> None:
+    status, _page, _headers = await get(server[0] + "/", Host="attacker.example")
+    assert status == 403
+    status, _page, _headers = await get(server[0] + "/", Host="localhost")
+    assert status == 200
+
+
+async def test_main_refuses_a_remote_bind_a_missing_file_and_an_empty_token(tmp_path: Path, path: Path) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["--db", str(path), "--host", "0.0.0.0"])
+    assert refused.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["--db", str(path), "--token", ""])
+    assert main(["--db", str(tmp_path / "missing.db")]) == 1
+    assert not (tmp_path / "missing.db").exists()
+
+
+async def read_job(path: Path, job_id: str) -> Any:
+    async with await Queue.open(path) as queue:
+        return await queue.get(job_id)

@@ -1,0 +1,245 @@
+"""Prometheus metrics over real HTTP: a pool's burst on a real queue file, a stale finish, a lost lease, the
+depth gauges and the inbox counters, each scraped from a started endpoint and parsed with prometheus-client.
+
+Queue time is an injected clock where a test is about time (a lease taken over, the oldest job's age)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pkgutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+import asyncq
+from asyncq.errors import Permanent, Retryable
+from asyncq.inbox import STOCK_TABLES, add_to_stock, make_inbox_app
+from asyncq.jobs import JobSpec
+from asyncq.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
+from asyncq.pool import JobContext, Pool
+from asyncq.queue import Queue
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = 1_700_000_000_000
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "queue.db"
+
+
+@pytest.fixture
+def clock() -> list[int]:
+    return [T0]
+
+
+@pytest.fixture
+async def queue(path: Path, clock: list[int]) -> AsyncIterator[Queue]:
+    async with await Queue.open(path, clock=lambda: clock[0]) as opened:
+        yield opened
+
+
+async def scrape(url: str) -> Samples:
+    """Every sample at ``url``, by name and labels, as Prometheus would read them."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == CONTENT_TYPE_LATEST
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[name, tuple(sorted(labels.items()))]
+
+
+async def scrape_registry(registry: CollectorRegistry) -> Samples:
+    async with await start_metrics_server(registry) as server:
+        assert server.url == f"http://127.0.0.1:{server.port}/metrics"
+        return await scrape(server.url)
+
+
+async def burst(pool: Pool) -> None:
+    async with asyncio.timeout(10):
+        await pool.run(burst=True)
+
+
+# --- the pool ------------------------------------------------------------------------------------------
+
+
+async def steer(body: Any, context: JobContext) -> None:
+    """Succeed, refuse, fail once, or fail always, as the body's ``kind`` says."""
+    kind = body["kind"]
+    if kind == "permanent":
+        raise Permanent("malformed")
+    if kind == "broken" or (kind == "flaky" and context.attempt == 1):
+        raise Retryable("busy", delay_ms=0)
+
+
+async def test_a_burst_counts_claims_finishes_by_status_retries_and_deliveries(
+    queue: Queue, path: Path, clock: list[int]
+) -> None:
+    metrics = PoolMetrics(queue_path=path, clock=lambda: clock[0])
+    pool = Pool(queue, concurrency=4, observer=metrics)
+    pool.register("default", steer)
+    jobs = [JobSpec(f"ok-{n}", {"kind": "ok"}) for n in range(5)]
+    jobs += [JobSpec("refused", {"kind": "permanent"}), JobSpec("flaky", {"kind": "flaky"})]
+    jobs += [JobSpec("broken", {"kind": "broken"}, max_attempts=2)]
+    await queue.enqueue_many(jobs)
+
+    await burst(pool)
+    samples = await scrape_registry(metrics.registry)
+
+    assert value(samples, "asyncq_claims_total") == 10 == pool.counters.claimed
+    finishes = {s: value(samples, "asyncq_finishes_total", status=s) for s in ("done", "pending", "dead")}
+    assert finishes == {"done": 6, "pending": 2, "dead": 2} == pool.counters.finished
+    assert value(samples, "asyncq_retries_total") == 2
+    assert value(samples, "asyncq_stale_finishes_total") == 0
+    assert value(samples, "asyncq_leases_lost_total") == 0
+    deliveries = {o: value(samples, "asyncq_delivery_seconds_count", outcome=o) for o in ("ok", "retry", "permanent")}
+    assert deliveries == {"ok": 6, "retry": 3, "permanent": 1}
+    assert value(samples, "asyncq_delivery_seconds_bucket", outcome="ok", le="+Inf") == 6
+    depth = {s: value(samples, "asyncq_jobs", status=s) for s in ("pending", "leased", "done", "dead")}
+    assert depth == {"pending": 0, "leased": 0, "done": 6, "dead": 2}
+    assert value(samples, "asyncq_dead_jobs", reason="permanent") == 1
+    assert value(samples, "asyncq_dead_jobs", reason="exhausted") == 1
+    assert value(samples, "asyncq_oldest_ready_age_seconds") == 0
+    assert value(samples, "asyncq_queue_file_up") == 1
+
+
+async def test_a_finish_whose_lease_was_taken_over_counts_as_stale(queue: Queue, path: Path, clock: list[int]) -> None:
+    taken: list[Any] = []
+    async with await Queue.open(path, clock=lambda: clock[0] + 60_000) as other_worker:  # past the 30 s lease
+
+        async def handler(body: Any, context: JobContext) -> None:
+            taken.extend(await other_worker.claim("w2", lease_ms=60_000))  # then finish with the old ticket
+
+        metrics = PoolMetrics(queue_path=path, clock=lambda: clock[0])
+        pool = Pool(queue, owner="w1", lease_ms=30_000, observer=metrics)
+        pool.register("default", handler)
+        await queue.enqueue("job", {})
+        await burst(pool)
+
+    assert [ticket.token for ticket in taken] == [2]
+    samples = await scrape_registry(metrics.registry)
+    assert value(samples, "asyncq_claims_total") == 1
+    assert value(samples, "asyncq_stale_finishes_total") == 1 == pool.counters.stale_finishes
+    assert sum(value(samples, "asyncq_finishes_total", status=s) for s in ("done", "pending", "dead")) == 0
+    assert value(samples, "asyncq_delivery_seconds_count", outcome="ok") == 1
+    assert value(samples, "asyncq_jobs", status="leased") == 1
+
+
+async def test_a_lost_lease_is_counted_and_its_delivery_is_not(queue: Queue, path: Path, clock: list[int]) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    metrics = PoolMetrics()
+    pool = Pool(queue, owner="w1", lease_ms=1_000, observer=metrics)  # renewals every 0.25 s of real time
+    pool.register("default", handler)
+    await queue.enqueue("job", {})
+    async with await Queue.open(path, clock=lambda: clock[0] + 2_000) as other_worker:
+        running = asyncio.create_task(pool.run(burst=True))
+        async with asyncio.timeout(5):
+            await started.wait()
+            assert len(await other_worker.claim("w2", lease_ms=60_000)) == 1
+            clock[0] += 2_000  # the pool's renewer now finds the lease due, and the renewal is refused
+            await cancelled.wait()
+            await running
+
+    samples = await scrape_registry(metrics.registry)
+    assert value(samples, "asyncq_leases_lost_total") == 1
+    assert value(samples, "asyncq_claims_total") == 1
+    assert sum(value(samples, "asyncq_delivery_seconds_count", outcome=o) for o in ("ok", "retry", "permanent")) == 0
+    assert ("asyncq_jobs", (("status", "leased"),)) not in samples  # no queue_path: no depth gauges
+
+
+# --- depth at scrape time ------------------------------------------------------------------------------
+
+
+async def test_depth_and_the_oldest_ready_age_are_read_at_scrape_time(
+    queue: Queue, path: Path, clock: list[int]
+) -> None:
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(path, clock=lambda: clock[0]))
+    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("later", 3, delay_ms=60_000)])
+    clock[0] += 1_000
+    await queue.enqueue("c", 4)
+    clock[0] += 4_000
+
+    samples = await scrape_registry(registry)
+    assert value(samples, "asyncq_jobs", status="pending") == 4
+    assert value(samples, "asyncq_oldest_ready_age_seconds") == 5.0
+
+    await queue.claim("w1", limit=2)
+    await queue.cancel("later", "not-needed")
+    samples = await scrape_registry(registry)
+    depth = {s: value(samples, "asyncq_jobs", status=s) for s in ("pending", "leased", "done", "dead")}
+    assert depth == {"pending": 1, "leased": 2, "done": 0, "dead": 1}
+    assert value(samples, "asyncq_dead_jobs", reason="cancelled") == 1
+    assert value(samples, "asyncq_oldest_ready_age_seconds") == 4.0
+
+
+async def test_an_unreadable_queue_file_shows_as_down_and_is_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(missing))
+    samples = await scrape_registry(registry)
+    assert value(samples, "asyncq_queue_file_up") == 0
+    assert not any(name == "asyncq_jobs" for name, _labels in samples)
+    assert not missing.exists()
+
+
+# --- the inbox ---------------------------------------------------------------------------------------------
+
+
+async def test_the_inbox_app_serves_its_event_counts_by_outcome(tmp_path: Path) -> None:
+    app = make_inbox_app(tmp_path / "inbox.db", effect=add_to_stock, ddl=STOCK_TABLES)
+    instrument_inbox_app(app)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        posts = [{"id": "e1", "qty": 1}, {"id": "e1", "qty": 1}, {"id": "e1", "qty": 2}, "not json", {"id": "e2"}]
+        async with aiohttp.ClientSession() as session:
+            for body in posts:
+                data = body if isinstance(body, str) else json.dumps(body)
+                async with session.post(base + "/events", data=data) as response:
+                    await response.read()
+        samples = await scrape(base + "/metrics")
+    finally:
+        await runner.cleanup()
+    outcomes = ("applied", "duplicate", "conflict", "rejected", "failed")
+    assert {o: value(samples, "asyncq_inbox_events_total", outcome=o) for o in outcomes} == dict.fromkeys(outcomes, 1)
+
+
+# --- an optional extra ---------------------------------------------------------------------------------------
+
+
+def test_no_module_but_asyncq_metrics_imports_prometheus_client() -> None:
+    names = [m.name for m in pkgutil.walk_packages(asyncq.__path__, "asyncq.") if not m.name.endswith("__main__")]
+    modules = [name for name in names if name != "asyncq.metrics"]
+    code = f"import sys\nfor name in {modules!r}:\n    __import__(name)\nprint('prometheus_client' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert done.stdout.strip() == "False"
