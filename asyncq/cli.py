@@ -125,8 +125,8 @@ Adder = Callable[[str, Callable[[argparse.Namespace], Any], str], argparse.Argum
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], Any]:
-    """A command body; ``work`` and ``serve-inbox`` are imported when they run (they load aiohttp)."""
-    if name not in ("work", "serve_inbox"):
+    """A command body; ``work``, ``serve-inbox`` and ``dashboard`` are imported when they run (aiohttp)."""
+    if name not in ("work", "serve_inbox", "dashboard"):
         function: Callable[[argparse.Namespace], Any] = getattr(cli_commands, name)
         return function
 
@@ -216,6 +216,14 @@ def _add_processes(commands: Any) -> None:
     inbox.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
     inbox.add_argument("--path", default="/events", help="the receiver's path (default /events)")
     inbox.add_argument("--effect", choices=("none", "stock"), default="none", help="'stock' adds qty to stock")
+    summary = "Serve the status page (loopback by default; its redrive button needs the token it prints)."
+    board = commands.add_parser("dashboard", help=summary, description=summary)
+    board.set_defaults(run=_command("dashboard"))
+    board.add_argument("--db", required=True, metavar="PATH", help="the queue file (must exist)")
+    board.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    board.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
+    board.add_argument("--token", help="the redrive token (default: $ASYNCQ_DASHBOARD_TOKEN or a random one)")
+    board.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host (plain HTTP!)")
 
 
 # -- running ----------------------------------------------------------------------------------------------

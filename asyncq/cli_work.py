@@ -117,3 +117,13 @@ def serve_inbox(args: argparse.Namespace) -> int:
 
     argv = ["--db", args.db, "--host", args.host, "--port", str(args.port), "--path", args.path]
     return inbox_main([*argv, "--effect", args.effect])
+
+
+def dashboard(args: argparse.Namespace) -> int:
+    """Run the status page (``python -m asyncq.dashboard``); it prints its URL and token, then serves."""
+    from asyncq.dashboard import main as dashboard_main
+
+    argv = ["--db", args.db, "--host", args.host, "--port", str(args.port)]
+    argv += ["--token", args.token] if args.token else []
+    argv += ["--allow-remote"] if args.allow_remote else []
+    return dashboard_main(argv)

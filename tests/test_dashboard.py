@@ -213,3 +213,28 @@ async def test_main_refuses_a_remote_bind_a_missing_file_and_an_empty_token(tmp_
 async def read_job(path: Path, job_id: str) -> Any:
     async with await Queue.open(path) as queue:
         return await queue.get(job_id)
+
+
+def test_the_asyncq_command_serves_the_dashboard(tmp_path: Path) -> None:
+    """``asyncq dashboard`` is the same page, started from the operator's command."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    db = tmp_path / "q.db"
+    subprocess.run([sys.executable, "-m", "asyncq", "init", "--db", str(db)], check=True, env=env, timeout=30)
+    command = [sys.executable, "-m", "asyncq", "dashboard", "--db", str(db), "--token", "secret-token"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().split()[-1]
+        assert process.stdout.readline().strip() == "token: secret-token"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200 and "asyncq dashboard" in response.read().decode()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=20)
