@@ -158,7 +158,9 @@ class Pool:
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else _NoObserver()
         self._handlers: dict[str, Handler] = {}
-        self._results: list[tuple[Ticket, str, int]] = []
+        self._results: list[tuple[_InFlight, str, int]] = []  # the flight: its ticket may still be renewed
+        self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
+        self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._inflight: dict[tuple[str, int], _InFlight] = {}
         self._stopping = False
         self._wake = anyio.Event()
@@ -234,14 +236,19 @@ class Pool:
 
     async def _cycle(self, *, claiming: bool) -> int:
         """Finish what is done and claim for the free slots, in one commit; start the claimed jobs."""
-        results, self._results = self._results, []
-        free = self.concurrency - len(self._inflight) if claiming and not self._stopping else 0
-        wants = [(name, free) for name in self._handlers] if free > 0 else []
+        async with self._fences:  # read each ticket after any renewal in flight has replaced it
+            results = [(flight.ticket, outcome, delay) for flight, outcome, delay in self._results]
+            self._results = []
+            free = self.concurrency - len(self._inflight) if claiming and not self._stopping else 0
+            wants = self._rotated_wants(free) if free > 0 else []
+            if results or wants:
+                statuses, tickets = await self.queue.settle_and_claim(
+                    results, self.owner, wants, self.lease_ms, total=free
+                )
         if not results and not wants:
             if claiming:
                 await self._wait_for_slot()
             return 0
-        statuses, tickets = await self.queue.settle_and_claim(results, self.owner, wants, self.lease_ms)
         self.counters.commits += 1
         for (ticket, outcome, _delay), status in zip(results, statuses, strict=True):
             self._log_finish(ticket, status)
@@ -254,6 +261,11 @@ class Pool:
             flight = self._inflight[ticket.id, ticket.token] = _InFlight(ticket)
             flight.task = asyncio.create_task(self._run_job(flight))
         return len(tickets)
+
+    def _rotated_wants(self, free: int) -> list[tuple[str, int]]:
+        names = list(self._handlers)
+        self._turn = (self._turn + 1) % len(names)
+        return [(name, free) for name in names[self._turn :] + names[: self._turn]]
 
     async def _wait_for_slot(self) -> None:
         self._wake = anyio.Event()
@@ -292,17 +304,19 @@ class Pool:
         whose lease was lost."""
         while True:
             await anyio.sleep(self.lease_ms / 4000)
-            now = self.queue.now()
-            due = [f for f in self._inflight.values() if f.ticket.lease_until - now <= self.lease_ms // 2]
-            if not due:
-                continue
-            renewed = await self.queue.extend_many([flight.ticket for flight in due], self.lease_ms)
-            for flight, ticket in zip(due, renewed, strict=True):
-                if ticket is not None:
-                    flight.ticket = ticket
-                elif flight.task is not None and not flight.task.done():
-                    flight.lost = True
-                    flight.task.cancel()
+            async with self._fences:
+                now = self.queue.now()
+                due = [f for f in self._inflight.values() if f.ticket.lease_until - now <= self.lease_ms // 2]
+                if not due:
+                    continue
+                with anyio.CancelScope(shield=True):  # a renewal that lands is always recorded
+                    renewed = await self.queue.extend_many([flight.ticket for flight in due], self.lease_ms)
+                for flight, ticket in zip(due, renewed, strict=True):
+                    if ticket is not None:
+                        flight.ticket = ticket
+                    elif flight.task is not None and not flight.task.done():
+                        flight.lost = True
+                        flight.task.cancel()
 
     async def _abandon_inflight(self) -> None:
         """On cancellation: stop handlers unfinished. Their leases expire and the jobs run again."""
@@ -329,7 +343,7 @@ class Pool:
             del self._inflight[flight.key]
             self._wake.set()
         self.observer.on_delivery(time.perf_counter() - started, outcome)
-        self._results.append((flight.ticket, outcome, delay_ms))
+        self._results.append((flight, outcome, delay_ms))
 
     async def _call_handler(self, ticket: Ticket) -> tuple[str, int]:
         handler = self._handlers[ticket.queue]

@@ -227,15 +227,18 @@ class Queue:
         owner: str,
         wants: Sequence[tuple[str, int]],
         lease_ms: int = DEFAULT_LEASE_MS,
+        total: int | None = None,
     ) -> tuple[list[str | None], list[Ticket]]:
-        """Finish ``results`` and claim up to ``n`` jobs for each ``(queue, n)`` of ``wants`` in one
-        commit: the worker pool's group commit."""
+        """Finish ``results`` and claim up to ``n`` jobs for each ``(queue, n)`` of ``wants`` (and at most
+        ``total`` over all of them, if given) in one commit: the worker pool's group commit."""
         check_identifier(owner, "owner")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in results]
         scoped = [({"queue": check_identifier(q, "queue")}, check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
+        if total is not None:
+            check_int(total, "total", 0, MAX_BATCH)
         statuses, claimed = await self._run(
-            lambda con: engine.settle_and_claim(con, PRODUCT, items, self.now(), owner, lease_ms, scoped)
+            lambda con: engine.settle_and_claim(con, PRODUCT, items, self.now(), owner, lease_ms, scoped, total)
         )
         return statuses, [Ticket.from_claimed(job) for job in claimed]
 

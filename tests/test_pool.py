@@ -1,0 +1,495 @@
+"""The asyncio worker pool in one process, on a real SQLite file.
+
+Handlers synchronise with the tests through asyncio events. Queue time is an injected clock ``t[0]`` where a
+test is about queue time (retry delays, a lease taken away, a renewal racing a finish). Only the renewal test
+uses the wall clock and lets three lease lengths of real time pass, which is its point; ``job_timeout`` is an
+asyncio timeout in real seconds.
+
+Two tests pin down pool bugs found while writing these tests, now fixed: the concurrency bound across several
+queues, and a finish racing a lease renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncq.errors import Permanent, Retryable
+from asyncq.jobs import JobSpec
+from asyncq.pool import JobContext, Pool, RetryPolicy
+from asyncq.queue import Queue
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = 1_700_000_000_000
+NO_JITTER = RetryPolicy(jitter=lambda: 0.0)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "queue.db"
+
+
+@pytest.fixture
+def clock() -> list[int]:
+    return [T0]
+
+
+@pytest.fixture
+async def queue(path: Path, clock: list[int]) -> AsyncIterator[Queue]:
+    async with await Queue.open(path, clock=lambda: clock[0]) as opened:
+        yield opened
+
+
+async def burst(pool: Pool, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        await pool.run(burst=True)
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll ``condition`` with a deadline (for state that no event announces)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def lease_until(queue: Queue, job_id: str) -> int | None:
+    job = await queue.get(job_id)
+    return None if job is None else job.lease_until
+
+
+def audit_rows(path: Path) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT id, note, action FROM asyncq_audit ORDER BY seq").fetchall()
+    finally:
+        con.close()
+
+
+Deliveries = list[tuple[str, int, int]]
+
+
+def recording(deliveries: Deliveries, then: Callable[[Any], Awaitable[object]]) -> Any:
+    async def handler(body: Any, context: JobContext) -> None:
+        deliveries.append((context.id, context.attempt, context.token))
+        await then(body)
+
+    return handler
+
+
+async def fail(body: Any) -> None:
+    raise RuntimeError(f"cannot handle {body!r}")
+
+
+async def succeed(body: Any) -> None:
+    return None
+
+
+# --- outcomes ----------------------------------------------------------------------------------------
+
+
+async def test_a_handler_that_always_fails_ends_exhausted_after_max_attempts_and_redrive_revives_it(
+    queue: Queue, path: Path
+) -> None:
+    deliveries: Deliveries = []
+    pool = Pool(queue, concurrency=4, retry=NO_JITTER)
+    pool.register("default", recording(deliveries, fail))
+    await queue.enqueue("job", {"n": 1}, max_attempts=3)
+
+    await burst(pool)
+
+    assert deliveries == [("job", 1, 1), ("job", 2, 2), ("job", 3, 3)]
+    job = await queue.get("job")
+    assert job is not None
+    assert (job.status, job.reason, job.attempts) == ("dead", "exhausted", 3)
+    assert pool.counters.handler_errors == 3
+    assert pool.counters.finished == {"pending": 2, "dead": 1}
+
+    assert await queue.redrive("job", "bug-fixed") is True
+    assert audit_rows(path) == [("job", "bug-fixed", "redrive")]
+    pool.register("default", recording(deliveries, succeed))
+    await burst(pool)
+    assert deliveries[3:] == [("job", 1, 4)]
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.attempts) == ("done", 1)
+
+
+async def test_permanent_makes_the_job_dead_at_once(queue: Queue) -> None:
+    deliveries: Deliveries = []
+
+    async def refuse(body: Any) -> None:
+        raise Permanent("malformed order")
+
+    pool = Pool(queue, retry=NO_JITTER)
+    pool.register("default", recording(deliveries, refuse))
+    await queue.enqueue("job", {}, max_attempts=5)
+    await burst(pool)
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.reason, job.attempts) == ("dead", "permanent", 1)
+    assert deliveries == [("job", 1, 1)]
+    assert pool.counters.handler_errors == 0
+
+
+async def test_retryable_asks_for_its_own_delay_capped_by_the_policy(queue: Queue, clock: list[int]) -> None:
+    delays = iter([5_000, 10**9])
+    deliveries: Deliveries = []
+
+    async def later(body: Any) -> None:
+        delay = next(delays, None)
+        if delay is not None:
+            raise Retryable("rate limited", delay_ms=delay)
+
+    pool = Pool(queue, retry=RetryPolicy(base_ms=1_000, cap_ms=20_000, jitter=lambda: 0.0))
+    pool.register("default", recording(deliveries, later))
+    await queue.enqueue("job", {}, max_attempts=5)
+
+    await burst(pool)  # attempt 1 asks for 5 s; the clock stands still, so the burst ends
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.reason, job.available_at) == ("pending", "retry", clock[0] + 5_000)
+
+    clock[0] += 5_000
+    await burst(pool)  # attempt 2 asks for far too long: the policy's cap applies
+    job = await queue.get("job")
+    assert job is not None and job.available_at == clock[0] + 20_000
+
+    clock[0] += 20_000
+    await burst(pool)
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.attempts) == ("done", 3)
+    assert [attempt for _id, attempt, _token in deliveries] == [1, 2, 3]
+
+
+async def test_an_unexpected_exception_is_retried_with_the_policys_backoff(queue: Queue, clock: list[int]) -> None:
+    failures = iter([ValueError("bad"), KeyError("missing")])
+    deliveries: Deliveries = []
+
+    async def flaky(body: Any) -> None:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+
+    pool = Pool(queue, retry=RetryPolicy(base_ms=1_000, cap_ms=60_000, jitter=lambda: 0.5))
+    pool.register("default", recording(deliveries, flaky))
+    await queue.enqueue("job", {}, max_attempts=3)
+
+    await burst(pool)
+    job = await queue.get("job")
+    assert job is not None and job.available_at == clock[0] + 500  # 1000 * 2**0 * 0.5
+    clock[0] += 500
+    await burst(pool)
+    job = await queue.get("job")
+    assert job is not None and job.available_at == clock[0] + 1_000  # 1000 * 2**1 * 0.5
+    clock[0] += 1_000
+    await burst(pool)
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.attempts) == ("done", 3)
+    assert pool.counters.handler_errors == 2
+
+
+async def test_job_timeout_turns_a_hanging_handler_into_a_retry(queue: Queue) -> None:
+    deliveries: Deliveries = []
+    cancelled = asyncio.Event()
+
+    async def hang_once(body: Any) -> None:
+        if len(deliveries) > 1:
+            return
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    pool = Pool(queue, job_timeout=0.2, retry=NO_JITTER)
+    pool.register("default", recording(deliveries, hang_once))
+    await queue.enqueue("job", {})
+    await burst(pool)
+    assert cancelled.is_set()
+    assert deliveries == [("job", 1, 1), ("job", 2, 2)]
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.attempts) == ("done", 2)
+    assert pool.counters.handler_errors == 1
+
+
+# --- running modes -----------------------------------------------------------------------------------
+
+
+def peak_counting(seen: list[tuple[str, int]]) -> tuple[Any, Callable[[], int]]:
+    """A handler that records each job and the most handlers it saw running at once."""
+    active, peak = 0, 0
+
+    async def handler(body: Any, context: JobContext) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0)  # let the other claimed handlers start too
+        seen.append((context.queue, body["n"]))
+        active -= 1
+
+    return handler, lambda: peak
+
+
+async def test_burst_mode_drains_the_queue_and_returns(queue: Queue) -> None:
+    seen: list[tuple[str, int]] = []
+    handler, peak = peak_counting(seen)
+    pool = Pool(queue, concurrency=8)
+    pool.register("mail", handler)
+    await queue.enqueue_many(JobSpec(f"mail-{n}", {"n": n}, queue="mail") for n in range(200))
+    await queue.enqueue("elsewhere", {"n": 0}, queue="unhandled")
+
+    await burst(pool)
+
+    assert sorted(seen) == [("mail", n) for n in range(200)]
+    assert 1 < peak() <= 8
+    assert pool.running == 0
+    assert pool.counters.claimed == 200
+    assert pool.counters.finished == {"done": 200}
+    assert pool.counters.commits < 200  # finishes and claims are grouped into shared commits
+    stats = await queue.stats()
+    assert stats.by_status == {"pending": 1, "leased": 0, "done": 200, "dead": 0}
+
+
+async def test_concurrency_bounds_the_handlers_running_across_several_queues(queue: Queue) -> None:
+    seen: list[tuple[str, int]] = []
+    handler, peak = peak_counting(seen)
+    pool = Pool(queue, concurrency=8)
+    pool.register("mail", handler)
+    pool.register("sms", handler)
+    await queue.enqueue_many(JobSpec(f"{q}-{n}", {"n": n}, queue=q) for q in ("mail", "sms") for n in range(50))
+
+    await burst(pool)
+
+    assert sorted(seen) == sorted((q, n) for q in ("mail", "sms") for n in range(50))
+    assert peak() <= 8
+
+
+async def test_run_once_claims_one_batch_runs_it_and_commits_its_finishes(queue: Queue) -> None:
+    ran: list[str] = []
+
+    async def handler(body: Any, context: JobContext) -> None:
+        ran.append(context.id)
+
+    pool = Pool(queue, concurrency=3)
+    with pytest.raises(ValueError):
+        await pool.run_once()  # no handler registered
+    pool.register("default", handler)
+    for n in range(5):
+        await queue.enqueue(f"job-{n}", {})
+
+    assert await pool.run_once() == 3
+    assert sorted(ran) == ["job-0", "job-1", "job-2"]
+    assert (await queue.stats()).by_status == {"pending": 2, "leased": 0, "done": 3, "dead": 0}
+    assert await pool.run_once() == 2
+    assert await pool.run_once() == 0
+    assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 5, "dead": 0}
+
+
+async def test_an_idle_pool_wakes_at_once_on_an_enqueue_in_the_same_process(queue: Queue) -> None:
+    handled = asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        handled.set()
+
+    pool = Pool(queue, poll_min=5.0, poll_max=5.0)
+    pool.register("default", handler)
+    running = asyncio.create_task(pool.run())
+    try:
+        await wait_until(lambda: pool.counters.commits >= 1, what="the first (empty) claim")
+        started = time.monotonic()
+        await queue.enqueue("job", {})
+        async with asyncio.timeout(4):  # well inside the 5 s poll: only the wake-up can explain it
+            await handled.wait()
+        assert time.monotonic() - started < 1.0
+    finally:
+        pool.stop()
+        async with asyncio.timeout(5):
+            await running
+    job = await queue.get("job")
+    assert job is not None and job.status == "done"
+
+
+async def test_stop_lets_jobs_in_flight_finish_and_claims_nothing_more(queue: Queue) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    pool = Pool(queue, concurrency=1)
+    pool.register("default", handler)
+    await queue.enqueue("first", {})
+    await queue.enqueue("second", {})
+    running = asyncio.create_task(pool.run())
+    async with asyncio.timeout(5):
+        await started.wait()
+    pool.stop()
+    await asyncio.sleep(0)
+    assert not running.done()  # still waiting for the job in flight
+    release.set()
+    async with asyncio.timeout(5):
+        await running
+    first, second = await queue.get("first"), await queue.get("second")
+    assert first is not None and first.status == "done"
+    assert second is not None and second.status == "pending"
+
+
+async def test_cancelling_the_pool_abandons_jobs_in_flight_unfinished(queue: Queue, path: Path) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    pool = Pool(queue, owner="w1", lease_ms=10_000)
+    pool.register("default", handler)
+    await queue.enqueue("job", {})
+    running = asyncio.create_task(pool.run())
+    async with asyncio.timeout(5):
+        await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert cancelled.is_set()
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.owner, job.token) == ("leased", "w1", 1)  # left to expire
+    assert pool.running == 0
+
+
+# --- leases ------------------------------------------------------------------------------------------
+
+
+async def test_a_handler_running_three_leases_long_is_never_reclaimed(path: Path) -> None:
+    release = asyncio.Event()
+    deliveries: Deliveries = []
+    # durability="normal": no fsync per commit, so a slow disk shared with other tests cannot eat the 200 ms
+    # the renewer leaves itself; what is under test is the renewal, not the disk.
+    async with (
+        await Queue.open(path, durability="normal") as queue,
+        await Queue.open(path, durability="normal") as other_worker,
+    ):
+        pool = Pool(queue, owner="w1", lease_ms=400)
+        pool.register("default", recording(deliveries, lambda body: release.wait()))
+        await queue.enqueue("job", {})
+        running = asyncio.create_task(pool.run(burst=True))
+
+        await wait_until(lambda: bool(deliveries), what="the handler to start")
+        began = time.monotonic()
+        tries = 0
+        while time.monotonic() - began < 1.2:  # three lease lengths of real time
+            assert await other_worker.claim("w2", lease_ms=400) == []
+            tries += 1
+            await asyncio.sleep(0.05)
+        # Release the handler just after a renewal has landed (a result racing a renewal is covered below).
+        last_renewal = await lease_until(other_worker, "job")
+        while await lease_until(other_worker, "job") == last_renewal:
+            assert time.monotonic() - began < 5, "no renewal landed"
+            await asyncio.sleep(0.005)
+        release.set()
+        async with asyncio.timeout(5):
+            await running
+
+        job = await queue.get("job")
+    assert tries >= 10
+    assert job is not None and (job.status, job.attempts, job.token) == ("done", 1, 1), pool.counters
+    assert deliveries == [("job", 1, 1)]
+    assert pool.counters.leases_lost == 0
+
+
+async def test_a_handler_whose_lease_is_taken_away_is_cancelled_and_its_finish_never_lands(path: Path) -> None:
+    pool_time, other_time = [T0], [T0]
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with (
+        await Queue.open(path, clock=lambda: pool_time[0]) as queue,
+        await Queue.open(path, clock=lambda: other_time[0]) as other_worker,
+    ):
+        pool = Pool(queue, owner="w1", lease_ms=1_000)
+        pool.register("default", handler)
+        await queue.enqueue("job", {})
+        running = asyncio.create_task(pool.run(burst=True))
+        async with asyncio.timeout(5):
+            await started.wait()
+
+        other_time[0] += 2_000  # on the other worker's clock the lease has expired: it takes the job over
+        [taken] = await other_worker.claim("w2", lease_ms=60_000)
+        assert (taken.token, taken.fence.owner) == (2, "w2")
+        pool_time[0] += 2_000  # now the pool's renewer finds the lease due, and its extend is refused
+
+        async with asyncio.timeout(5):
+            await cancelled.wait()
+            await running
+        job = await queue.get("job")
+        assert job is not None
+        assert (job.status, job.owner, job.token, job.lease_until) == ("leased", "w2", 2, taken.lease_until)
+        assert pool.counters.leases_lost == 1
+        assert pool.counters.finished == {}
+        assert pool.counters.stale_finishes == 0
+        assert await other_worker.finish(taken, "ok") == "done"
+
+
+class ThreadGate:
+    """A clock that, once armed, blocks the next call made from a thread other than the event loop's (the
+    queue connection's thread, inside a write call) until released."""
+
+    def __init__(self, now: list[int]) -> None:
+        self.now, self.armed = now, False
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self) -> int:
+        if self.armed and threading.current_thread() is not threading.main_thread():
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(10), "gate never released"
+        return self.now[0]
+
+
+async def test_a_handler_finishing_while_its_lease_is_being_renewed_still_finishes(path: Path) -> None:
+    now = [T0]
+    gate = ThreadGate(now)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    async with await Queue.open(path, clock=gate) as queue:
+        pool = Pool(queue, owner="w1", lease_ms=1_000, poll_min=30, poll_max=30)  # the batcher idles on events
+        pool.register("default", handler)
+        await queue.enqueue("job", {})
+        running = asyncio.create_task(pool.run(burst=True))
+        async with asyncio.timeout(5):
+            await started.wait()
+        await wait_until(lambda: pool.counters.commits >= 2, what="the batcher to go idle")
+
+        gate.armed = True
+        now[0] += 600  # the lease is now due for renewal: the renewer's extend enters the gate
+        assert await asyncio.to_thread(gate.entered.wait, 5)
+        release.set()  # the handler finishes while the renewal is in flight
+        await wait_until(lambda: pool.running == 0, what="the handler to finish")
+        gate.release.set()
+        async with asyncio.timeout(5):
+            await running
+
+        job = await queue.get("job")
+    assert job is not None and (job.status, job.attempts) == ("done", 1), pool.counters
+    assert pool.counters.stale_finishes == 0

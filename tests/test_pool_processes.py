@@ -1,0 +1,219 @@
+"""Worker pools in real child processes (``tests/pool_children.py``), stopped with real signals.
+
+Each handler records its effect in a SQLite file of its own (``pool_children.open_effects``): a ``started``
+row per delivery and one ``applied`` row per job id with a count. "Applied exactly once" is read there:
+one ``applied`` row per job, and a count above 1 only for a job whose effect committed while its finish died
+with a killed process (an absorbed duplicate, which the tests count and bound). Tests wait by polling files
+with a deadline; nothing sleeps to let a child "get ahead".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncq.jobs import JobSpec
+from asyncq.queue import Queue
+
+try:
+    import pool_children
+except ImportError:  # tests/ imported as a package
+    from tests import pool_children
+
+pytestmark = pytest.mark.timeout(60)
+
+SCRIPT = Path(pool_children.__file__).resolve()
+
+
+class Workers:
+    """Starts worker processes from outside the repository and kills (by pid) any left at teardown."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.db = tmp_path / "queue.db"
+        self.effects = tmp_path / "effects.db"
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, owner: str, **options: object) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, str(SCRIPT), "worker", "--db", str(self.db), "--effects", str(self.effects)]
+        argv += ["--owner", owner]
+        for name, value in options.items():
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+        with open(self.tmp_path / f"{owner}.stderr", "wb") as errors:
+            proc = subprocess.Popen(argv, cwd=self.tmp_path, stdout=subprocess.PIPE, stderr=errors)
+        self.procs.append(proc)
+        return proc
+
+    def stderr(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in self.tmp_path.glob("*.stderr"))
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, dict[str, Any]]:
+        """SIGTERM, then the exit code and the counters the worker printed."""
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {proc.pid} still running {timeout}s after SIGTERM\n{self.stderr()}") from None
+        counters = json.loads(out) if proc.returncode == 0 else {}
+        return proc.returncode, counters
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ``condition`` until true; fail at the deadline or as soon as a worker dies."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for proc in self.procs:
+                if proc.returncode is None and proc.poll() is not None:
+                    raise AssertionError(f"worker {proc.pid} exited {proc.returncode}\n{self.stderr()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{self.stderr()}")
+            time.sleep(0.01)
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    started = Workers(tmp_path)
+    pool_children.open_effects(started.effects).close()
+    try:
+        yield started
+    finally:
+        started.kill_all()
+
+
+def query(path: Path, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(path, timeout=10)
+    try:
+        return con.execute(statement, parameters).fetchall()
+    finally:
+        con.close()
+
+
+def count(path: Path, statement: str) -> int:
+    return int(query(path, statement)[0][0])
+
+
+def enqueue(db: Path, n: int) -> None:
+    async def add() -> None:
+        async with await Queue.open(db) as queue:
+            for start in range(0, n, 1000):
+                await queue.enqueue_many(JobSpec(f"job-{i:05d}", {"i": i}) for i in range(start, min(n, start + 1000)))
+
+    asyncio.run(add())
+
+
+# --- SIGTERM -------------------------------------------------------------------------------------------
+
+
+def test_sigterm_lets_jobs_in_flight_finish_within_the_grace_period(workers: Workers) -> None:
+    enqueue(workers.db, 12)
+    worker = workers.start("w1", concurrency=8, handler_seconds=0.5, grace=5, lease_ms=5_000)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM started") == 8, 15, "8 jobs in flight")
+
+    signalled = time.time()
+    code, counters = workers.stop(worker, timeout=10)
+    stopped_after = time.time() - signalled
+
+    assert code == 0, workers.stderr()
+    assert stopped_after < 5  # it left as soon as its jobs were done, not at the end of the grace period
+    assert counters["finished"] == {"done": 8}
+    assert counters["stale_finishes"] == counters["leases_lost"] == 0
+    applied = query(workers.effects, "SELECT count, at FROM applied")
+    assert len(applied) == 8
+    assert all(n == 1 and at > signalled for n, at in applied)  # they were in flight when the signal came
+    assert count(workers.effects, "SELECT count(*) FROM started") == 8  # nothing claimed after the signal
+    statuses = dict(query(workers.db, "SELECT status, count(*) FROM asyncq_jobs GROUP BY status"))
+    assert statuses == {"done": 8, "pending": 4}
+
+
+def test_jobs_outliving_the_grace_period_are_reclaimed_after_their_lease_by_a_new_process(
+    workers: Workers,
+) -> None:
+    enqueue(workers.db, 6)
+    first = workers.start("w1", concurrency=6, handler_seconds=60, grace=0.5, lease_ms=1_500)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM started") == 6, 15, "6 jobs in flight")
+
+    code, counters = workers.stop(first, timeout=10)
+    assert code == 0, workers.stderr()
+    assert counters["finished"] == {}  # cancelled at the end of the grace period, unfinished
+    assert query(workers.effects, "SELECT * FROM applied") == []
+    leased = query(workers.db, "SELECT owner, token, count(*) FROM asyncq_jobs WHERE status = 'leased' GROUP BY 1, 2")
+    assert leased == [("w1", 1, 6)]  # left to expire, not released
+
+    second = workers.start("w2", concurrency=6, handler_seconds=0.05, lease_ms=1_500, poll_max=0.1)
+    workers.wait_until(
+        lambda: count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'") == 6, 20, "6 jobs done"
+    )
+    code, counters = workers.stop(second, timeout=10)
+    assert code == 0, workers.stderr()
+    assert counters["finished"] == {"done": 6}
+
+    # None lost, none finished twice: each job applied once, by the second worker, under token 2.
+    assert query(workers.effects, "SELECT owner, token, count, count(*) FROM applied GROUP BY 1, 2, 3") == [
+        ("w2", 2, 1, 6)
+    ]
+    assert query(workers.db, "SELECT status, attempts, token, count(*) FROM asyncq_jobs GROUP BY 1, 2, 3") == [
+        ("done", 2, 2, 6)
+    ]
+    starts = query(workers.effects, "SELECT owner, token, count(*) FROM started GROUP BY 1, 2 ORDER BY 1")
+    assert starts == [("w1", 1, 6), ("w2", 2, 6)]
+
+
+# --- SIGKILL -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_two_processes_drain_5000_jobs_exactly_once_while_one_is_sigkilled(
+    workers: Workers, record_property: Callable[[str, object], None]
+) -> None:
+    total = 5_000
+    enqueue(workers.db, total)
+    options = {"concurrency": 8, "lease_ms": 1_000, "handler_seconds": 0.002, "poll_max": 0.1}
+    victim = workers.start("victim", **options)
+    survivor = workers.start("survivor", **options)
+
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM applied") >= 500, 30, "500 effects")
+    victim.kill()
+    assert victim.wait(timeout=10) == -signal.SIGKILL
+    orphaned = {row[0] for row in query(workers.db, "SELECT id FROM asyncq_jobs WHERE owner = 'victim'")}
+    assert orphaned, "the victim held no lease when it was killed: nothing was left to re-claim"
+
+    done = "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'"
+    workers.wait_until(lambda: count(workers.db, done) == total, 60, f"{total} jobs done")
+    code, counters = workers.stop(survivor, timeout=10)
+    assert code == 0, workers.stderr()
+
+    # "Applied exactly once": one effect row per job (the effect's primary key makes a second application
+    # an increment, never a second row). A job is applied twice only if its effect committed but its finish
+    # died with the victim, so every absorbed duplicate is one of the jobs the victim held at its death.
+    unique, applications = query(workers.effects, "SELECT count(*), sum(count) FROM applied")[0]
+    duplicated = {row[0] for row in query(workers.effects, "SELECT id FROM applied WHERE count > 1")}
+    absorbed = applications - unique
+    record_property("orphaned_leases", len(orphaned))
+    record_property("duplicates_absorbed", absorbed)
+    print(f"\nSIGKILL drain: {len(orphaned)} leases orphaned, {absorbed} duplicate application(s) absorbed")
+    assert unique == total
+    assert duplicated <= orphaned
+    assert max(count for (count,) in query(workers.effects, "SELECT count FROM applied")) <= 2
+
+    assert query(workers.db, "SELECT status, count(*) FROM asyncq_jobs GROUP BY 1") == [("done", total)]
+    reclaimed = {row[0] for row in query(workers.db, "SELECT id FROM asyncq_jobs WHERE attempts > 1")}
+    assert reclaimed == orphaned  # exactly the victim's jobs ran a second time, each once more
+    assert count(workers.db, "SELECT max(attempts) FROM asyncq_jobs") == 2
+    assert counters["stale_finishes"] == counters["leases_lost"] == 0
