@@ -18,28 +18,27 @@ until an operator retries or quarantines it (:meth:`Outbox.retry`, :meth:`Outbox
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any
 
 import aiohttp
-import aiosqlite
 import anyio
 
 from asyncq import outbox_store as store
-from asyncq.core.values import check_identifier, check_int, check_time
+from asyncq.core.values import check_identifier, check_int
 from asyncq.delivery.base import Transport
 from asyncq.delivery.http import check_url
 from asyncq.errors import Permanent
 from asyncq.outbox_store import AuditEntry, Figures, Item, NewItem, ReceiverFigures, RelayResult, add_sync
 from asyncq.pool import RetryPolicy
 from asyncq.queue import Clock, wall_clock_ms
-from asyncq.storage.aio import run_sync
-from asyncq.storage.connection import check_path
+from asyncq.storage.aio import AppTransaction, AsyncFile
 from asyncq.storage.durability import DEFAULT, LEVELS
 
 __all__ = [
@@ -59,74 +58,33 @@ log = logging.getLogger("asyncq.outbox")
 ALARM_LOG = "outbox item %s is in alarm after %d attempts (%s): nothing behind it moves until an operator acts"
 
 
-class OutboxTransaction:
+class OutboxTransaction(AppTransaction):
     """An open ``BEGIN IMMEDIATE`` on the outbox's connection: the app's SQL and its items commit together."""
 
-    def __init__(self, outbox: Outbox) -> None:
-        self._outbox = outbox
-        self.added = 0
-
-    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run one statement of the app's own and return its rows."""
-        return list(await self._outbox._conn.execute_fetchall(statement, parameters))
+    _file: Outbox
 
     async def add(self, item_id: str, body: Any, topic: str = store.DEFAULT_TOPIC) -> bool:
         """Add an item inside this transaction (see :meth:`Outbox.add`)."""
         item = NewItem.check(item_id, body, topic)
-        added = await run_sync(self._outbox._conn, store.add_in_transaction, item, self._outbox.now())
+        added = await self._run_step(store.add_in_transaction, item, self._file.now())
         self.added += added
         return added
 
 
-class Outbox:
+class Outbox(AsyncFile):
     """The outbox tables in one SQLite file, beside the app's own. Open with ``await Outbox.open(path)``."""
-
-    def __init__(self, conn: aiosqlite.Connection, path: str, clock: Clock) -> None:
-        self._conn = conn
-        self.path = path
-        self._clock = clock
-        self._lock = asyncio.Lock()
-        self._waiters: set[asyncio.Event] = set()
 
     @classmethod
     async def open(
         cls, path: str, *, durability: str = DEFAULT.name, clock: Clock = wall_clock_ms, busy_timeout: float = 5.0
     ) -> Outbox:
         """Open (creating the outbox tables if missing) ``path``; ``durability`` as for ``Queue.open``."""
-        file = check_path(path)
         level = LEVELS.get(durability)
         if level is None:
             raise ValueError(f"durability must be one of {sorted(LEVELS)}")
-        conn = await aiosqlite.connect(file, isolation_level=None, timeout=busy_timeout)
-        try:
-            await run_sync(conn, store.open_tables, level.journal_mode, level.synchronous)
-        except BaseException:
-            await conn.close()
-            raise
+        setup = functools.partial(store.open_tables, journal_mode=level.journal_mode, synchronous=level.synchronous)
+        conn, file = await cls._connect(path, busy_timeout, setup)
         return cls(conn, file, clock)
-
-    async def close(self) -> None:
-        """Close the connection (waits for the transaction in progress)."""
-        async with self._lock:
-            await self._conn.close()
-
-    async def __aenter__(self) -> Outbox:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def now(self) -> int:
-        """The outbox clock's current time in ms, checked."""
-        return check_time(self._clock(), "clock()")
-
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async with self._lock:
-            return await run_sync(self._conn, fn, *args)
-
-    def _notify(self) -> None:
-        for event in self._waiters:
-            event.set()
 
     async def add(self, item_id: str, body: Any, topic: str = store.DEFAULT_TOPIC) -> bool:
         """Add one item in its own transaction: ``True``; the same id, topic and body again → ``False``;
@@ -136,23 +94,10 @@ class Outbox:
             self._notify()
         return added
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[OutboxTransaction]:
+    def transaction(self) -> AbstractAsyncContextManager[OutboxTransaction]:
         """``async with outbox.transaction() as tx``: ``tx.execute`` the app's SQL and ``tx.add`` items; all
         commit together, or all roll back if the block raises (or is cancelled)."""
-        async with self._lock:
-            tx = OutboxTransaction(self)
-            try:
-                await self._conn.execute("BEGIN IMMEDIATE")
-                yield tx
-                with anyio.CancelScope(shield=True):
-                    await self._conn.execute("COMMIT")
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await run_sync(self._conn, _rollback_if_open)
-                raise
-        if tx.added:
-            self._notify()
+        return self._transaction(OutboxTransaction(self))
 
     async def get(self, item_id: str) -> Item | None:
         """One item's stored record (``body`` is its canonical JSON text), or ``None``."""
@@ -195,11 +140,6 @@ class Outbox:
         now = self.now()
         figures: Figures = await self._run(store.read_figures, now)
         return figures
-
-
-def _rollback_if_open(con: sqlite3.Connection) -> None:
-    if con.in_transaction:
-        con.execute("ROLLBACK")
 
 
 async def receiver_figures(

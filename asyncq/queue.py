@@ -8,18 +8,16 @@ busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (see docs/a
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiosqlite
-import anyio
 
 from asyncq.core.lifecycle import OUTCOMES
-from asyncq.core.values import check_choice, check_identifier, check_int, check_time
+from asyncq.core.values import check_choice, check_identifier, check_int
 from asyncq.jobs import (
     DEFAULT_LEASE_MS,
     DEFAULT_QUEUE,
@@ -33,8 +31,8 @@ from asyncq.jobs import (
     Ticket,
 )
 from asyncq.storage import engine
-from asyncq.storage.aio import run_sync
-from asyncq.storage.connection import check_path, configure, write_transaction
+from asyncq.storage.aio import AppTransaction, AsyncFile
+from asyncq.storage.connection import configure, write_transaction
 from asyncq.storage.durability import DEFAULT, LEVELS, Durability
 from asyncq.storage.migrations import migrate_in_transaction
 from asyncq.storage.schema import PRODUCT
@@ -55,39 +53,28 @@ def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
         migrate_in_transaction(con)
 
 
-class Transaction:
+class Transaction(AppTransaction):
     """An open ``BEGIN IMMEDIATE`` on the queue's connection: the app's SQL and its jobs commit together."""
 
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
-        self.enqueued = 0
-
-    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run one statement of the app's own and return its rows."""
-        rows = await self._queue._conn.execute_fetchall(statement, parameters)
-        return list(rows)
+    _file: Queue
 
     async def enqueue(self, job_id: str, body: Any, **options: Any) -> bool:
         """Enqueue inside this transaction (see ``Queue.enqueue``)."""
-        row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
-        added = await run_sync(self._queue._conn, engine.enqueue_in_transaction, PRODUCT, row)
-        self.enqueued += added
+        row = JobSpec(job_id, body, **options).to_row(self._file.now(), self._file.max_body_bytes)
+        added = await self._run_step(engine.enqueue_in_transaction, PRODUCT, row)
+        self.added += added
         return added
 
 
-class Queue:
+class Queue(AsyncFile):
     """A durable job queue in one SQLite file. Open with ``await Queue.open(path)``."""
 
     def __init__(
         self, conn: aiosqlite.Connection, path: str, durability: Durability, clock: Clock, max_body_bytes: int
     ) -> None:
-        self._conn = conn
-        self.path = path
+        super().__init__(conn, path, clock)
         self.durability = durability
         self.max_body_bytes = max_body_bytes
-        self._clock = clock
-        self._lock = asyncio.Lock()
-        self._waiters: set[asyncio.Event] = set()
 
     @classmethod
     async def open(
@@ -102,36 +89,11 @@ class Queue:
         """Open (creating and migrating if needed) a queue file. ``durability`` is ``full`` (WAL+FULL, the
         default), ``full-delete`` (DELETE+EXTRA) or ``normal`` (WAL+NORMAL: may lose the last commits on
         power loss)."""
-        file = check_path(path)
         level = LEVELS.get(durability)
         if level is None:
             raise ValueError(f"durability must be one of {sorted(LEVELS)}")
-        conn = await aiosqlite.connect(file, isolation_level=None, timeout=busy_timeout)
-        try:
-            await run_sync(conn, _open_and_migrate, level)
-        except BaseException:
-            await conn.close()
-            raise
+        conn, file = await cls._connect(path, busy_timeout, lambda con: _open_and_migrate(con, level))
         return cls(conn, file, level, clock, max_body_bytes)
-
-    async def close(self) -> None:
-        """Close the connection (waits for the transaction in progress)."""
-        async with self._lock:
-            await self._conn.close()
-
-    async def __aenter__(self) -> Queue:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def now(self) -> int:
-        """The queue clock's current time, checked."""
-        return check_time(self._clock(), "clock()")
-
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async with self._lock:
-            return await run_sync(self._conn, fn, *args)
 
     # -- producers ------------------------------------------------------------------------------------
 
@@ -157,42 +119,15 @@ class Queue:
             self._notify()
         return added
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """``async with queue.transaction() as tx``: ``tx.execute`` the app's SQL and ``tx.enqueue`` jobs;
         all commit together, or all roll back if the block raises (or is cancelled)."""
-        async with self._lock:
-            tx = Transaction(self)
-            try:
-                await self._conn.execute("BEGIN IMMEDIATE")
-                yield tx
-                with anyio.CancelScope(shield=True):
-                    await self._conn.execute("COMMIT")
-            except BaseException:
-                # A cancelled BEGIN or COMMIT still runs later in the connection's thread: decide there,
-                # after it, whether a transaction is open (never from this thread, before it has run).
-                with anyio.CancelScope(shield=True):
-                    await run_sync(self._conn, _rollback_if_open)
-                raise
-        if tx.enqueued:
-            self._notify()
-
-    # -- wake-ups -------------------------------------------------------------------------------------
-
-    def _notify(self) -> None:
-        for event in self._waiters:
-            event.set()
+        return self._transaction(Transaction(self))
 
     async def wait_for_jobs(self, timeout: float) -> None:
         """Return when this process enqueues a job, or after ``timeout`` seconds (other processes'
         enqueues are only seen by polling)."""
-        event = asyncio.Event()
-        self._waiters.add(event)
-        try:
-            with anyio.move_on_after(timeout):
-                await event.wait()
-        finally:
-            self._waiters.discard(event)
+        await self.wait_for_rows(timeout)
 
     # -- workers --------------------------------------------------------------------------------------
 
@@ -294,11 +229,6 @@ class Queue:
         now = self.now()
         result: Stats = await self._run(read_stats, PRODUCT, now)
         return result
-
-
-def _rollback_if_open(con: sqlite3.Connection) -> None:
-    if con.in_transaction:
-        con.execute("ROLLBACK")
 
 
 def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> engine.Finish:

@@ -498,7 +498,7 @@ async def test_transaction_commits_the_apps_rows_and_the_jobs_together(queue: Qu
         assert await tx.enqueue("mail-o1", {"order": "o1"}) is True
         assert await tx.enqueue("mail-o1", {"order": "o1"}) is False
         assert await tx.execute("SELECT count(*) FROM asyncq_jobs") == [(1,)]
-        assert tx.enqueued == 1
+        assert tx.added == 1
     assert read(path, "SELECT * FROM orders") == [("o1", 100)]
     assert read(path, "SELECT id, status FROM asyncq_jobs") == [("mail-o1", "pending")]
 
