@@ -10,7 +10,6 @@ import json
 import pkgutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +29,7 @@ from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(30)
 
-T0 = 1_700_000_000_000
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "queue.db"
-
-
-@pytest.fixture
-def clock() -> list[int]:
-    return [T0]
-
-
-@pytest.fixture
-async def queue(path: Path, clock: list[int]) -> AsyncIterator[Queue]:
-    async with await Queue.open(path, clock=lambda: clock[0]) as opened:
-        yield opened
 
 
 async def scrape(url: str) -> Samples:

@@ -15,11 +15,12 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import T0
 
 from asyncq.errors import Permanent, Retryable
 from asyncq.jobs import JobSpec
@@ -28,24 +29,7 @@ from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(30)
 
-T0 = 1_700_000_000_000
 NO_JITTER = RetryPolicy(jitter=lambda: 0.0)
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "queue.db"
-
-
-@pytest.fixture
-def clock() -> list[int]:
-    return [T0]
-
-
-@pytest.fixture
-async def queue(path: Path, clock: list[int]) -> AsyncIterator[Queue]:
-    async with await Queue.open(path, clock=lambda: clock[0]) as opened:
-        yield opened
 
 
 async def burst(pool: Pool, timeout: float = 10.0) -> None:

@@ -13,12 +13,12 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import T0
 
 from asyncq.errors import Conflict
 from asyncq.jobs import MAX_BODY_BYTES, JobSpec, Ticket
@@ -27,8 +27,6 @@ from asyncq.storage.migrations import SCHEMA_VERSION
 from asyncq.sync import enqueue_sync
 
 pytestmark = pytest.mark.timeout(20)
-
-T0 = 1_700_000_000_000
 
 
 # --- helpers -----------------------------------------------------------------------------------------
@@ -60,22 +58,6 @@ def job_row(path: Path, job_id: str) -> dict[str, Any]:
         con.close()
     assert row is not None, job_id
     return dict(row)
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "queue.db"
-
-
-@pytest.fixture
-def clock() -> list[int]:
-    return [T0]
-
-
-@pytest.fixture
-async def queue(path: Path, clock: list[int]) -> AsyncIterator[Queue]:
-    async with await Queue.open(path, clock=lambda: clock[0]) as opened:
-        yield opened
 
 
 # --- enqueue -----------------------------------------------------------------------------------------
