@@ -8,7 +8,11 @@ each other's results. The file is created with a short header if it is missing.
 from __future__ import annotations
 
 import os
+import platform
 import re
+import sqlite3
+import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +23,23 @@ Numbers measured on one machine by the scripts in `benchmarks/`. Each section na
 it; rerun that command to refresh the section (the scripts rewrite only their own section).
 """
 SECTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def environment() -> str:
+    """One line naming what the numbers were measured on, and when."""
+    return (
+        f"SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, {platform.system()} "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d', time.gmtime())}"
+    )
+
+
+def percentile(values: Sequence[float], percent: int) -> float:
+    """The ``percent``-th percentile (1-99) of ``values``, interpolated between the two nearest samples."""
+    return statistics.quantiles(values, n=100, method="inclusive")[percent - 1]
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def _cells(rows: Sequence[Sequence[object]]) -> list[list[str]]:

@@ -44,7 +44,7 @@ def lifecycle_indexes(table: str, scope_columns: str = "") -> tuple[str, ...]:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: ``sql(layout, name)`` is cached per layout object
 class Layout:
     """Where a lifecycle lives: its tables, the columns that carry the job's payload, and an optional
     scope (a SQL condition on named parameters, such as the product's queue name) for claims."""
