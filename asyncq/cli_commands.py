@@ -55,7 +55,8 @@ async def _open(file: QueueFile, timeout: float) -> Queue:
 
 
 def init(args: argparse.Namespace) -> Report:
-    """Create a queue file (``auto_vacuum=INCREMENTAL``), or bring an existing SQLite file to the schema."""
+    """Create a queue file (``Queue.open`` makes new files ``auto_vacuum=INCREMENTAL``), or bring an existing
+    SQLite file to the schema."""
     path = check_path(args.db, "--db")
     network = store.on_network_filesystem(path)
     if network is not None:
@@ -67,8 +68,6 @@ def init(args: argparse.Namespace) -> Report:
             found = store.inspect(con, path, table=None)
         store.check_version(found, writing=True)
         durability = durability or found.durability
-    else:
-        store.create_file(path)
     asyncio.run(_open_and_close(path, durability or "full", args.timeout))
     with store.reading(path, args.timeout) as (_con, file):
         data = {"path": path, "created": created, "schema_version": file.schema_version}

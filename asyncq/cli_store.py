@@ -151,14 +151,6 @@ def snapshot(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         con.execute("COMMIT")
 
 
-def create_file(path: str) -> None:
-    """Create an empty SQLite file with ``auto_vacuum=INCREMENTAL`` (settable only before the first table),
-    so that ``prune`` can give space back without rewriting the file."""
-    with closing(sqlite3.connect(path, isolation_level=None)) as con:
-        con.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        con.execute("VACUUM")  # writes the header: an empty database would forget the setting
-
-
 def job_record(row: tuple[Any, ...], *, body: bool) -> dict[str, Any]:
     """A listed row (``Job.COLUMNS`` then ``redrives``) as the JSON object the command prints."""
     record = asdict(Job.from_row(row[:-1]))

@@ -34,7 +34,7 @@ from asyncq.storage import engine
 from asyncq.storage.aio import AppTransaction, AsyncFile
 from asyncq.storage.connection import configure, write_transaction
 from asyncq.storage.durability import DEFAULT, LEVELS, Durability
-from asyncq.storage.migrations import migrate_in_transaction
+from asyncq.storage.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.storage.schema import PRODUCT
 from asyncq.storage.stats import Stats, read_stats
 
@@ -48,6 +48,7 @@ def wall_clock_ms() -> int:
 
 
 def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
+    prepare_new_file(con)
     configure(con, level.journal_mode, level.synchronous)
     with write_transaction(con):
         migrate_in_transaction(con)

@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +110,10 @@ def test_prune_previews_then_deletes_old_finished_jobs_and_keeps_their_audit(db:
     )
     assert only_done["count"] == 3 and only_done["ids"] == ["old-done-1"]
     applied = run_json("prune", "--db", "q.db", "--older-than", "7d", "--apply", cwd=db.parent)
-    assert applied["deleted"] == 6 and applied["vacuum"] == "skipped"
+    assert applied["deleted"] == 6 and applied["vacuum"] == "incremental"  # Queue.open made the file so
     assert rows(db, "SELECT count(*) FROM asyncq_jobs") == [(10,)]
     assert rows(db, "SELECT id, action FROM asyncq_audit WHERE id = 'old-cancel'") == [("old-cancel", "cancel")]
     assert rows(db, "SELECT count(*) FROM asyncq_jobs WHERE status IN ('pending', 'leased')") == [(4,)]
-    full = run_json("prune", "--db", "q.db", "--older-than", "7d", "--apply", "--vacuum", cwd=db.parent)
-    assert full["deleted"] == 0 and full["vacuum"] == "full"
-    assert rows(db, "PRAGMA auto_vacuum") == [(2,)]
 
 
 async def _finish_old_jobs(path: Path, count: int) -> None:
@@ -136,6 +134,19 @@ def test_prune_gives_space_back_on_a_file_made_by_init(tmp_path: Path) -> None:
         "space given back (incremental vacuum)"
         in run_cli("prune", "--db", "q.db", "--older-than", "1d", "--apply", cwd=tmp_path).stdout
     )
+
+
+def test_prune_in_an_app_file_keeps_space_until_asked_to_vacuum(tmp_path: Path) -> None:
+    """A queue added to an app's existing file cannot switch auto_vacuum on by itself: prune says so."""
+    with closing(sqlite3.connect(tmp_path / "app.db")) as con:
+        con.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")  # the app's table came first
+    asyncio.run(_finish_old_jobs(tmp_path / "app.db", 50))
+    kept = run_json("prune", "--db", "app.db", "--older-than", "1d", "--apply", cwd=tmp_path)
+    assert kept["deleted"] == 50 and kept["vacuum"] == "skipped"
+    assert rows(tmp_path / "app.db", "PRAGMA auto_vacuum") == [(0,)]
+    full = run_json("prune", "--db", "app.db", "--older-than", "1d", "--apply", "--vacuum", cwd=tmp_path)
+    assert full["deleted"] == 0 and full["vacuum"] == "full"
+    assert rows(tmp_path / "app.db", "PRAGMA auto_vacuum") == [(2,)]
 
 
 def test_backup_writes_a_checked_copy_and_refuses_to_overwrite(db: Path) -> None:

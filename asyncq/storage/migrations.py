@@ -12,6 +12,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (PRODUCT.ddl,)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def prepare_new_file(con: sqlite3.Connection) -> None:
+    """On a file with no tables yet, turn on incremental auto-vacuum (settable only before the first table),
+    so that pruning old jobs can give space back without rewriting the whole file. Outside a transaction."""
+    if con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+        con.execute("PRAGMA auto_vacuum = INCREMENTAL")
+
+
 def migrate_in_transaction(con: sqlite3.Connection) -> int:
     """Bring the file to ``SCHEMA_VERSION``; returns the version found. Refuses a newer file."""
     found = int(con.execute("PRAGMA user_version").fetchone()[0])
