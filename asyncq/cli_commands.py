@@ -22,9 +22,10 @@ from typing import Any
 from asyncq import cli_output as out
 from asyncq import cli_store as store
 from asyncq.cli_store import CliError, QueueFile, UsageError
+from asyncq.clock import wall_clock_ms
 from asyncq.errors import Conflict
 from asyncq.jobs import JobSpec
-from asyncq.queue import Queue, wall_clock_ms
+from asyncq.queue import Queue
 from asyncq.storage.connection import check_path
 from asyncq.storage.schema import PRODUCT
 from asyncq.storage.stats import read_stats

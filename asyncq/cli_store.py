@@ -211,7 +211,7 @@ def audit_since(con: sqlite3.Connection, after: int) -> list[dict[str, Any]]:
 
 def inbox_totals(path: str, timeout: float) -> dict[str, Any]:
     """A receiver's durable counts (rows applied, duplicates, conflicts), read-only."""
-    from asyncq.inbox import TOTALS  # the receiver's statement, stated once there (importing it loads aiohttp)
+    from asyncq.storage.inbox_store import TOTALS  # the receiver's statement, stated once there
 
     with closing(connect_read_only(path, timeout)) as con:
         inspect(con, path, table="asyncq_inbox")

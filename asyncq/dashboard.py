@@ -31,10 +31,11 @@ from typing import Any
 from aiohttp import web
 
 from asyncq.cli_store import CliError, list_jobs, probe_for_writing, reading, snapshot
+from asyncq.clock import Clock, wall_clock_ms
 from asyncq.core.values import check_identifier
 from asyncq.dashboard_page import Sample, Snapshot, render_message, render_page
 from asyncq.inbox import serve
-from asyncq.queue import Clock, Queue, wall_clock_ms
+from asyncq.queue import Queue
 from asyncq.storage.schema import PRODUCT
 from asyncq.storage.stats import Stats, read_stats
 

@@ -39,7 +39,6 @@ import asyncio
 import logging
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterable
 from contextlib import closing
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from asyncq.cli_store import CliError, connect_read_only
+from asyncq.clock import wall_clock_ms
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.storage.schema import PRODUCT
@@ -60,10 +60,6 @@ log = logging.getLogger("asyncq.metrics")
 #: Delivery-time buckets in seconds: from a local handler's milliseconds to an HTTP call near its timeout.
 DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 INBOX_OUTCOMES = ("applied", "duplicate", "conflict", "rejected", "failed")
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class PoolMetrics:
@@ -77,7 +73,7 @@ class PoolMetrics:
         registry: CollectorRegistry | None = None,
         *,
         queue_path: str | os.PathLike[str] | None = None,
-        clock: Callable[[], int] = _wall_clock_ms,
+        clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.registry = into = registry if registry is not None else CollectorRegistry()
         self.claims = Counter("asyncq_claims", "Jobs this pool leased.", registry=into)
@@ -120,7 +116,7 @@ class PoolMetrics:
 class QueueCollector(Collector):
     """Depth by status, dead jobs by reason and the oldest ready job's age, read from the file per scrape."""
 
-    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = _wall_clock_ms) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.path = path
         self.clock = clock
 

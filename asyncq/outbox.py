@@ -31,13 +31,13 @@ import aiohttp
 import anyio
 
 from asyncq import outbox_store as store
+from asyncq.clock import Clock, wall_clock_ms
 from asyncq.core.values import check_identifier, check_int
 from asyncq.delivery.base import Transport
 from asyncq.delivery.http import check_url
 from asyncq.errors import Permanent
 from asyncq.outbox_store import AuditEntry, Figures, Item, NewItem, ReceiverFigures, RelayResult, add_sync
 from asyncq.pool import RetryPolicy
-from asyncq.queue import Clock, wall_clock_ms
 from asyncq.storage.aio import AppTransaction, AsyncFile
 from asyncq.storage.durability import DEFAULT, LEVELS
 

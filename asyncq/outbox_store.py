@@ -26,10 +26,10 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from asyncq.clock import wall_clock_ms
 from asyncq.core.values import check_identifier, check_time
 from asyncq.errors import Conflict
 from asyncq.jobs import MAX_BODY_BYTES, body_text
-from asyncq.queue import wall_clock_ms
 from asyncq.storage.connection import configure, write_transaction
 from asyncq.storage.schema import OUTBOX_TABLES
 

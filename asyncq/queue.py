@@ -9,13 +9,13 @@ busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (see docs/a
 from __future__ import annotations
 
 import sqlite3
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiosqlite
 
+from asyncq.clock import Clock, wall_clock_ms
 from asyncq.core.lifecycle import OUTCOMES
 from asyncq.core.values import check_choice, check_identifier, check_int
 from asyncq.jobs import (
@@ -38,13 +38,7 @@ from asyncq.storage.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.storage.schema import PRODUCT
 from asyncq.storage.stats import Stats, read_stats
 
-Clock = Callable[[], int]
 GET_JOB = f"SELECT {Job.COLUMNS} FROM {PRODUCT.jobs} WHERE id = ?"
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch: the time base every process sharing a queue file must use."""
-    return time.time_ns() // 1_000_000
 
 
 def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from asyncq.clock import wall_clock_ms
 from asyncq.jobs import DEFAULT_QUEUE, DEFAULT_TTL_MS, MAX_BODY_BYTES, JobSpec
-from asyncq.queue import wall_clock_ms
 from asyncq.storage import engine
 from asyncq.storage.connection import write_transaction
 from asyncq.storage.migrations import is_current, migrate_in_transaction

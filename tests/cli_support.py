@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncq.queue import Queue, wall_clock_ms
+from asyncq.clock import wall_clock_ms
+from asyncq.queue import Queue
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY_MS = 86_400_000

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from cli_support import DAY_MS, EXPECTED_STATUS, Clock, build_queue, cli_env, fingerprint, run_cli, run_json
 
-from asyncq.queue import Queue, wall_clock_ms
+from asyncq.clock import wall_clock_ms
+from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,11 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import asyncq
 from asyncq.errors import Permanent, Retryable
-from asyncq.inbox import STOCK_TABLES, add_to_stock, make_inbox_app
+from asyncq.inbox import make_inbox_app
 from asyncq.jobs import JobSpec
 from asyncq.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
 from asyncq.pool import JobContext, Pool
 from asyncq.queue import Queue
+from asyncq.storage.inbox_store import STOCK_TABLES, add_to_stock
 
 pytestmark = pytest.mark.timeout(30)
 
