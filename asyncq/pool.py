@@ -14,10 +14,12 @@ slower end to end; docs/architecture.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import signal
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,7 +37,7 @@ from asyncq.queue import Queue
 log = logging.getLogger("asyncq.pool")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobContext:
     """What a handler knows about the job it runs."""
 
@@ -146,6 +148,8 @@ class Pool:
         retry: RetryPolicy | None = None,
         poll_min: float = 0.05,
         poll_max: float = 1.0,
+        prefetch: int | None = None,
+        linger: float = 0.005,
         observer: PoolObserver | None = None,
     ) -> None:
         self.queue = queue
@@ -155,15 +159,19 @@ class Pool:
         self.job_timeout = job_timeout
         self.retry = retry or RetryPolicy()
         self.poll_min, self.poll_max = poll_min, poll_max
+        # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit.
+        self.prefetch = check_int(concurrency if prefetch is None else prefetch, "prefetch", 0, 1000)
+        self.linger = linger  # how long a finished result may wait for others to share its commit
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else _NoObserver()
         self._handlers: dict[str, Handler] = {}
         self._results: list[tuple[_InFlight, str, int]] = []  # the flight: its ticket may still be renewed
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
-        self._inflight: dict[tuple[str, int], _InFlight] = {}
+        self._inflight: dict[tuple[str, int], _InFlight] = {}  # running, or claimed and waiting in _buffer
+        self._buffer: deque[_InFlight] = deque()
         self._stopping = False
-        self._wake = anyio.Event()
+        self._wake = asyncio.Event()  # set when a job finishes, a slot frees or stop() is called
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name``."""
@@ -181,7 +189,7 @@ class Pool:
     @property
     def running(self) -> int:
         """Jobs whose handler is running now."""
-        return len(self._inflight)
+        return len(self._inflight) - len(self._buffer)
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish (``run`` returns when they have)."""
@@ -204,17 +212,43 @@ class Pool:
 
     async def _work(self, burst: bool) -> None:
         idle_wait = self.poll_min
-        while True:
-            claimed = await self._cycle(claiming=True)
-            if self._stopping and not self._inflight and not self._results:
-                return
-            if claimed or self._results:
+        while not (self._stopping and not self._inflight and not self._results):
+            if self._stopping and self._buffer:
+                await self._release_buffer()
+                continue
+            await self._gather_results()
+            claimed = await self._cycle(capacity=self._capacity())
+            if claimed or self._results or self._stopping:
                 idle_wait = self.poll_min
                 continue
             if burst and not self._inflight:
                 return
+            if self._buffer or self.running >= self.concurrency:
+                continue  # nothing to claim for now; the next finished job wakes the batcher
             await self._idle(idle_wait)
             idle_wait = min(idle_wait * 2, self.poll_max)
+
+    def _capacity(self) -> int:
+        """How many jobs to claim now: free slots plus the prefetch buffer's room (none once stopping)."""
+        return 0 if self._stopping else self.concurrency + self.prefetch - len(self._inflight)
+
+    def _starving(self) -> bool:
+        return not self._stopping and not self._buffer and self.running < self.concurrency
+
+    async def _gather_results(self) -> None:
+        """Wait until a commit is worth its fsync: slots are starving, or enough results are waiting, or
+        the oldest waiting result has lingered ``linger`` seconds (its lease is no longer renewed)."""
+        batch = max(1, self.concurrency // 2)
+        lingered = False
+        while not (self._starving() or len(self._results) >= batch or (self._results and lingered)):
+            if self._stopping and (self._results or self._buffer or not self._inflight):
+                return
+            self._wake.clear()
+            try:  # asyncio directly: this runs once per finished job, where anyio's scopes cost too much
+                async with asyncio.timeout(self.linger if self._results else None):
+                    await self._wake.wait()
+            except TimeoutError:
+                lingered = True
 
     async def run_once(self) -> int:
         """One claim (up to ``concurrency`` jobs), their handlers, and one finish commit; the job count."""
@@ -222,10 +256,10 @@ class Pool:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._renew_leases)
-                claimed = await self._cycle(claiming=True)
+                claimed = await self._cycle(capacity=self.concurrency)
                 await asyncio.gather(*(flight.task for flight in self._inflight.values() if flight.task))
                 group.cancel_scope.cancel()
-            await self._cycle(claiming=False)
+            await self._cycle(capacity=0)
         finally:
             await self._abandon_inflight()
         return claimed
@@ -234,21 +268,17 @@ class Pool:
         if not self._handlers:
             raise ValueError("register a handler before running the pool")
 
-    async def _cycle(self, *, claiming: bool) -> int:
-        """Finish what is done and claim for the free slots, in one commit; start the claimed jobs."""
+    async def _cycle(self, *, capacity: int) -> int:
+        """Finish what is done and claim up to ``capacity`` jobs, in one commit; start what slots allow."""
         async with self._fences:  # read each ticket after any renewal in flight has replaced it
             results = [(flight.ticket, outcome, delay) for flight, outcome, delay in self._results]
             self._results = []
-            free = self.concurrency - len(self._inflight) if claiming and not self._stopping else 0
-            wants = self._rotated_wants(free) if free > 0 else []
-            if results or wants:
-                statuses, tickets = await self.queue.settle_and_claim(
-                    results, self.owner, wants, self.lease_ms, total=free
-                )
-        if not results and not wants:
-            if claiming:
-                await self._wait_for_slot()
-            return 0
+            wants = self._rotated_wants(capacity) if capacity > 0 else []
+            if not results and not wants:
+                return 0
+            statuses, tickets = await self.queue.settle_and_claim(
+                results, self.owner, wants, self.lease_ms, total=capacity
+            )
         self.counters.commits += 1
         for (ticket, outcome, _delay), status in zip(results, statuses, strict=True):
             self._log_finish(ticket, status)
@@ -259,23 +289,24 @@ class Pool:
         for ticket in tickets:
             log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
             flight = self._inflight[ticket.id, ticket.token] = _InFlight(ticket)
-            flight.task = asyncio.create_task(self._run_job(flight))
+            self._buffer.append(flight)
+        self._start_buffered()
         return len(tickets)
+
+    def _start_buffered(self) -> None:
+        """Start claimed jobs while slots are free (none once stopping: those are released instead)."""
+        while self._buffer and self.running < self.concurrency and not self._stopping:
+            flight = self._buffer.popleft()
+            flight.task = asyncio.create_task(self._run_job(flight))
 
     def _rotated_wants(self, free: int) -> list[tuple[str, int]]:
         names = list(self._handlers)
         self._turn = (self._turn + 1) % len(names)
         return [(name, free) for name in names[self._turn :] + names[: self._turn]]
 
-    async def _wait_for_slot(self) -> None:
-        self._wake = anyio.Event()
-        if self._results or self._stopping or len(self._inflight) < self.concurrency:
-            return
-        await self._wake.wait()
-
     async def _idle(self, seconds: float) -> None:
         """Nothing was ready: wait for an enqueue in this process, a finished job, or the poll interval."""
-        self._wake = anyio.Event()
+        self._wake.clear()
         with anyio.move_on_after(seconds):
             async with anyio.create_task_group() as waiters:
 
@@ -314,16 +345,46 @@ class Pool:
                 for flight, ticket in zip(due, renewed, strict=True):
                     if ticket is not None:
                         flight.ticket = ticket
-                    elif flight.task is not None and not flight.task.done():
-                        flight.lost = True
-                        flight.task.cancel()
+                    else:
+                        self._lose(flight)
+
+    def _lose(self, flight: _InFlight) -> None:
+        """The lease was taken away: cancel the handler (or drop the job from the buffer); no result."""
+        if flight.task is None:
+            self._buffer.remove(flight)
+            del self._inflight[flight.key]
+            self._count_lost(flight)
+        elif not flight.task.done():
+            flight.lost = True
+            flight.task.cancel()
+
+    def _count_lost(self, flight: _InFlight) -> None:
+        self.counters.leases_lost += 1
+        self.observer.on_lease_lost()
+        log.warning("lease lost for job %s token %d: result discarded", flight.ticket.id, flight.ticket.token)
+
+    async def _release_buffer(self) -> None:
+        """Stopping: give back the jobs claimed ahead and never started, so other workers take them at once
+        instead of after their leases expire."""
+        async with self._fences:
+            flights = list(self._buffer)
+            self._buffer.clear()
+            for flight in flights:
+                del self._inflight[flight.key]
+            with anyio.CancelScope(shield=True):
+                released = await self.queue.release_many([flight.ticket for flight in flights])
+        log.debug("released %d job(s) claimed ahead and never started", sum(released))
 
     async def _abandon_inflight(self) -> None:
-        """On cancellation: stop handlers unfinished. Their leases expire and the jobs run again."""
-        tasks = [flight.task for flight in self._inflight.values() if flight.task is not None]
-        for task in tasks:
-            task.cancel()
+        """On cancellation: stop handlers unfinished. Their leases expire and the jobs run again (the buffer
+        is given back first, when the file still answers)."""
         with anyio.CancelScope(shield=True):
+            if self._buffer:
+                with contextlib.suppress(Exception):  # best effort: their leases expire anyway
+                    await self._release_buffer()
+            tasks = [flight.task for flight in self._inflight.values() if flight.task is not None]
+            for task in tasks:
+                task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- one job --------------------------------------------------------------------------------------
@@ -335,13 +396,12 @@ class Pool:
         except asyncio.CancelledError:
             if not flight.lost:
                 raise
-            self.counters.leases_lost += 1
-            self.observer.on_lease_lost()
-            log.warning("lease lost for job %s token %d: result discarded", flight.ticket.id, flight.ticket.token)
+            self._count_lost(flight)
             return
         finally:
             del self._inflight[flight.key]
             self._wake.set()
+            self._start_buffered()
         self.observer.on_delivery(time.perf_counter() - started, outcome)
         self._results.append((flight, outcome, delay_ms))
 
@@ -349,8 +409,11 @@ class Pool:
         handler = self._handlers[ticket.queue]
         context = JobContext(ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until)
         try:
-            async with asyncio.timeout(self.job_timeout):
+            if self.job_timeout is None:
                 await handler(ticket.body, context)
+            else:
+                async with asyncio.timeout(self.job_timeout):
+                    await handler(ticket.body, context)
         except Permanent as error:
             log.warning("job %s failed permanently: %r", ticket.id, error)
             return PERMANENT, 0

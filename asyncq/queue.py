@@ -186,6 +186,15 @@ class Queue(AsyncFile):
             for ticket, fence in zip(tickets, fences, strict=True)
         ]
 
+    async def release_many(self, tickets: Sequence[Ticket]) -> list[bool]:
+        """Give back leases on jobs this worker claimed but never started (they are ``pending`` again, the
+        attempt not counted); ``False`` for each lease no longer held."""
+        leases = [(ticket.id, ticket.fence) for ticket in tickets]
+        released: list[bool] = await self._run(lambda con: engine.release(con, PRODUCT, leases, self.now()))
+        if any(released):
+            self._notify()
+        return released
+
     async def reconcile(self, ticket: Ticket) -> str | None:
         """After a finish whose outcome is unknown (cancelled while committing): the status it left, or
         ``None`` if the ticket still holds the lease, i.e. the finish did not land."""

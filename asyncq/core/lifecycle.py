@@ -54,6 +54,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(LEASED, DEAD, REASON_EXHAUSTED, "sweep"),  # only once the lease has expired
     Transition(DEAD, PENDING, None, "redrive"),
     Transition(PENDING, DEAD, REASON_CANCELLED, "cancel"),  # product facade only, audited
+    Transition(LEASED, PENDING, None, "release"),  # product pool only: a claimed job it never started
 )
 
 

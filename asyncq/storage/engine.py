@@ -54,12 +54,6 @@ class Finish:
 def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> bool:
     """Insert ``job``; ``False`` if the id exists with the same payload (the row is kept whole),
     ``Conflict`` if it exists with another payload."""
-    row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job.id}).fetchone()
-    if row is not None:
-        stored = dict(zip(layout.payload, row[1 : 1 + len(layout.payload)], strict=True))
-        if stored != job.payload:
-            raise Conflict(f"job {job.id!r} already exists with a different payload")
-        return False
     params = {
         "id": job.id,
         "max_attempts": job.max_attempts,
@@ -67,8 +61,13 @@ def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob)
         "deadline": job.deadline,
         **job.payload,
     }
-    con.execute(sql(layout, "INSERT"), params)
-    return True
+    if con.execute(sql(layout, "INSERT"), params).rowcount == 1:
+        return True
+    row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job.id}).fetchone()
+    stored = dict(zip(layout.payload, row[1 : 1 + len(layout.payload)], strict=True))
+    if stored != job.payload:
+        raise Conflict(f"job {job.id!r} already exists with a different payload")
+    return False
 
 
 def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[bool]:
@@ -216,6 +215,18 @@ def extend(
             row = con.execute(sql(layout, "EXTEND"), params).fetchone()
             renewed.append(None if row is None else Fence(fence.owner, fence.token, fence.attempt, row[0]))
     return renewed
+
+
+def release(con: sqlite3.Connection, layout: Layout, leases: Sequence[tuple[str, Fence]], now_ms: int) -> list[bool]:
+    """Give back held leases of jobs never started: ``pending`` again, the attempt returned; ``False`` for a
+    lease no longer held (nothing changes for it)."""
+    released: list[bool] = []
+    with write_transaction(con):
+        for job_id, fence in leases:
+            params = {"id": job_id, "now": now_ms, "owner": fence.owner, "token": fence.token}
+            params |= {"attempt": fence.attempt, "lease_until": fence.lease_until}
+            released.append(con.execute(sql(layout, "RELEASE"), params).rowcount == 1)
+    return released
 
 
 def redrive(

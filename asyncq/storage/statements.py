@@ -44,9 +44,11 @@ SELECT seq, {payload}, status, attempts, max_attempts, token, owner, lease_until
 FROM {jobs} WHERE id = :id
 """
 
+# A known id inserts nothing (its whole row is kept); the caller then compares payloads.
 INSERT = """
 INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
 VALUES (:id, {payload_params}, 'pending', 0, :max_attempts, 0, :available_at, :deadline)
+ON CONFLICT (id) DO NOTHING
 """
 
 # Compare-and-set: lands only on the row version the decision was made on.
@@ -108,4 +110,13 @@ AUDIT_ACTION = """
 INSERT INTO {audit} (id, token, at_ms, note, action, reason) VALUES (:id, :token, :now, :note, :action, :reason)
 """
 
-NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION}
+# A pool gives back a job it claimed ahead but never started (graceful stop): fenced like a finish, and the
+# attempt it never made is returned to the budget. The token stays; the next claim issues a new one.
+RELEASE = """
+UPDATE {jobs} SET status = 'pending', attempts = attempts - 1, available_at = :now, owner = NULL,
+    lease_until = NULL, reason = NULL
+WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND attempts = :attempt
+  AND lease_until = :lease_until AND :now < lease_until
+"""
+
+NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION, "RELEASE": RELEASE}
