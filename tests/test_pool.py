@@ -477,3 +477,31 @@ async def test_a_handler_finishing_while_its_lease_is_being_renewed_still_finish
         job = await queue.get("job")
     assert job is not None and (job.status, job.attempts) == ("done", 1), pool.counters
     assert pool.counters.stale_finishes == 0
+
+
+async def test_stop_gives_back_the_jobs_claimed_ahead_so_others_take_them_at_once(queue: Queue) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(body: Any, context: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    pool = Pool(queue, concurrency=1, prefetch=2)
+    pool.register("default", handler)
+    for job_id in ("a", "b", "c"):
+        await queue.enqueue(job_id, {})
+    running = asyncio.create_task(pool.run())
+    async with asyncio.timeout(5):
+        await started.wait()
+    assert (await queue.stats()).by_status["leased"] == 3  # one running, two claimed ahead
+    assert pool.running == 1
+    pool.stop()
+    release.set()
+    async with asyncio.timeout(5):
+        await running
+    a, b, c = [await queue.get(job_id) for job_id in ("a", "b", "c")]
+    assert a is not None and a.status == "done"
+    for job in (b, c):  # pending again at once, the attempt never made not counted, the token kept
+        assert job is not None and (job.status, job.attempts, job.token, job.owner) == ("pending", 0, 1, None)
+    taken = await queue.claim("w2", limit=2)  # same queue time: no lease had to expire first
+    assert sorted((t.id, t.token, t.attempt) for t in taken) == [("b", 2, 1), ("c", 2, 1)]
