@@ -428,9 +428,8 @@ NOTES = """\
   Peers: consumer threads that took at least one job (they are synchronous libraries; one consumer thread each,
   and persist-queue also with four, `multithreading=True`, though its `action_lock` serialises get and ack).
 - **jobs/commit**: jobs per commit of the pool's batcher while draining. Each batcher commit finishes the jobs
-  done so far and claims jobs for the free slots in one transaction; with a no-op handler every job is done before
-  the next commit, so with N tasks a commit carries N jobs and the pool's rate is about N / (commit time + cycle
-  overhead). From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
+  done so far and claims jobs for the free slots and the prefetch buffer (as many again) in one transaction, so a
+  freed slot starts its next job while the commit is written; with N tasks a commit carries about N jobs. From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
   `dequeue` deletes the row, so a finished job leaves no record; `execute` also opens a `begin exclusive` to pop
   the revoke key, which writes nothing); litequeue 2 + 1/500 (pop, done; puts batched in its `transaction()`);
   persist-queue 3 (put; get marks the row unacked; ack). persist-queue's `get` walks the table in rowid order
