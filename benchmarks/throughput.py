@@ -429,7 +429,8 @@ NOTES = """\
   and persist-queue also with four, `multithreading=True`, though its `action_lock` serialises get and ack).
 - **jobs/commit**: jobs per commit of the pool's batcher while draining. Each batcher commit finishes the jobs
   done so far and claims jobs for the free slots and the prefetch buffer (as many again) in one transaction, so a
-  freed slot starts its next job while the commit is written; with N tasks a commit carries about N jobs. From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
+  freed slot starts its next job while the commit is written; with N tasks a commit carries about N jobs.
+  From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
   `dequeue` deletes the row, so a finished job leaves no record; `execute` also opens a `begin exclusive` to pop
   the revoke key, which writes nothing); litequeue 2 + 1/500 (pop, done; puts batched in its `transaction()`);
   persist-queue 3 (put; get marks the row unacked; ack). persist-queue's `get` walks the table in rowid order
