@@ -65,12 +65,12 @@ def test_every_subcommand_has_help(tmp_path: Path) -> None:
 def test_init_creates_an_incremental_queue_file_and_is_idempotent(tmp_path: Path) -> None:
     done = run_cli("init", "--db", "new.db", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("created queue new.db: schema version 1, journal wal, auto_vacuum incremental")
+    assert done.stdout.startswith("created queue new.db: schema version 2, journal wal, auto_vacuum incremental")
     again = run_json("init", "--db", "new.db", cwd=tmp_path)
     assert again == {
         "path": "new.db",
         "created": False,
-        "schema_version": 1,
+        "schema_version": 2,
         "journal_mode": "wal",
         "auto_vacuum": "incremental",
     }

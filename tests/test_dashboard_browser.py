@@ -178,7 +178,13 @@ def test_an_operator_reads_the_counts_and_redrives_a_dead_job(browser: Any, dash
 
 
 def audit_text(browser: Any) -> str:
+    """The audit table's text, or "" while the page after the redirect is still loading (the old page's
+    element goes stale between finding it and reading it)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    tables = browser.find_elements(By.ID, "audit")
-    return str(tables[0].text) if tables else ""
+    try:
+        tables = browser.find_elements(By.ID, "audit")
+        return str(tables[0].text) if tables else ""
+    except StaleElementReferenceException:
+        return ""

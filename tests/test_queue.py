@@ -727,3 +727,29 @@ async def test_a_task_cancelled_while_committing_stays_cancelled_and_the_outcome
     finally:
         other.close()
     assert await queue.enqueue("after", {}) is True
+
+
+async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) -> None:
+    """A file made by schema version 1 (its full indexes) opens as the current version, rows kept, and its
+    lifecycle statements then seek the partial indexes."""
+    from asyncq.storage.migrations import MIGRATIONS, SCHEMA_VERSION
+
+    con = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0]:
+        con.execute(statement)
+    con.execute(
+        "INSERT INTO asyncq_jobs (id, queue, body, status, attempts, max_attempts, token, available_at,"
+        " deadline) VALUES ('old', 'default', '{}', 'pending', 0, 3, 0, 0, 9999999999999)"
+    )
+    con.execute("PRAGMA user_version = 1")
+    con.close()
+    async with await Queue.open(str(path), clock=lambda: T0) as queue:
+        [ticket] = await queue.claim("w1")
+        assert ticket.id == "old"
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 2
+        indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" in indexes
+    finally:
+        con.close()

@@ -5,10 +5,28 @@ from __future__ import annotations
 
 import sqlite3
 
-from asyncq.storage.schema import PRODUCT
+from asyncq.storage.schema import PRODUCT, PRODUCT_TABLES
+
+# Version 1's lifecycle indexes, kept word for word: version 2 replaces them with partial ones.
+_V1_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_ready ON asyncq_jobs(queue, status)",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_lease ON asyncq_jobs(queue, status, lease_until)",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_deadline ON asyncq_jobs(status, deadline)",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_exhausted ON asyncq_jobs(status) WHERE attempts >= max_attempts",
+    "CREATE INDEX IF NOT EXISTS asyncq_audit_id ON asyncq_audit(id)",
+)
 
 # Each entry moves the file from version ``index`` to ``index + 1``. Append only; never edit a step.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (PRODUCT.ddl,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (*PRODUCT_TABLES, *_V1_INDEXES),
+    (
+        "DROP INDEX IF EXISTS asyncq_jobs_ready",
+        "DROP INDEX IF EXISTS asyncq_jobs_lease",
+        "DROP INDEX IF EXISTS asyncq_jobs_deadline",
+        "DROP INDEX IF EXISTS asyncq_jobs_exhausted",
+        *(statement for statement in PRODUCT.ddl if statement.startswith("CREATE INDEX")),
+    ),
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -32,15 +32,21 @@ PRODUCT_TABLES = (
 def lifecycle_indexes(table: str, scope_columns: str = "") -> tuple[str, ...]:
     """Indexes that make the sweep, the claim and the finish logarithmic in the queue's depth.
 
-    ``ready`` is ``(status)`` and so ordered by ``seq`` (the rowid) within a status: the claim walks it in
-    ``seq`` order and stops at the first available row. ``exhausted`` is partial because the sweep compares
-    two columns (``attempts >= max_attempts``), which no ordinary index can seek.
+    All are partial, over live rows only (``pending`` or ``leased``): finished jobs leave every index, so history
+    costs neither index space nor index updates, and a finish deletes index entries instead of moving them.
+    ``pending`` holds one status value and so is ordered by ``seq`` (the rowid): the claim walks it in ``seq``
+    order and stops at the first available row. ``exhausted`` is partial on a two-column comparison
+    (``attempts >= max_attempts``), which no ordinary index can seek. Each ``WHERE`` is repeated verbatim in the
+    statement that uses it (``asyncq.storage.statements``), which is what lets SQLite choose a partial index.
     """
     return (
-        f"CREATE INDEX IF NOT EXISTS {table}_ready ON {table}({scope_columns}status)",
-        f"CREATE INDEX IF NOT EXISTS {table}_lease ON {table}({scope_columns}status, lease_until)",
-        f"CREATE INDEX IF NOT EXISTS {table}_deadline ON {table}(status, deadline)",
-        f"CREATE INDEX IF NOT EXISTS {table}_exhausted ON {table}(status) WHERE attempts >= max_attempts",
+        f"CREATE INDEX IF NOT EXISTS {table}_pending ON {table}({scope_columns}status) WHERE status = 'pending'",
+        f"CREATE INDEX IF NOT EXISTS {table}_leased ON {table}({scope_columns}status, lease_until)"
+        " WHERE status = 'leased'",
+        f"CREATE INDEX IF NOT EXISTS {table}_live_deadline ON {table}(deadline)"
+        " WHERE status IN ('pending', 'leased')",
+        f"CREATE INDEX IF NOT EXISTS {table}_live_exhausted ON {table}(status)"
+        " WHERE attempts >= max_attempts AND status IN ('pending', 'leased')",
     )
 
 
