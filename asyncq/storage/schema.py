@@ -43,8 +43,7 @@ def lifecycle_indexes(table: str, scope_columns: str = "") -> tuple[str, ...]:
         f"CREATE INDEX IF NOT EXISTS {table}_pending ON {table}({scope_columns}status) WHERE status = 'pending'",
         f"CREATE INDEX IF NOT EXISTS {table}_leased ON {table}({scope_columns}status, lease_until)"
         " WHERE status = 'leased'",
-        f"CREATE INDEX IF NOT EXISTS {table}_live_deadline ON {table}(deadline)"
-        " WHERE status IN ('pending', 'leased')",
+        f"CREATE INDEX IF NOT EXISTS {table}_live_deadline ON {table}(deadline) WHERE status IN ('pending', 'leased')",
         f"CREATE INDEX IF NOT EXISTS {table}_live_exhausted ON {table}(status)"
         " WHERE attempts >= max_attempts AND status IN ('pending', 'leased')",
     )
