@@ -30,7 +30,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from _report import environment, markdown_table, print_table, verdict, write_section  # noqa: E402
 
 from asyncq import JobSpec, Pool, Queue  # noqa: E402
-from asyncq.delivery.http import HttpTransport, verify_ack  # noqa: E402
+from asyncq.core.ack import verify_ack  # noqa: E402
+from asyncq.delivery.http import HttpTransport  # noqa: E402
 from asyncq.pool import deliver_with  # noqa: E402
 
 Side = Callable[[str, Path, int, int], Awaitable[float]]

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 import aiohttp
 from yarl import URL
 
-from asyncq.core.jsontext import loads_strict
+from asyncq.core.ack import verify_ack
 from asyncq.core.values import check_identifier, check_int
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import AsyncqError, BadAck, Permanent, Retryable
@@ -237,18 +237,6 @@ class HttpTransport:
             response.close()
             raise BadAck(f"{self.url.host} answered more than {cap} bytes")
         return bytes(received)
-
-
-def verify_ack(job_id: str, raw: bytes) -> None:
-    """Accept ``raw`` only if it is strict UTF-8 JSON for an object whose ``id`` is ``job_id``; else ``BadAck``."""
-    try:
-        ack = loads_strict(raw)
-    except ValueError as error:
-        raise BadAck(f"the answer is not strict UTF-8 JSON: {error}") from None
-    if type(ack) is not dict:
-        raise BadAck(f"the answer is a JSON {type(ack).__name__}, not an object")
-    if ack.get("id") != job_id:
-        raise BadAck(f"the answer acknowledges id {ack.get('id')!r}, not {job_id!r}")
 
 
 def _request_headers(job_id: str, headers: Mapping[str, str]) -> dict[str, str]:

@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from asyncq.core.jsontext import loads_strict
+from asyncq.core.ack import verify_ack
 from asyncq.core.values import check_event, check_hook, check_identifier, check_int, check_seconds, snapshot
 from asyncq.errors import BadAck, Conflict
 from asyncq.lab._outbox_http import (
@@ -217,22 +217,8 @@ def send_http(url: str, event: dict[str, Any], timeout: float = 2.0) -> bool:
     target = parse_loopback_url(url)
     checked = validate_event(event)
     seconds = check_seconds(timeout, "timeout")
-    _verify_ack(post_json(target, checked, seconds), checked["id"])
+    verify_ack(checked["id"], post_json(target, checked, seconds), ACK_STATUSES)
     return True
-
-
-def _verify_ack(body: bytes, event_id: str) -> None:
-    try:
-        ack = loads_strict(body)
-    except ValueError as exc:
-        raise BadAck(f"the answer is not strict JSON: {exc}") from exc
-    if type(ack) is not dict:
-        raise BadAck(f"the answer is not a JSON object: {type(ack).__name__}")
-    if type(ack.get("id")) is not str or ack["id"] != event_id:
-        raise BadAck(f"the ACK names {ack.get('id')!r}, not {event_id!r}")
-    status = ack.get("status")
-    if type(status) is not str or status not in ACK_STATUSES:
-        raise BadAck(f"the ACK status {status!r} is not one of {ACK_STATUSES}")
 
 
 def serve_sink(path: object, host: str = "127.0.0.1", port: int = 0) -> SinkServer:
