@@ -8,6 +8,7 @@ ticket, nothing is ready or unacknowledged, nothing is parked, and the redeliver
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import time
@@ -19,11 +20,12 @@ import pytest
 from rabbit_support import amqp_url, wait_until
 from ticket_desk_support import Child, TicketDesk
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(120)]
-__all__ = ["amqp_url"]  # the fixture, imported for pytest
+# A longer run for the folder's README: ASYNCQ_CHAOS_REGISTRATIONS=2000 ASYNCQ_CHAOS_KILLS=30 pytest -s this file.
+REGISTRATIONS = int(os.environ.get("ASYNCQ_CHAOS_REGISTRATIONS", "300"))
+KILLS = int(os.environ.get("ASYNCQ_CHAOS_KILLS", "6"))
 
-REGISTRATIONS = 300
-KILLS = 6
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(120 + REGISTRATIONS // 10 + KILLS * 2)]
+__all__ = ["amqp_url"]  # the fixture, imported for pytest
 CONSUMER = ("consumer.py", "--verbose", "--prefetch", "20", "--concurrency", "4")
 
 
@@ -70,7 +72,9 @@ def test_sigkilled_consumer_leaves_exactly_one_ticket_per_registration(
 
         drain = desk.start(*CONSUMER)
         drain.expect("Consuming ")
-        wait_until(lambda: len(ticket_counts(desk)) == REGISTRATIONS + 1, 60, "a ticket for every registration")
+        wait_until(
+            lambda: len(ticket_counts(desk)) == REGISTRATIONS + 1, 60 + REGISTRATIONS // 20, "a ticket for every one"
+        )
         wait_until(lambda: desk.counts() == (0, 0), 30, "no ready or unacknowledged message")
         drain.process.terminate()  # SIGTERM: graceful stop
         assert drain.wait() == 0
