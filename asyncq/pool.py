@@ -239,16 +239,20 @@ class Pool:
         """Wait until a commit is worth its fsync: slots are starving, or enough results are waiting, or
         the oldest waiting result has lingered ``linger`` seconds (its lease is no longer renewed)."""
         batch = max(1, self.concurrency // 2)
-        lingered = False
-        while not (self._starving() or len(self._results) >= batch or (self._results and lingered)):
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None  # the oldest waiting result's: linger from then, not from each wake-up
+        while not (self._starving() or len(self._results) >= batch):
             if self._stopping and (self._results or self._buffer or not self._inflight):
                 return
+            if self._results and deadline is None:
+                deadline = loop.time() + self.linger
+            if deadline is not None and loop.time() >= deadline:
+                return
             self._wake.clear()
-            try:  # asyncio directly: this runs once per finished job, where anyio's scopes cost too much
-                async with asyncio.timeout(self.linger if self._results else None):
+            # asyncio directly: this runs once per finished job, where anyio's scopes cost too much
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
                     await self._wake.wait()
-            except TimeoutError:
-                lingered = True
 
     async def run_once(self) -> int:
         """One claim (up to ``concurrency`` jobs), their handlers, and one finish commit; the job count."""
