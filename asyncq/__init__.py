@@ -39,7 +39,7 @@ _WHERE = {
     "HttpTransport": "asyncq.delivery.http",
     "Inbox": "asyncq.inbox",
     "Job": "asyncq.jobs",
-    "JobContext": "asyncq.pool",
+    "JobContext": "asyncq.handling",
     "JobSpec": "asyncq.jobs",
     "LeaseLost": "asyncq.errors",
     "Outbox": "asyncq.outbox",
@@ -47,10 +47,10 @@ _WHERE = {
     "Pool": "asyncq.pool",
     "Queue": "asyncq.queue",
     "Relay": "asyncq.outbox",
-    "RetryPolicy": "asyncq.pool",
+    "RetryPolicy": "asyncq.handling",
     "Retryable": "asyncq.errors",
     "Ticket": "asyncq.jobs",
-    "deliver_with": "asyncq.pool",
+    "deliver_with": "asyncq.handling",
     "enqueue_sync": "asyncq.sync",
 }
 

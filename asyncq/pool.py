@@ -20,108 +20,23 @@ import random
 import signal
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 
-from asyncq.core.backoff import retry_delay
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
 from asyncq.core.values import check_identifier, check_int
-from asyncq.delivery.base import Transport
-from asyncq.errors import Permanent, Retryable
+from asyncq.errors import Permanent
+from asyncq.handling import Handler, JobContext, RetryPolicy, deliver_with
 from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, Ticket
+from asyncq.pool_observer import NoObserver, PoolCounters, PoolObserver
 from asyncq.queue import Queue
 
+# Pool is this module's; the rest are re-exported from where they live.
+__all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "RetryPolicy", "deliver_with"]
+
 log = logging.getLogger("asyncq.pool")
-
-
-@dataclass(slots=True)
-class JobContext:
-    """What a handler knows about the job it runs."""
-
-    id: str
-    queue: str
-    attempt: int
-    token: int
-    deadline: int
-    lease_until: int
-
-
-Handler = Callable[[Any, JobContext], Awaitable[object]]
-
-
-def deliver_with(transport: Transport) -> Handler:
-    """A handler that delivers each job's body through ``transport``, with its fencing token in the
-    ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``)."""
-
-    async def deliver(body: Any, context: JobContext) -> None:
-        await transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
-
-    return deliver
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Capped, jittered exponential backoff for failed attempts (``retry_delay``'s rule).
-
-    ``jitter`` draws a ratio in 0-1 for each retry: random by default, injectable for tests."""
-
-    base_ms: int = 1000
-    cap_ms: int = 60_000
-    jitter: Callable[[], float] = random.random
-
-    def delay_ms(self, attempt: int, error: BaseException | None) -> int:
-        """The delay before the next attempt; a ``Retryable(delay_ms=…)`` asks for one, capped."""
-        if isinstance(error, Retryable) and error.delay_ms is not None:
-            return max(0, min(error.delay_ms, self.cap_ms))
-        return retry_delay(min(attempt, 16), self.base_ms, self.cap_ms, self.jitter())
-
-
-@dataclass
-class PoolCounters:
-    """Running totals, for logs, tests and the metrics endpoint."""
-
-    claimed: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
-    stale_finishes: int = 0
-    leases_lost: int = 0
-    handler_errors: int = 0
-    commits: int = 0
-
-    def count_status(self, status: str | None) -> None:
-        if status is None:
-            self.stale_finishes += 1
-        else:
-            self.finished[status] = self.finished.get(status, 0) + 1
-
-
-class PoolObserver(Protocol):
-    """What a pool reports as it works (``asyncq.metrics.PoolMetrics`` is one). Called on the event loop:
-    each method must return at once and never raise."""
-
-    def on_claimed(self, count: int) -> None: ...
-
-    def on_finished(self, outcome: str, status: str | None) -> None: ...
-
-    def on_delivery(self, seconds: float, outcome: str) -> None: ...
-
-    def on_lease_lost(self) -> None: ...
-
-
-class _NoObserver:
-    def on_claimed(self, count: int) -> None:
-        pass
-
-    def on_finished(self, outcome: str, status: str | None) -> None:
-        pass
-
-    def on_delivery(self, seconds: float, outcome: str) -> None:
-        pass
-
-    def on_lease_lost(self) -> None:
-        pass
 
 
 @dataclass
@@ -163,7 +78,7 @@ class Pool:
         self.prefetch = check_int(concurrency if prefetch is None else prefetch, "prefetch", 0, 1000)
         self.linger = linger  # how long a finished result may wait for others to share its commit
         self.counters = PoolCounters()
-        self.observer: PoolObserver = observer if observer is not None else _NoObserver()
+        self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._handlers: dict[str, Handler] = {}
         self._results: list[tuple[_InFlight, str, int]] = []  # the flight: its ticket may still be renewed
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap

@@ -1,0 +1,55 @@
+"""What a handler sees and how its failures are retried: the job context, the handler type, a transport
+turned into a handler, and the pool's retry policy (``retry_delay``'s rule with a jitter source)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncq.core.backoff import retry_delay
+from asyncq.delivery.base import Transport
+from asyncq.errors import Retryable
+
+
+@dataclass(slots=True)
+class JobContext:
+    """What a handler knows about the job it runs."""
+
+    id: str
+    queue: str
+    attempt: int
+    token: int
+    deadline: int
+    lease_until: int
+
+
+Handler = Callable[[Any, JobContext], Awaitable[object]]
+
+
+def deliver_with(transport: Transport) -> Handler:
+    """A handler that delivers each job's body through ``transport``, with its fencing token in the
+    ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``)."""
+
+    async def deliver(body: Any, context: JobContext) -> None:
+        await transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
+
+    return deliver
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped, jittered exponential backoff for failed attempts (``retry_delay``'s rule).
+
+    ``jitter`` draws a ratio in 0-1 for each retry: random by default, injectable for tests."""
+
+    base_ms: int = 1000
+    cap_ms: int = 60_000
+    jitter: Callable[[], float] = random.random
+
+    def delay_ms(self, attempt: int, error: BaseException | None) -> int:
+        """The delay before the next attempt; a ``Retryable(delay_ms=…)`` asks for one, capped."""
+        if isinstance(error, Retryable) and error.delay_ms is not None:
+            return max(0, min(error.delay_ms, self.cap_ms))
+        return retry_delay(min(attempt, 16), self.base_ms, self.cap_ms, self.jitter())

@@ -1,0 +1,53 @@
+"""What a worker pool reports as it works: running totals, and the observer hook metrics plug into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class PoolCounters:
+    """Running totals, for logs, tests and the metrics endpoint."""
+
+    claimed: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    stale_finishes: int = 0
+    leases_lost: int = 0
+    handler_errors: int = 0
+    commits: int = 0
+
+    def count_status(self, status: str | None) -> None:
+        if status is None:
+            self.stale_finishes += 1
+        else:
+            self.finished[status] = self.finished.get(status, 0) + 1
+
+
+class PoolObserver(Protocol):
+    """What a pool reports as it works (``asyncq.metrics.PoolMetrics`` is one). Called on the event loop:
+    each method must return at once and never raise."""
+
+    def on_claimed(self, count: int) -> None: ...
+
+    def on_finished(self, outcome: str, status: str | None) -> None: ...
+
+    def on_delivery(self, seconds: float, outcome: str) -> None: ...
+
+    def on_lease_lost(self) -> None: ...
+
+
+class NoObserver:
+    """The observer of a pool that was given none: it ignores everything."""
+
+    def on_claimed(self, count: int) -> None:
+        pass
+
+    def on_finished(self, outcome: str, status: str | None) -> None:
+        pass
+
+    def on_delivery(self, seconds: float, outcome: str) -> None:
+        pass
+
+    def on_lease_lost(self) -> None:
+        pass
