@@ -1,11 +1,14 @@
-"""Fixtures shared by the tests of the async facade: a queue file in ``tmp_path`` and a clock the test moves."""
+"""Shared fixtures: a queue file in ``tmp_path`` with a clock the test moves (the async facade's tests), and a
+filled queue file copied per test (the command line's tests)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from cli_support import build_queue
 
 from asyncq import Queue
 
@@ -28,3 +31,19 @@ def clock() -> list[int]:
 async def queue(path: Path, clock: list[int]) -> AsyncIterator[Queue]:
     async with await Queue.open(str(path), clock=lambda: clock[0]) as opened:
         yield opened
+
+
+@pytest.fixture(scope="session")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A queue file with jobs in every state, built once (see ``cli_support.build_queue``)."""
+    path = tmp_path_factory.mktemp("template") / "q.db"
+    build_queue(path)
+    return path
+
+
+@pytest.fixture
+def db(tmp_path: Path, template: Path) -> Path:
+    """A fresh copy of ``template`` for one test to change."""
+    copy = tmp_path / "q.db"
+    shutil.copyfile(template, copy)
+    return copy

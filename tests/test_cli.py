@@ -7,7 +7,6 @@ Errors are in ``test_cli_errors.py``, the operator's changes in ``test_cli_opera
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import pytest
 from cli_support import (
     EXPECTED_DEAD,
     EXPECTED_STATUS,
-    build_queue,
     fingerprint,
     run_cli,
     run_json,
@@ -29,20 +27,6 @@ from asyncq.storage.inbox_store import INBOX_TABLES, record_event
 pytestmark = pytest.mark.timeout(60)
 
 COMMANDS = ["init", "enqueue", "status", "jobs", "show", "dead", "redrive", "cancel", "prune", "backup", "work"]
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "q.db"
-    build_queue(path)
-    return path
-
-
-@pytest.fixture
-def db(tmp_path: Path, template: Path) -> Path:
-    copy = tmp_path / "q.db"
-    shutil.copyfile(template, copy)
-    return copy
 
 
 def rows(path: Path, statement: str) -> list[tuple[object, ...]]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import build_queue, cli_env, fingerprint, run_cli, run_many
+from cli_support import cli_env, fingerprint, run_cli, run_many
 
 from asyncq.cli_store import filesystem_type
 
@@ -40,13 +40,6 @@ WRITERS = [
     ["redrive", "--reason", "permanent", "--note", "n", "--apply"],
     ["prune", "--older-than", "1s", "--apply"],
 ]
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "q.db"
-    build_queue(path)
-    return path
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], code: int, message: str) -> None:

@@ -4,7 +4,6 @@ exactly what was previewed), cancel, prune with its vacuum, and the online backu
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -13,26 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import DAY_MS, EXPECTED_STATUS, Clock, build_queue, cli_env, fingerprint, run_cli, run_json
+from cli_support import DAY_MS, EXPECTED_STATUS, Clock, cli_env, fingerprint, run_cli, run_json
 
 from asyncq.clock import wall_clock_ms
 from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "q.db"
-    build_queue(path)
-    return path
-
-
-@pytest.fixture
-def db(tmp_path: Path, template: Path) -> Path:
-    copy = tmp_path / "q.db"
-    shutil.copyfile(template, copy)
-    return copy
 
 
 def rows(path: Path, statement: str) -> list[tuple[Any, ...]]:
