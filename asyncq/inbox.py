@@ -42,6 +42,7 @@ import functools
 import logging
 import signal
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -349,6 +350,20 @@ async def serve(app: web.Application, host: str, port: int, path: str, ready: Ca
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await runner.cleanup()
+
+
+def spawn(db: object, *, effect: str = "none", env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start ``python -m asyncq.inbox`` on ``db`` in a child process on a free loopback port; returns the process
+    and the URL it printed. The caller stops it (SIGTERM stops it cleanly)."""
+    command = [sys.executable, "-m", "asyncq.inbox", "--db", check_path(db, "db"), "--effect", effect]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()
+    if not url.startswith("http://"):
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"the inbox receiver did not start (it said {url!r})")
+    return process, url
 
 
 def main(argv: Sequence[str] | None = None) -> int:

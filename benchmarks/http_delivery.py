@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,17 +31,10 @@ from _report import environment, markdown_table, print_table, verdict, write_sec
 from asyncq import JobSpec, Pool, Queue  # noqa: E402
 from asyncq.core.ack import verify_ack  # noqa: E402
 from asyncq.delivery.http import HttpTransport  # noqa: E402
+from asyncq.inbox import spawn  # noqa: E402
 from asyncq.pool import deliver_with  # noqa: E402
 
 Side = Callable[[str, Path, int, int], Awaitable[float]]
-
-
-def start_receiver(db: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "asyncq.inbox", "--db", str(db), "--effect", "stock"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    assert process.stdout is not None
-    return process, process.stdout.readline().strip()
 
 
 async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int) -> float:
@@ -82,7 +74,7 @@ async def pool_side(url: str, folder: Path, jobs: int, concurrency: int) -> floa
 def measure(side: Side, jobs: int, concurrency: int) -> float:
     with tempfile.TemporaryDirectory(prefix="asyncq-http-bench-") as name:
         folder = Path(name)
-        receiver, url = start_receiver(folder / "inbox.db")
+        receiver, url = spawn(folder / "inbox.db", effect="stock", env={**os.environ, "PYTHONPATH": str(ROOT)})
         try:
             return asyncio.run(side(url, folder, jobs, concurrency))
         finally:

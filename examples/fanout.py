@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from asyncq import JobSpec, Pool, Queue
 from asyncq.delivery.http import HttpTransport
+from asyncq.inbox import spawn as spawn_receiver
 from asyncq.pool import deliver_with
 
 LEASE_MS = 2_000
@@ -66,18 +67,6 @@ async def work(db: str, url: str, owner: str, concurrency: int) -> None:
 
 
 # -- the conductor ------------------------------------------------------------------------------------
-
-
-def start_receiver(inbox_db: Path) -> tuple[subprocess.Popen[str], str]:
-    """The inbox receiver in its own process; its first output line is the URL it listens on."""
-    command = [sys.executable, "-m", "asyncq.inbox", "--db", str(inbox_db), "--effect", "stock"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=child_env())
-    assert process.stdout is not None
-    url = process.stdout.readline().strip()
-    if not url.startswith("http://"):
-        process.kill()
-        raise SystemExit(f"the receiver did not start (said {url!r})")
-    return process, url
 
 
 def start_worker(db: Path, url: str, owner: str, concurrency: int) -> subprocess.Popen[str]:
@@ -163,7 +152,7 @@ def reclaimed(db: Path, orphaned: set[str]) -> int:
 
 def conduct(jobs: int, concurrency: int, folder: Path) -> int:
     db, inbox_db = folder / "queue.db", folder / "inbox.db"
-    receiver, url = start_receiver(inbox_db)
+    receiver, url = spawn_receiver(inbox_db, effect="stock", env=child_env())
     try:
         asyncio.run(enqueue_all(db, jobs))
         started = time.monotonic()

@@ -17,17 +17,10 @@ import pytest
 
 from asyncq import Queue
 from asyncq.delivery.http import HttpTransport
+from asyncq.inbox import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(60)
-
-
-def start_receiver(db: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "asyncq.inbox", "--db", str(db), "--effect", "stock"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    assert process.stdout is not None
-    return process, process.stdout.readline().strip()
 
 
 def inbox_rows(db: Path) -> list[tuple[str, int]]:
@@ -58,7 +51,7 @@ def test_frozen_worker_late_post_is_a_duplicate_and_its_finish_is_rejected(tmp_p
             await queue.enqueue("order-7", {"qty": 7})
 
     asyncio.run(enqueue())
-    receiver, url = start_receiver(sink)
+    receiver, url = spawn(sink, effect="stock", env={**os.environ, "PYTHONPATH": str(ROOT)})
     child = [sys.executable, str(ROOT / "tests" / "stale_worker_child.py"), str(db), url, "worker-a", "300"]
     stale = subprocess.Popen(child, stdout=subprocess.PIPE, text=True)
     try:
