@@ -244,6 +244,8 @@ class Pool:
         self.counters.count_status(status)
         if status is None:
             log.warning("stale finish rejected for job %s token %d", ticket.id, ticket.token)
+        elif status == "dead":  # a problem for an operator: it waits for a redrive
+            log.warning("job %s token %d -> dead after attempt %d", ticket.id, ticket.token, ticket.attempt)
         else:
             log.debug("job %s token %d -> %s", ticket.id, ticket.token, status)
 

@@ -8,6 +8,7 @@ busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (see docs/a
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -38,6 +39,7 @@ from asyncq.storage.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.storage.schema import PRODUCT
 from asyncq.storage.stats import Stats, read_stats
 
+log = logging.getLogger("asyncq.queue")
 GET_JOB = f"SELECT {Job.COLUMNS} FROM {PRODUCT.jobs} WHERE id = ?"
 
 
@@ -112,6 +114,9 @@ class Queue(AsyncFile):
         added: list[bool] = await self._run(engine.enqueue, PRODUCT, rows)
         if any(added):
             self._notify()
+        if log.isEnabledFor(logging.DEBUG):
+            for row, new in zip(rows, added, strict=True):
+                log.debug("job %s -> pending (enqueued)" if new else "job %s exists with the same body", row.id)
         return added
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
@@ -212,6 +217,7 @@ class Queue(AsyncFile):
         check_int(ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
         now = self.now()
         done: bool = await self._run(engine.redrive, PRODUCT, job_id, now, now + ttl_ms, note)
+        log.info("job %s dead -> pending (redriven: %s)", job_id, note)
         self._notify()
         return done
 
@@ -220,6 +226,7 @@ class Queue(AsyncFile):
         check_identifier(job_id, "job_id")
         check_identifier(note, "note")
         done: bool = await self._run(engine.cancel, PRODUCT, job_id, self.now(), note)
+        log.info("job %s pending -> dead (cancelled: %s)", job_id, note)
         return done
 
     async def get(self, job_id: str) -> Job | None:

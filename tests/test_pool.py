@@ -505,3 +505,22 @@ async def test_stop_gives_back_the_jobs_claimed_ahead_so_others_take_them_at_onc
         assert job is not None and (job.status, job.attempts, job.token, job.owner) == ("pending", 0, 1, None)
     taken = await queue.claim("w2", limit=2)  # same queue time: no lease had to expire first
     assert sorted((t.id, t.token, t.attempt) for t in taken) == [("b", 2, 1), ("c", 2, 1)]
+
+
+async def test_state_changes_log_at_debug_and_problems_at_warning(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler(body: Any, context: JobContext) -> None:
+        if body["fail"]:
+            raise Permanent("bad input")
+
+    pool = Pool(queue, concurrency=2)
+    pool.register("default", handler)
+    await queue.enqueue("fine", {"fail": False})
+    await queue.enqueue("broken", {"fail": True})
+    with caplog.at_level("DEBUG", logger="asyncq"):
+        await pool.run(burst=True)
+    levels = {(record.levelname, record.name) for record in caplog.records if "broken" in record.getMessage()}
+    assert ("WARNING", "asyncq.pool") in levels  # it failed, and it is dead: an operator must look
+    fine = [record for record in caplog.records if "fine" in record.getMessage()]
+    assert fine and all(record.levelname == "DEBUG" for record in fine)  # enqueued, leased, done
