@@ -4,9 +4,10 @@
     ├── Conflict     same id, different payload (enqueue, accept, receive)
     ├── Retryable    a handler or transport asks for another attempt later
     ├── Permanent    a handler or transport says another attempt cannot help
-    ├── BadAck       an answer that is not evidence of completion
-    │   └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
-    └── LeaseLost    the worker no longer holds the job's lease (renewal refused)
+    └── BadAck       an answer that is not evidence of completion
+        └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
+
+A worker whose lease is taken away gets no error: the pool cancels its handler and drops its result.
 
 Bad input is a plain ``ValueError`` raised before any change, as the lab contracts require; a busy or
 locked database surfaces as ``sqlite3.OperationalError`` and is never turned into "nothing to do".
@@ -38,7 +39,3 @@ class Permanent(AsyncqError):
 
 class BadAck(AsyncqError):
     """The receiver's answer does not prove the effect happened."""
-
-
-class LeaseLost(AsyncqError):
-    """The lease was taken away (expired and re-claimed): the worker's result must not be written."""

@@ -230,7 +230,7 @@ class Pool:
             async with anyio.create_task_group() as waiters:
 
                 async def on_enqueue() -> None:
-                    await self.queue.wait_for_jobs(seconds)
+                    await self.queue.wait_for_rows(seconds)
                     waiters.cancel_scope.cancel()
 
                 async def on_wake() -> None:

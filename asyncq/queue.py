@@ -124,11 +124,6 @@ class Queue(AsyncFile):
         all commit together, or all roll back if the block raises (or is cancelled)."""
         return self._transaction(Transaction(self))
 
-    async def wait_for_jobs(self, timeout: float) -> None:
-        """Return when this process enqueues a job, or after ``timeout`` seconds (other processes'
-        enqueues are only seen by polling)."""
-        await self.wait_for_rows(timeout)
-
     # -- workers --------------------------------------------------------------------------------------
 
     async def claim(
@@ -202,7 +197,9 @@ class Queue(AsyncFile):
 
     async def reconcile(self, ticket: Ticket) -> str | None:
         """After a finish whose outcome is unknown (cancelled while committing): the status it left, or
-        ``None`` if the ticket still holds the lease, i.e. the finish did not land."""
+        ``None`` if it cannot be told from the row: the ticket still holds the lease (the finish did not land),
+        or the job has since been claimed again under a newer token (finishing this ticket again is refused
+        as stale either way)."""
         job = await self.get(ticket.id)
         if job is None or job.token != ticket.token:
             return None

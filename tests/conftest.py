@@ -1,16 +1,18 @@
-"""Shared fixtures: a queue file in ``tmp_path`` with a clock the test moves (the async facade's tests), and a
-filled queue file copied per test (the command line's tests)."""
+"""Shared fixtures: a queue file path in ``tmp_path``, a lease-lab connection on it, a clock the test moves (the
+async facade's tests), and a filled queue file copied per test (the command line's tests)."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import build_queue
 
 from asyncq import Queue
+from asyncq.lab.lease import open_queue
 
 #: The queue clock's starting time in the tests (ms since the epoch, November 2023).
 T0 = 1_700_000_000_000
@@ -19,6 +21,14 @@ T0 = 1_700_000_000_000
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
     return tmp_path / "queue.db"
+
+
+@pytest.fixture
+def con(path: Path) -> Iterator[sqlite3.Connection]:
+    """A lease-lab connection from ``open_queue`` on ``path``, closed after the test."""
+    connection = open_queue(path)
+    yield connection
+    connection.close()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ failure: CI must never pass by skipping. Every test uses its own queue names (:f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -15,8 +16,9 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -119,3 +121,32 @@ def browser_problem() -> str | None:
         if not path.exists():
             return f"{path} is not installed"
     return None
+
+
+@contextlib.contextmanager
+def headless_chromium(profile: Path, *arguments: str, prefs: dict[str, object] | None = None) -> Iterator[Any]:
+    """Debian's Chromium driven by Selenium, headless, with a fresh profile in ``profile``; skips (or fails
+    under CI=true) when it cannot run. Extra ``arguments`` and ``prefs`` (downloads …) are the caller's."""
+    problem = browser_problem()
+    if problem is not None:
+        unavailable(problem)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"):
+        options.add_argument(argument)
+    options.add_argument("--disable-dev-shm-usage")
+    options.add_argument(f"--user-data-dir={profile}")
+    for argument in arguments:
+        options.add_argument(argument)
+    if prefs:
+        options.add_experimental_option("prefs", prefs)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    driver.implicitly_wait(10)  # a click that navigates returns before the next page exists
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rabbit_support import CHROMEDRIVER, CHROMIUM, browser_problem, unavailable, wait_until
+from rabbit_support import headless_chromium, wait_until
 
 from asyncq.jobs import JobSpec
 from asyncq.queue import Queue
@@ -36,25 +36,8 @@ STATUSES = ("pending", "leased", "done", "dead")
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     """Headless Chromium with a fresh profile."""
-    problem = browser_problem()
-    if problem is not None:
-        unavailable(problem)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"):
-        options.add_argument(argument)
-    options.add_argument("--disable-dev-shm-usage")
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    options.add_argument("--window-size=1100,1400")
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    try:
+    with headless_chromium(tmp_path / "chromium-profile", "--window-size=1100,1400") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 async def seed(path: Path) -> None:

@@ -18,7 +18,6 @@ EXPECTED = [
     "Job",
     "JobContext",
     "JobSpec",
-    "LeaseLost",
     "Outbox",
     "Permanent",
     "Pool",

@@ -7,7 +7,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -39,18 +39,6 @@ pytestmark = pytest.mark.timeout(30)
 
 TTL = 60_000
 TICKET_KEYS = {"id", "qty", "owner", "token", "attempt", "lease_until"}
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "queue.db"
-
-
-@pytest.fixture
-def con(path: Path) -> Iterator[sqlite3.Connection]:
-    connection = open_queue(path)
-    yield connection
-    connection.close()
 
 
 def job(con: sqlite3.Connection, job_id: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +61,6 @@ def prepare(path: Path, op: str) -> list[Any]:
 
 def operation(op: str) -> Callable[..., Any]:
     return {"claim": claim, "finish": finish, "redrive": redrive}[op]
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "queue.db"
-
-
-@pytest.fixture
-def con(path: Path) -> Iterator[sqlite3.Connection]:
-    connection = open_queue(path)
-    yield connection
-    connection.close()
 
 
 def expected_after(path: Path, op: str, args: list[Any]) -> dict[str, list[tuple[Any, ...]]]:

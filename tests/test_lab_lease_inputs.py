@@ -12,7 +12,7 @@ import math
 import shutil
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -181,13 +181,6 @@ def path(tmp_path: Path, template: Path) -> Path:
     copy_path = tmp_path / "queue.db"
     shutil.copyfile(template, copy_path)
     return copy_path
-
-
-@pytest.fixture
-def con(path: Path) -> Iterator[sqlite3.Connection]:
-    connection = open_queue(path)
-    yield connection
-    connection.close()
 
 
 HELD = {"id": "held", "qty": 5, "owner": "w", "token": 1, "attempt": 1, "lease_until": 6000}

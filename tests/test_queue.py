@@ -507,7 +507,7 @@ async def test_transaction_rolls_back_both_when_the_block_raises(queue: Queue, p
 
 
 async def test_transaction_wakes_idle_workers_only_after_commit(queue: Queue) -> None:
-    waiter = asyncio.create_task(queue.wait_for_jobs(10))
+    waiter = asyncio.create_task(queue.wait_for_rows(10))
     await asyncio.sleep(0)  # let the waiter register (one loop step; not a timing assumption)
     async with queue.transaction() as tx:
         await tx.enqueue("job", {})

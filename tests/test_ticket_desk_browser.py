@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rabbit_support import CHROMEDRIVER, CHROMIUM, amqp_url, browser_problem, unavailable, wait_until
+from rabbit_support import amqp_url, headless_chromium, wait_until
 from ticket_desk_support import TicketDesk
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.browser, pytest.mark.timeout(90)]
@@ -19,28 +19,11 @@ __all__ = ["amqp_url"]  # the fixture, imported for pytest
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     """Headless Chromium that downloads into ``tmp_path / "downloads"``."""
-    problem = browser_problem()
-    if problem is not None:
-        unavailable(problem)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"):
-        options.add_argument(argument)
     downloads = tmp_path / "downloads"
     downloads.mkdir()
-    options.add_experimental_option(
-        "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}
-    )
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    driver.implicitly_wait(10)  # a click that navigates returns before the next page exists
-    try:
+    prefs = {"download.default_directory": str(downloads), "download.prompt_for_download": False}
+    with headless_chromium(tmp_path / "chromium-profile", prefs=prefs) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: str, browser: Any) -> None:

@@ -1,5 +1,9 @@
 """What an operator reads about a queue: counts by status and reason, age of the oldest ready job,
-leases in flight by owner, attempts. One read transaction, all statements by name here."""
+leases in flight by owner, attempts. One read transaction, all statements by name here.
+
+The live figures (ready age, leases, attempts of pending/leased jobs) read the partial lifecycle indexes. The
+counts of ``done`` and ``dead`` jobs scan the table: history has no index on purpose, so that finishing a job
+writes no index entry; ``asyncq prune`` bounds it. Samplers of very large files should sample slowly."""
 
 from __future__ import annotations
 
