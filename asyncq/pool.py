@@ -77,6 +77,7 @@ class Pool:
         # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit.
         self.prefetch = check_int(concurrency if prefetch is None else prefetch, "prefetch", 0, 1000)
         self.linger = linger  # how long a finished result may wait for others to share its commit
+        self._batch = max(1, self.concurrency // 2)  # this many waiting results are worth a commit at once
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._handlers: dict[str, Handler] = {}
@@ -153,7 +154,7 @@ class Pool:
     async def _gather_results(self) -> None:
         """Wait until a commit is worth its fsync: slots are starving, or enough results are waiting, or
         the oldest waiting result has lingered ``linger`` seconds (its lease is no longer renewed)."""
-        batch = max(1, self.concurrency // 2)
+        batch = self._batch
         loop = asyncio.get_running_loop()
         deadline: float | None = None  # the oldest waiting result's: linger from then, not from each wake-up
         while not (self._starving() or len(self._results) >= batch):
@@ -321,10 +322,18 @@ class Pool:
             return
         finally:
             del self._inflight[flight.key]
-            self._wake.set()
             self._start_buffered()
+            self._wake_if_needed()
         self.observer.on_delivery(time.perf_counter() - started, outcome)
         self._results.append((flight, outcome, delay_ms))
+        self._wake_if_needed()
+
+    def _wake_if_needed(self) -> None:
+        """Wake the batcher only when a job's end can change its decision: the first waiting result starts
+        the linger clock, a full batch or a starving slot ends the wait. Waking it for every job was a wasted
+        loop iteration per job."""
+        if len(self._results) in (1, self._batch) or self._stopping or self._starving():
+            self._wake.set()
 
     async def _call_handler(self, ticket: Ticket) -> tuple[str, int]:
         handler = self._handlers[ticket.queue]

@@ -29,7 +29,6 @@ whole exchange from the connection pool to the last byte of the answer.
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import ipaddress
 import math
@@ -38,6 +37,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 import aiohttp
+from aiohttp.payload import BytesPayload
 from yarl import URL
 
 from asyncq.core.ack import verify_ack
@@ -57,6 +57,8 @@ RESPONSE_BYTES_MAX = 16 * 1024 * 1024
 
 # RFC 9110 token characters for header names; values may not carry CR, LF or NUL.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_VALUE = re.compile("[\r\n\0]")
+_FIXED_HEADERS = {"Accept": "application/json", "Accept-Encoding": "identity"}  # Content-Type: the payload's
 _SET_BY_TRANSPORT = frozenset(
     {"host", "content-length", "content-type", "transfer-encoding", "connection", "idempotency-key"}
 )
@@ -156,6 +158,8 @@ class HttpTransport:
         self._session = session
         self._owns_session = session is None
         self._closed = False
+        self._client_timeout = aiohttp.ClientTimeout(total=self.timeout)
+        self._plain_names: set[str] = set()  # caller header names checked and not the transport's
 
     async def deliver(self, job_id: str, body: Body, headers: Mapping[str, str]) -> None:
         """POST ``body`` with ``Idempotency-Key: job_id`` and ``headers``; return only on a verified ACK.
@@ -164,12 +168,13 @@ class HttpTransport:
         invalid ``job_id`` or header, ``RuntimeError`` after :meth:`close`.
         """
         check_identifier(job_id, "job_id")
-        request_headers = _request_headers(job_id, headers)
-        data = encode_body(body)
+        request_headers = self._request_headers(job_id, headers)
+        data = BytesPayload(encode_body(body), content_type="application/json")
         session = self._open_session()
         try:
-            async with asyncio.timeout(self.timeout):
-                await self._exchange(session, job_id, data, request_headers)
+            # aiohttp's total timeout bounds the whole exchange: connecting, sending, and every read of
+            # the answer (its stream reads run under the same timer), so no second timer is needed here.
+            await self._exchange(session, job_id, data, request_headers)
         except TimeoutError as exc:  # before OSError, its base class
             raise Retryable(f"{self.url.host}: no complete answer within {self.timeout} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -189,12 +194,12 @@ class HttpTransport:
                 trust_env=False,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                timeout=self._client_timeout,
             )
         return self._session
 
     async def _exchange(
-        self, session: aiohttp.ClientSession, job_id: str, data: bytes, headers: dict[str, str]
+        self, session: aiohttp.ClientSession, job_id: str, data: BytesPayload, headers: dict[str, str]
     ) -> None:
         async with session.post(
             self.url,
@@ -203,7 +208,7 @@ class HttpTransport:
             allow_redirects=False,
             raise_for_status=False,
             auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            timeout=self._client_timeout,
         ) as response:
             if response.status != 200:
                 raise self._refusal(response)
@@ -238,26 +243,25 @@ class HttpTransport:
             raise BadAck(f"{self.url.host} answered more than {cap} bytes")
         return bytes(received)
 
+    def _request_headers(self, job_id: str, headers: Mapping[str, str]) -> dict[str, str]:
+        """The caller's headers, checked, plus the ones the transport owns (``Idempotency-Key`` is the job id)."""
+        checked = dict(_FIXED_HEADERS)
+        for name, value in headers.items():
+            if type(value) is not str or _BAD_VALUE.search(value) is not None:
+                raise ValueError(f"header {name} must be a str without CR, LF or NUL")
+            if name not in self._plain_names:  # names repeat job after job: each is checked once
+                if _is_transport_header(name):
+                    if name.lower() == "idempotency-key" and value == job_id:
+                        continue
+                    raise ValueError(f"header {name} is set by the transport")
+                self._plain_names.add(name)
+            checked[name] = value
+        checked["Idempotency-Key"] = job_id
+        return checked
 
-def _request_headers(job_id: str, headers: Mapping[str, str]) -> dict[str, str]:
-    """The caller's headers, checked, plus the ones the transport owns (``Idempotency-Key`` is the job id)."""
-    checked: dict[str, str] = {}
-    for name, value in headers.items():
-        if type(name) is not str or _HEADER_NAME.fullmatch(name) is None:
-            raise ValueError(f"header name {name!r} is not an HTTP token")
-        if type(value) is not str or any(c in value for c in "\r\n\0"):
-            raise ValueError(f"header {name} must be a str without CR, LF or NUL")
-        if name.lower() in _SET_BY_TRANSPORT:
-            if name.lower() == "idempotency-key" and value == job_id:
-                continue
-            raise ValueError(f"header {name} is set by the transport")
-        checked[name] = value
-    checked.update(
-        {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "Accept-Encoding": "identity",
-            "Idempotency-Key": job_id,
-        }
-    )
-    return checked
+
+def _is_transport_header(name: object) -> bool:
+    """Whether ``name`` is one the transport sets; ``ValueError`` if it is not an HTTP token at all."""
+    if type(name) is not str or _HEADER_NAME.fullmatch(name) is None:
+        raise ValueError(f"header name {name!r} is not an HTTP token")
+    return name.lower() in _SET_BY_TRANSPORT
