@@ -22,10 +22,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+# Built once: ``json.loads``/``json.dumps`` with options build a new decoder/encoder on every call.
+_STRICT = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def loads_strict(raw: bytes) -> Any:
     """Parse strict UTF-8 JSON; anything else (bad UTF-8, NaN, a repeated key, deep nesting) is ``ValueError``."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+        return _STRICT.decode(raw.decode("utf-8"))
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 
@@ -33,6 +38,6 @@ def loads_strict(raw: bytes) -> Any:
 def canonical_json(value: object) -> str:
     """The canonical text of a JSON value; ``ValueError`` if it is not strict JSON (NaN, a set, a cycle …)."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        return _CANONICAL.encode(value)
     except (TypeError, RecursionError) as error:
         raise ValueError(f"not JSON-serialisable: {error}") from None

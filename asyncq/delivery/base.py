@@ -33,11 +33,13 @@ class Transport(Protocol):
         ...
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # built once, not per call
+
+
 def encode_body(body: object) -> bytes:
     """``body`` as compact UTF-8 JSON; ``Permanent`` if it is not strict JSON (NaN, a set, a cycle …),
     because no retry can make it encodable."""
     try:
-        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return text.encode("utf-8")
+        return _COMPACT.encode(body).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError (lone surrogate) is a ValueError
         raise Permanent(f"job body is not JSON: {exc}") from exc
