@@ -167,8 +167,10 @@ class Queue(AsyncFile):
         scoped = [({"queue": check_identifier(q, "queue")}, check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
         if total is not None:
             check_int(total, "total", 0, MAX_BATCH)
-        statuses, claimed = await self._run(
-            lambda con: engine.settle_and_claim(con, PRODUCT, items, self.now(), owner, lease_ms, scoped, total)
+        statuses, claimed = await self._run_held(
+            lambda con: engine.settle_and_claim_in_transaction(
+                con, PRODUCT, items, self.now(), owner, lease_ms, scoped, total
+            )
         )
         return statuses, [Ticket.from_claimed(job) for job in claimed]
 

@@ -753,3 +753,69 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" in indexes
     finally:
         con.close()
+
+
+# --- the pool's group commit: statements on the loop's thread between BEGIN and COMMIT ------------------
+
+
+def busy_timeout_ms(queue: Queue) -> int:
+    return int(queue._conn._conn.execute("PRAGMA busy_timeout").fetchone()[0])
+
+
+async def test_settle_and_claim_waits_in_the_thread_for_a_lock_another_connection_holds(
+    queue: Queue, path: Path
+) -> None:
+    await queue.enqueue("job", {})
+    timeout_before = busy_timeout_ms(queue)
+    blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another process's writer: the try without waiting finds it busy
+    claiming = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 1)]))
+    await asyncio.sleep(0.2)
+    assert not claiming.done()  # waiting for the lock in the connection's thread, the loop still running
+    blocker.execute("COMMIT")
+    blocker.close()
+    async with asyncio.timeout(5):
+        statuses, [ticket] = await claiming
+    assert (statuses, ticket.id, ticket.token) == ([], "job", 1)
+    assert busy_timeout_ms(queue) == timeout_before  # the try without waiting put the timeout back
+    assert not queue._conn._conn.in_transaction
+
+
+async def test_settle_and_claim_past_the_busy_timeout_is_locked_and_changes_nothing(
+    path: Path, clock: list[int]
+) -> None:
+    async with await Queue.open(str(path), clock=lambda: clock[0], busy_timeout=0.2) as queue:
+        await queue.enqueue("job", {})
+        [ticket] = await queue.claim("w1")
+        before = snapshot(path)
+        blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                await queue.settle_and_claim([(ticket, "ok", 0)], "w1", [("default", 1)])
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert snapshot(path) == before
+        assert not queue._conn._conn.in_transaction
+        assert busy_timeout_ms(queue) == 200
+        assert await queue.settle_and_claim([(ticket, "ok", 0)], "w1", [("default", 1)]) == (["done"], [])
+
+
+async def test_a_failing_statement_in_the_group_commit_rolls_the_whole_cycle_back(
+    queue: Queue, path: Path, clock: list[int]
+) -> None:
+    await queue.enqueue_many([JobSpec("a", {}), JobSpec("b", {})])
+    [ticket] = await queue.claim("w1", limit=1)
+    before = snapshot(path)
+    # A trigger makes the claim's UPDATE fail after the finish has run in the same transaction.
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute(
+        "CREATE TRIGGER refuse AFTER UPDATE OF owner ON asyncq_jobs WHEN NEW.owner = 'w2' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+    )
+    other.close()
+    with pytest.raises(sqlite3.IntegrityError, match="refused by the test"):
+        await queue.settle_and_claim([(ticket, "ok", 0)], "w2", [("default", 1)])
+    assert snapshot(path) == before  # the finish of "a" rolled back with the refused claim of "b"
+    assert not queue._conn._conn.in_transaction

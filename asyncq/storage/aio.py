@@ -5,6 +5,12 @@ per transaction (≈ 55-60 µs here) instead of one per statement, and no await 
 ``BEGIN IMMEDIATE … COMMIT``. If the awaiting task is cancelled, the call still runs to its end in that
 thread (commit or rollback), so a cancellation never leaves a lock behind; its outcome is then unknown
 to the caller and must be read back from the row (``Queue.reconcile``).
+
+The worker pool's group commit is the exception (``AsyncFile._run_held``): its statements run on the event
+loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; only a BEGIN that
+must wait for another process's lock, and every ``COMMIT`` (the disk's wait), run in the connection's
+thread. In that thread, each of a cycle's ~150 statement steps had to win the GIL back from a busy event
+loop, and each hop cost 1-3 ms of the loop's time: a 1 ms cycle took 5 ms (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ async def run_sync(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any)
 def _rollback_if_open(con: sqlite3.Connection) -> None:
     if con.in_transaction:
         con.execute("ROLLBACK")
+
+
+def _begin(con: sqlite3.Connection) -> None:
+    con.execute("BEGIN IMMEDIATE")
+
+
+def _commit(con: sqlite3.Connection) -> None:
+    con.execute("COMMIT")
 
 
 class AppTransaction:
@@ -68,6 +82,7 @@ class AsyncFile:
         self._clock = clock
         self._lock = asyncio.Lock()
         self._waiters: set[asyncio.Event] = set()
+        self._busy_ms: int | None = None  # the connection's busy timeout, read once
 
     @staticmethod
     async def _connect(
@@ -75,7 +90,9 @@ class AsyncFile:
     ) -> tuple[aiosqlite.Connection, str]:
         """Connect in autocommit mode and run ``setup`` in the connection's thread; closed if it fails."""
         file = check_path(path)
-        conn = await aiosqlite.connect(file, isolation_level=None, timeout=busy_timeout)
+        # check_same_thread=False: ``_run_held`` runs statements on the loop's thread; the lock keeps every use
+        # of the connection one at a time.
+        conn = await aiosqlite.connect(file, isolation_level=None, timeout=busy_timeout, check_same_thread=False)
         try:
             await run_sync(conn, setup)
         except BaseException:
@@ -101,6 +118,44 @@ class AsyncFile:
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         async with self._lock:
             return await run_sync(self._conn, fn, *args)
+
+    async def _run_held(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(sqlite3_connection, *args)`` inside one write transaction, called on this (the loop's) thread.
+
+        ``fn`` runs with the write lock held, so its statements never wait for a lock (keep it to short
+        statements). ``BEGIN IMMEDIATE`` is tried here without waiting, and only if another connection holds
+        the lock is it sent to the connection's thread to wait there; ``COMMIT`` (the disk's wait) always runs
+        in that thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
+        transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
+        async with self._lock:
+            con: sqlite3.Connection = self._conn._conn
+            try:
+                if not self._begin_without_waiting(con):
+                    await run_sync(self._conn, _begin)
+                result = fn(con, *args)
+                with anyio.CancelScope(shield=True):
+                    await run_sync(self._conn, _commit)
+            except BaseException:
+                with anyio.CancelScope(shield=True):  # runs after a cancelled BEGIN, in the thread's order
+                    await run_sync(self._conn, _rollback_if_open)
+                raise
+            return result
+
+    def _begin_without_waiting(self, con: sqlite3.Connection) -> bool:
+        """``BEGIN IMMEDIATE`` if the write lock is free now; ``False`` (nothing open) if another connection
+        holds it. A hop to the connection's thread costs 1-3 ms of a busy loop's time; this costs µs."""
+        if self._busy_ms is None:
+            self._busy_ms = int(con.execute("PRAGMA busy_timeout").fetchone()[0])
+        con.execute("PRAGMA busy_timeout = 0")
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            return True
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                raise
+            return False
+        finally:
+            con.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     def _notify(self) -> None:
         for event in self._waiters:

@@ -280,12 +280,26 @@ def settle_and_claim(
     """A worker pool's group commit: finish ``items`` and claim up to ``limit`` jobs for each
     ``(scope, limit)`` in ``wants``, all in one write transaction (one commit for many jobs, each still
     fenced on its own). ``total``, if given, caps the jobs claimed over all of ``wants`` together."""
-    claimed: list[Claimed] = []
     with write_transaction(con):
-        statuses = finish_in_transaction(con, layout, items, now_ms)
-        for scope, limit in wants:
-            if total is not None:
-                limit = min(limit, total - len(claimed))
-            if limit > 0:
-                claimed += claim_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+        return settle_and_claim_in_transaction(con, layout, items, now_ms, owner, lease_ms, wants, total)
+
+
+def settle_and_claim_in_transaction(
+    con: sqlite3.Connection,
+    layout: Layout,
+    items: Sequence[Finish],
+    now_ms: int,
+    owner: str,
+    lease_ms: int,
+    wants: Sequence[tuple[dict[str, Any], int]],
+    total: int | None = None,
+) -> tuple[list[str | None], list[Claimed]]:
+    """``settle_and_claim``'s statements, inside a transaction the caller holds."""
+    claimed: list[Claimed] = []
+    statuses = finish_in_transaction(con, layout, items, now_ms)
+    for scope, limit in wants:
+        if total is not None:
+            limit = min(limit, total - len(claimed))
+        if limit > 0:
+            claimed += claim_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
     return statuses, claimed
