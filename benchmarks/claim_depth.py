@@ -35,7 +35,7 @@ import _report
 
 from asyncq.lab import lease
 from asyncq.storage.schema import LAB
-from asyncq.storage.statements import sql
+from asyncq.storage.statements import select_by_ids, sql
 
 COMMAND = ".venv/bin/python benchmarks/claim_depth.py"
 T0 = 10**12  # where every fixture's clock starts, on the contract's time base
@@ -46,7 +46,7 @@ BACKING_OFF = 32  # older retries not available before the run ends: every claim
 LOAD_BATCH = 250_000
 INSERT_ROW = """INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at, deadline, owner,
   lease_until, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
-PLANNED = ("SWEEP_DEADLINE", "SWEEP_EXHAUSTED", "CLAIM", "SELECT_BY_ID", "FINISH")
+PLANNED = ("SWEEP_DEADLINE", "SWEEP_EXHAUSTED", "CLAIM", "SELECT_BY_IDS", "FINISH")
 CONTRACT = "DELETE/FULL"
 MODES = {CONTRACT: "contract", "DELETE/OFF": "no fsync", "MEMORY/OFF": "statements only"}  # journal/sync
 SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
@@ -189,7 +189,19 @@ def query_plans(con: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     """EXPLAIN QUERY PLAN detail lines of each sweep, claim and finish statement."""
     params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1, "id": "job-0", "seq": 1, "token": 1}
     params |= {"status": "done", "reason": None, "available_at": now}
-    return {name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {sql(LAB, name)}", params)] for name in PLANNED}
+    return {
+        name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", selected(name, params))]
+        for name in PLANNED
+    }
+
+
+def statement(name: str) -> str:
+    """The lab's statement ``name``; ``SELECT_BY_IDS`` as the engine sends it for one job."""
+    return select_by_ids(LAB, 1) if name == "SELECT_BY_IDS" else sql(LAB, name)
+
+
+def selected(name: str, params: dict[str, Any]) -> dict[str, Any] | tuple[str]:
+    return (params["id"],) if name == "SELECT_BY_IDS" else params
 
 
 def full_scans(plans: dict[str, list[str]]) -> list[str]:
@@ -221,7 +233,7 @@ class LabLoop:
 class BareLoop:
     """The lab's statements in its transactions (3 per job) on a plain connection, with no validation."""
 
-    SELECT, INSERT, CLAIM, FINISH = (sql(LAB, name) for name in ("SELECT_BY_ID", "INSERT", "CLAIM", "FINISH"))
+    SELECT, INSERT, CLAIM, FINISH = select_by_ids(LAB, 1), sql(LAB, "INSERT"), sql(LAB, "CLAIM"), sql(LAB, "FINISH")
     SWEEPS = (sql(LAB, "SWEEP_DEADLINE"), sql(LAB, "SWEEP_EXHAUSTED"))
 
     def __init__(self, path: Path, mode: str) -> None:
@@ -232,7 +244,7 @@ class BareLoop:
     def job(self, i: int) -> None:
         job_id, now = f"job-{i}", self.clock()
         self.con.execute("BEGIN IMMEDIATE")
-        if self.con.execute(self.SELECT, {"id": job_id}).fetchone() is None:
+        if self.con.execute(self.SELECT, (job_id,)).fetchone() is None:
             params = {
                 "id": job_id,
                 "qty": 1 + i % 1000,
@@ -251,7 +263,7 @@ class BareLoop:
         accept({"id": claimed_id, "qty": qty})
         now = self.clock()
         self.con.execute("BEGIN IMMEDIATE")
-        seq = self.con.execute(self.SELECT, {"id": claimed_id}).fetchone()[0]
+        seq = self.con.execute(self.SELECT, (claimed_id,)).fetchone()[0]
         change = {"seq": seq, "token": token, "owner": OWNER, "status": "done", "reason": None, "available_at": now}
         self.con.execute(self.FINISH, change)
         self.con.execute("COMMIT")

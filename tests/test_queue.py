@@ -251,6 +251,16 @@ async def test_finish_many_checks_each_ticket_on_its_own(queue: Queue, path: Pat
     assert await queue.finish_many([]) == []
 
 
+async def test_finish_many_with_one_ticket_twice_lands_it_once(queue: Queue, path: Path, clock: list[int]) -> None:
+    # The batch reads every row first; the second outcome for the same ticket decided on the old row, and
+    # the statement's compare-and-set refuses it as stale.
+    await queue.enqueue("job", {})
+    [ticket] = await queue.claim("w1", lease_ms=10_000)
+    assert await queue.finish_many([(ticket, "retry", 500), (ticket, "ok", 0)]) == ["pending", None]
+    row = job_row(path, "job")
+    assert (row["status"], row["reason"], row["available_at"]) == ("pending", "retry", clock[0] + 500)
+
+
 async def test_finish_outcomes_follow_the_lifecycle(queue: Queue, path: Path) -> None:
     await queue.enqueue("perm", {})
     await queue.enqueue("last", {}, max_attempts=1)

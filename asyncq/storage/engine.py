@@ -17,7 +17,7 @@ from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobSta
 from asyncq.errors import Conflict
 from asyncq.storage.connection import Hook, call_hook, write_transaction
 from asyncq.storage.schema import Layout
-from asyncq.storage.statements import sql
+from asyncq.storage.statements import IN_LIST_MAX, padded, select_by_ids, sql
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,9 @@ def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob)
     }
     if con.execute(sql(layout, "INSERT"), params).rowcount == 1:
         return True
-    row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job.id}).fetchone()
-    stored = dict(zip(layout.payload, row[1 : 1 + len(layout.payload)], strict=True))
-    if stored != job.payload:
+    found = read_state(con, layout, job.id)
+    assert found is not None  # the insert just found it
+    if found[1] != job.payload:
         raise Conflict(f"job {job.id!r} already exists with a different payload")
     return False
 
@@ -130,13 +130,26 @@ def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
 
 def read_state(con: sqlite3.Connection, layout: Layout, job_id: str) -> tuple[int, dict[str, Any], JobState] | None:
     """``(seq, payload, lifecycle state)`` of one job, or ``None`` if it does not exist."""
-    row = con.execute(sql(layout, "SELECT_BY_ID"), {"id": job_id}).fetchone()
-    if row is None:
-        return None
+    return read_states(con, layout, [job_id]).get(job_id)
+
+
+def read_states(
+    con: sqlite3.Connection, layout: Layout, job_ids: Sequence[str]
+) -> dict[str, tuple[int, dict[str, Any], JobState]]:
+    """``read_state`` for many jobs with one statement per 64 ids (missing ids are absent from the result).
+
+    One statement for a batch instead of one per job: a group commit finishing 50 jobs spends 1.4 µs a job
+    reading them instead of 5.6 (docs/benchmarks.md)."""
+    unique = list(dict.fromkeys(job_ids))
     width = len(layout.payload)
-    status, attempts, max_attempts, token, owner, lease_until, deadline, _reason = row[1 + width :]
-    state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-    return row[0], dict(zip(layout.payload, row[1 : 1 + width], strict=True)), state
+    found: dict[str, tuple[int, dict[str, Any], JobState]] = {}
+    for start in range(0, len(unique), IN_LIST_MAX):
+        chunk = unique[start : start + IN_LIST_MAX]
+        for row in con.execute(select_by_ids(layout, len(chunk)), padded(chunk)):
+            status, attempts, max_attempts, token, owner, lease_until, deadline, _reason = row[2 + width :]
+            state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
+            found[row[1]] = (row[0], dict(zip(layout.payload, row[2 : 2 + width], strict=True)), state)
+    return found
 
 
 def finish(
@@ -169,18 +182,22 @@ def finish_in_transaction(
     fault: Hook = None,
 ) -> list[str | None]:
     """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change)."""
-    return [_finish_one(con, layout, item, now_ms, (expect or {}).get(item.id), fault) for item in items]
+    states = read_states(con, layout, [item.id for item in items])
+    return [
+        _finish_one(con, layout, item, states.get(item.id), now_ms, (expect or {}).get(item.id), fault)
+        for item in items
+    ]
 
 
 def _finish_one(
     con: sqlite3.Connection,
     layout: Layout,
     item: Finish,
+    found: tuple[int, dict[str, Any], JobState] | None,
     now_ms: int,
     expected_payload: dict[str, Any] | None,
     fault: Hook,
 ) -> str | None:
-    found = read_state(con, layout, item.id)
     if found is None:
         return None
     seq, payload, state = found
@@ -197,7 +214,10 @@ def _finish_one(
         "reason": change.reason,
         "available_at": change.available_at,
     }
-    con.execute(sql(layout, "FINISH"), params)
+    # The states were read before the batch: a second ticket for a job this batch already finished decided
+    # on the old row, and the statement's compare-and-set refuses it as stale.
+    if con.execute(sql(layout, "FINISH"), params).rowcount != 1:
+        return None
     call_hook(fault, "after-finish")
     return change.status
 

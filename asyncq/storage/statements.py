@@ -39,9 +39,10 @@ WHERE seq IN (
 RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline
 """
 
-SELECT_BY_ID = """
-SELECT seq, {payload}, status, attempts, max_attempts, token, owner, lease_until, deadline, reason
-FROM {jobs} WHERE id = :id
+# ``{ids}`` is a list of ``?`` (see ``select_by_ids``).
+SELECT_BY_IDS = """
+SELECT seq, id, {payload}, status, attempts, max_attempts, token, owner, lease_until, deadline, reason
+FROM {jobs} WHERE id IN ({ids})
 """
 
 # A known id inserts nothing (its whole row is kept); the caller then compares payloads.
@@ -79,7 +80,6 @@ NAMES = {
     "SWEEP_DEADLINE": SWEEP_DEADLINE,
     "SWEEP_EXHAUSTED": SWEEP_EXHAUSTED,
     "CLAIM": CLAIM,
-    "SELECT_BY_ID": SELECT_BY_ID,
     "INSERT": INSERT,
     "FINISH": FINISH,
     "EXTEND": EXTEND,
@@ -98,6 +98,23 @@ def sql(layout: Layout, name: str) -> str:
         payload_params=", ".join(f":{column}" for column in layout.payload),
         scope=layout.scope,
     )
+
+
+IN_LIST_MAX = 64
+
+
+@cache
+def select_by_ids(layout: Layout, count: int) -> str:
+    """``SELECT_BY_IDS`` for ``count`` ids (1 … ``IN_LIST_MAX``), rounded up to a power of two so that only
+    seven statement texts exist and all stay in the connection's statement cache; fill the list with
+    ``padded``."""
+    size = 1 << (count - 1).bit_length()
+    return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=", ".join("?" * size))
+
+
+def padded(ids: list[str]) -> list[str]:
+    """``ids`` repeated at the end up to the statement's power-of-two size (a repeated id matches once)."""
+    return ids + ids[-1:] * ((1 << (len(ids) - 1).bit_length()) - len(ids))
 
 
 # Product-only statements (the lab has no cancel and no operator queries).
