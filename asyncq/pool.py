@@ -21,7 +21,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -39,14 +39,15 @@ __all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "Ret
 log = logging.getLogger("asyncq.pool")
 
 
-@dataclass
+@dataclass(slots=True)
 class _InFlight:
     ticket: Ticket
+    key: tuple[str, int] = field(init=False)  # stays put while renewals replace the ticket
     task: asyncio.Task[None] | None = None
     lost: bool = False
 
     def __post_init__(self) -> None:
-        self.key = (self.ticket.id, self.ticket.token)  # stays put while renewals replace the ticket
+        self.key = (self.ticket.id, self.ticket.token)
 
 
 class Pool:

@@ -8,6 +8,7 @@ that is not listed here. The SQL that carries the decisions out lives in ``async
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 PENDING = "pending"
 LEASED = "leased"
@@ -68,9 +69,11 @@ class Fence:
     lease_until: int
 
 
-@dataclass(frozen=True)
-class JobState:
-    """The lifecycle columns of one stored job, as read inside the write transaction."""
+class JobState(NamedTuple):
+    """The lifecycle columns of one stored job, as read inside the write transaction.
+
+    Internal values made once per job per transaction are named tuples: a frozen dataclass costs 5x as
+    much to build (≈ 0.6 µs for seven fields), and a group commit builds several per job."""
 
     status: str
     attempts: int
@@ -81,8 +84,7 @@ class JobState:
     deadline: int
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """The row's new status, reason and ``available_at`` after a finish."""
 
     status: str

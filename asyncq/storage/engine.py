@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState, decide_finish
 from asyncq.errors import Conflict
@@ -20,8 +19,7 @@ from asyncq.storage.schema import Layout
 from asyncq.storage.statements import IN_LIST_MAX, padded, select_by_ids, sql
 
 
-@dataclass(frozen=True)
-class NewJob:
+class NewJob(NamedTuple):
     """A job to insert: ``payload`` holds the layout's payload columns by name."""
 
     id: str
@@ -31,8 +29,7 @@ class NewJob:
     deadline: int
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
     """A claimed job: its payload columns and the fence that proves the lease."""
 
     id: str
@@ -41,8 +38,7 @@ class Claimed:
     deadline: int
 
 
-@dataclass(frozen=True)
-class Finish:
+class Finish(NamedTuple):
     """One ticket's outcome: ``delay_ms`` matters only for ``retry``."""
 
     id: str
