@@ -75,8 +75,10 @@ class Pool:
         self.job_timeout = job_timeout
         self.retry = retry or RetryPolicy()
         self.poll_min, self.poll_max = poll_min, poll_max
-        # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit.
-        self.prefetch = check_int(concurrency if prefetch is None else prefetch, "prefetch", 0, 1000)
+        # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit. Twice
+        # the slots by default: a group commit's round trip on a busy loop outlasts many jobs.
+        default_prefetch = min(2 * self.concurrency, 1000)
+        self.prefetch = check_int(default_prefetch if prefetch is None else prefetch, "prefetch", 0, 1000)
         self.linger = linger  # how long a finished result may wait for others to share its commit
         self._batch = max(1, self.concurrency // 2)  # this many waiting results are worth a commit at once
         self.counters = PoolCounters()
