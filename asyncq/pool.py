@@ -1,9 +1,11 @@
 """The asyncio worker pool: claim → await the handler with no transaction open → finish.
 
 One batcher task owns the queue's writes: each cycle it finishes every handler result gathered so far
-and claims jobs for the free slots in the same transaction (a group commit), then starts one asyncio
-task per claimed job. One renewer task extends, in one transaction, every lease past half its length;
-a job whose renewal is refused (the lease was lost) is cancelled and its result is never written.
+and claims jobs for the free slots in the same transaction (a group commit) into a buffer. ``concurrency``
+worker tasks take jobs from the buffer, one at a time each: a worker that ends a job starts the next one
+in the same step, without a task per job and without waiting for a turn of the event loop. One renewer
+task extends, in one transaction, every lease past half its length; a job whose renewal is refused (the
+lease was lost) is cancelled and its result is never written.
 The retry policy for unexpected errors lives here, above the lifecycle, which stays exactly the lab's.
 
 The outer structure (signals, the batcher and renewer) uses anyio; the per-job path uses plain asyncio
@@ -91,6 +93,8 @@ class Pool:
         self._buffer: deque[_InFlight] = deque()
         self._stopping = False
         self._wake = asyncio.Event()  # set when a job finishes, a slot frees or stop() is called
+        self._workers: list[asyncio.Task[None]] = []
+        self._idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name``."""
@@ -124,6 +128,7 @@ class Pool:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._renew_leases)
+                self._start_workers()
                 await self._work(burst)
                 group.cancel_scope.cancel()
         finally:
@@ -179,8 +184,11 @@ class Pool:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._renew_leases)
+                self._start_workers()
                 claimed = await self._cycle(capacity=self.concurrency)
-                await asyncio.gather(*(flight.task for flight in self._inflight.values() if flight.task))
+                while self._inflight:  # the last job to end finds the buffer empty and wakes this loop
+                    self._wake.clear()
+                    await self._wake.wait()
                 group.cancel_scope.cancel()
             await self._cycle(capacity=0)
         finally:
@@ -213,14 +221,44 @@ class Pool:
             log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
             flight = self._inflight[ticket.id, ticket.token] = _InFlight(ticket)
             self._buffer.append(flight)
-        self._start_buffered()
+        self._wake_workers()
         return len(tickets)
 
-    def _start_buffered(self) -> None:
-        """Start claimed jobs while slots are free (none once stopping: those are released instead)."""
-        while self._buffer and self.running < self.concurrency and not self._stopping:
-            flight = self._buffer.popleft()
-            flight.task = asyncio.create_task(self._run_job(flight))
+    # -- workers --------------------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        self._idle_workers.clear()
+        self._workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
+
+    def _wake_workers(self) -> None:
+        """Wake one idle worker per buffered job."""
+        jobs = len(self._buffer)
+        while jobs and self._idle_workers:
+            waiter = self._idle_workers.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                jobs -= 1
+
+    async def _worker(self) -> None:
+        """Run buffered jobs one after another; wait while there are none (or the pool is stopping: those
+        are released instead)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._buffer and not self._stopping:
+                flight = self._buffer.popleft()
+                flight.task = asyncio.current_task()
+                if not self._buffer:
+                    self._wake_if_needed()  # that was the last buffered job: free slots may want a claim
+                await self._run_job(flight)
+                continue
+            waiter = loop.create_future()
+            self._idle_workers.append(waiter)
+            try:
+                await waiter
+            except BaseException:  # cancelled while idle: the waiter must not count as an idle worker
+                with contextlib.suppress(ValueError):
+                    self._idle_workers.remove(waiter)
+                raise
 
     def _rotated_wants(self, free: int) -> list[tuple[str, int]]:
         names = list(self._handlers)
@@ -279,7 +317,7 @@ class Pool:
             self._buffer.remove(flight)
             del self._inflight[flight.key]
             self._count_lost(flight)
-        elif not flight.task.done():
+        elif self._inflight.get(flight.key) is flight and not flight.lost:  # its worker is still running it
             flight.lost = True
             flight.task.cancel()
 
@@ -307,10 +345,10 @@ class Pool:
             if self._buffer:
                 with contextlib.suppress(Exception):  # best effort: their leases expire anyway
                     await self._release_buffer()
-            tasks = [flight.task for flight in self._inflight.values() if flight.task is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for worker in self._workers:
+                worker.cancel()
+            await asyncio.gather(*self._workers, return_exceptions=True)
+            self._workers = []
 
     # -- one job --------------------------------------------------------------------------------------
 
@@ -319,13 +357,14 @@ class Pool:
         try:
             outcome, delay_ms = await self._call_handler(flight.ticket)
         except asyncio.CancelledError:
-            if not flight.lost:
+            # The renewer cancelled this job's worker because the lease was lost: the worker lives on,
+            # unless the pool itself is being cancelled too.
+            if not flight.lost or _uncancel() > 0:
                 raise
             self._count_lost(flight)
             return
         finally:
             del self._inflight[flight.key]
-            self._start_buffered()
             self._wake_if_needed()
         self.observer.on_delivery(time.perf_counter() - started, outcome)
         self._results.append((flight, outcome, delay_ms))
@@ -378,3 +417,10 @@ class Pool:
 
             group.start_soon(watch_signals)
             group.start_soon(work)
+
+
+def _uncancel() -> int:
+    """Withdraw one cancellation request from the current task; how many remain."""
+    task = asyncio.current_task()
+    assert task is not None
+    return task.uncancel()

@@ -106,8 +106,9 @@ def run(jobs: int, runs: int, concurrencies: list[int]) -> list[list[object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run; does not write docs")
+    parser.add_argument("--jobs", type=int, default=10_000, help="jobs per run (default 10,000)")
     args = parser.parse_args()
-    jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (4000, 5, [16, 64])
+    jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (args.jobs, 5, [16, 64])
     headers = ["concurrency", "bare aiohttp loop jobs/s", "asyncq pool jobs/s", "pool / bare", "target ≥ 0.75x"]
     rows = run(jobs, runs, concurrencies)
     title = f"HTTP delivery to the inbox receiver, {jobs} jobs a run, medians of {runs} alternating runs"
