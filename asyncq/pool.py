@@ -82,7 +82,9 @@ class Pool:
         default_prefetch = min(2 * self.concurrency, 1000)
         self.prefetch = check_int(default_prefetch if prefetch is None else prefetch, "prefetch", 0, 1000)
         self.linger = linger  # how long a finished result may wait for others to share its commit
-        self._batch = max(1, self.concurrency // 2)  # this many waiting results are worth a commit at once
+        # This many waiting results are worth a commit without lingering longer: one commit per round of the
+        # slots (half a round was measured slower at 16 tasks: 12 jobs per commit instead of 20).
+        self._batch = self.concurrency
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._handlers: dict[str, Handler] = {}
@@ -242,11 +244,11 @@ class Pool:
     async def _worker(self) -> None:
         """Run buffered jobs one after another; wait while there are none (or the pool is stopping: those
         are released instead)."""
-        loop = asyncio.get_running_loop()
+        loop, me = asyncio.get_running_loop(), asyncio.current_task()
         while True:
             if self._buffer and not self._stopping:
                 flight = self._buffer.popleft()
-                flight.task = asyncio.current_task()
+                flight.task = me
                 if not self._buffer:
                     self._wake_if_needed()  # that was the last buffered job: free slots may want a claim
                 await self._run_job(flight)

@@ -107,8 +107,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run; does not write docs")
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs per run (default 10,000)")
+    parser.add_argument("--concurrency", type=int, action="append", help="tasks on each side (default 16 and 64)")
     args = parser.parse_args()
-    jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (args.jobs, 5, [16, 64])
+    jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (args.jobs, 5, args.concurrency or [16, 64])
     headers = ["concurrency", "bare aiohttp loop jobs/s", "asyncq pool jobs/s", "pool / bare", "target ≥ 0.75x"]
     rows = run(jobs, runs, concurrencies)
     title = f"HTTP delivery to the inbox receiver, {jobs} jobs a run, medians of {runs} alternating runs"
