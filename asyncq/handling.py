@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncq.core.backoff import retry_delay
-from asyncq.delivery.base import Transport
+from asyncq.delivery.base import JsonText, Transport
 from asyncq.errors import Retryable
 
 
@@ -28,14 +28,27 @@ class JobContext:
 Handler = Callable[[Any, JobContext], Awaitable[object]]
 
 
-def deliver_with(transport: Transport) -> Handler:
-    """A handler that delivers each job's body through ``transport``, with its fencing token in the
-    ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``)."""
+class TransportHandler:
+    """A handler that delivers each job's body through a transport, with its fencing token in the
+    ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``).
 
-    async def deliver(body: Any, context: JobContext) -> None:
-        await transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
+    The pool calls ``deliver_stored`` with the body as stored (canonical JSON text), which the transport
+    sends as it is: no decoding and encoding again per job."""
 
-    return deliver
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    async def __call__(self, body: Any, context: JobContext) -> None:
+        await self.transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
+
+    async def deliver_stored(self, body_json: str, context: JobContext) -> None:
+        """Deliver a body that is already JSON text."""
+        await self(JsonText(body_json), context)
+
+
+def deliver_with(transport: Transport) -> TransportHandler:
+    """The handler that delivers jobs through ``transport`` (see ``TransportHandler``)."""
+    return TransportHandler(transport)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ live longer than the lab's one-minute budget.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from asyncq.core.jsontext import canonical_json
@@ -68,13 +69,20 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class Ticket:
-    """A claimed job and the fence proving the lease; hand it back to ``finish`` or ``extend``."""
+    """A claimed job and the fence proving the lease; hand it back to ``finish`` or ``extend``.
+
+    ``body_json`` is the body as stored (canonical JSON text); ``body`` decodes it on first use."""
 
     id: str
     queue: str
-    body: Any
+    body_json: str = field(repr=False)
     fence: Fence
     deadline: int
+
+    @cached_property
+    def body(self) -> Any:
+        """The job's body, decoded from ``body_json``."""
+        return json.loads(self.body_json)
 
     @property
     def token(self) -> int:
@@ -91,7 +99,7 @@ class Ticket:
     @classmethod
     def from_claimed(cls, claimed: Claimed) -> Ticket:
         payload = claimed.payload
-        return cls(claimed.id, payload["queue"], json.loads(payload["body"]), claimed.fence, claimed.deadline)
+        return cls(claimed.id, payload["queue"], payload["body"], claimed.fence, claimed.deadline)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import random
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -30,7 +30,7 @@ import anyio
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
 from asyncq.core.values import check_identifier, check_int
 from asyncq.errors import Permanent
-from asyncq.handling import Handler, JobContext, RetryPolicy, deliver_with
+from asyncq.handling import Handler, JobContext, RetryPolicy, TransportHandler, deliver_with
 from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, Ticket
 from asyncq.pool_observer import NoObserver, PoolCounters, PoolObserver
 from asyncq.queue import Queue
@@ -383,11 +383,17 @@ class Pool:
         handler = self._handlers[ticket.queue]
         context = JobContext(ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until)
         try:
+            # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
+            running: Awaitable[object]
+            if type(handler) is TransportHandler:
+                running = handler.deliver_stored(ticket.body_json, context)
+            else:
+                running = handler(ticket.body, context)
             if self.job_timeout is None:
-                await handler(ticket.body, context)
+                await running
             else:
                 async with asyncio.timeout(self.job_timeout):
-                    await handler(ticket.body, context)
+                    await running
         except Permanent as error:
             log.warning("job %s failed permanently: %r", ticket.id, error)
             return PERMANENT, 0

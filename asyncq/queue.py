@@ -184,7 +184,7 @@ class Queue(AsyncFile):
         leases = [(ticket.id, ticket.fence) for ticket in tickets]
         fences = await self._run(lambda con: engine.extend(con, PRODUCT, leases, self.now(), lease_ms))
         return [
-            None if fence is None else Ticket(ticket.id, ticket.queue, ticket.body, fence, ticket.deadline)
+            None if fence is None else Ticket(ticket.id, ticket.queue, ticket.body_json, fence, ticket.deadline)
             for ticket, fence in zip(tickets, fences, strict=True)
         ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -14,9 +15,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from asyncq.delivery.base import Transport
+from asyncq.delivery.base import JsonText, Transport
 from asyncq.delivery.http import HttpTransport, retry_after_ms
 from asyncq.errors import BadAck, Permanent, Retryable
+from asyncq.pool import Pool, deliver_with
+from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(15)
 
@@ -131,6 +134,31 @@ async def test_verified_ack_returns_and_the_server_sees_body_and_headers() -> No
     assert headers["Asyncq-Token"] == "42"
     assert headers["Content-Type"] == "application/json"
     assert body == '{"qty":3,"note":"é"}'.encode()
+
+
+async def test_json_text_is_sent_as_it_is() -> None:
+    stored = '{"a":"\\u00e9","b":[1,2.0]}'  # canonical JSON as a queue stores it: sorted keys, ASCII escapes
+    async with web_server(json_answer(200, {"id": "job-1"})) as (url, server):
+        transport = HttpTransport(url)
+        await transport.deliver("job-1", JsonText(stored), {})
+        await transport.deliver("job-1", stored, {})  # a plain str is a JSON string, encoded
+        await transport.close()
+    assert [body for _method, _headers, body in server.requests] == [stored.encode(), json.dumps(stored).encode()]
+
+
+async def test_a_pool_delivers_each_job_s_stored_body_without_decoding_it(queue: Queue) -> None:
+    await queue.enqueue("job-1", {"b": 1, "a": "é"})
+    async with web_server(json_answer(200, {"id": "job-1"})) as (url, server):
+        transport = HttpTransport(url)
+        pool = Pool(queue, concurrency=2)
+        pool.register("default", deliver_with(transport))
+        async with asyncio.timeout(10):
+            await pool.run(burst=True)
+        await transport.close()
+    [(_method, headers, body)] = server.requests
+    assert body == b'{"a":"\\u00e9","b":1}'  # the stored canonical text, byte for byte
+    assert headers["Asyncq-Token"] == "1"
+    assert pool.counters.finished == {"done": 1}
 
 
 async def test_one_session_is_shared_and_closed_by_close() -> None:

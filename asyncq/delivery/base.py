@@ -20,6 +20,11 @@ from asyncq.errors import Permanent
 Body: TypeAlias = Mapping[str, Any] | list[Any] | str | int | float | bool | None
 
 
+class JsonText(str):
+    """A body that is already JSON text, such as a stored job's canonical body: transports send it as it
+    is instead of encoding it again (a ``str`` that is not a ``JsonText`` is sent as a JSON string)."""
+
+
 class Transport(Protocol):
     """Delivers one job at a time; one instance is shared by all of a pool's workers."""
 
@@ -38,7 +43,9 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 
 def encode_body(body: object) -> bytes:
     """``body`` as compact UTF-8 JSON; ``Permanent`` if it is not strict JSON (NaN, a set, a cycle …),
-    because no retry can make it encodable."""
+    because no retry can make it encodable. A ``JsonText`` is sent as it is."""
+    if type(body) is JsonText:
+        return body.encode("utf-8")
     try:
         return _COMPACT.encode(body).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError (lone surrogate) is a ValueError

@@ -232,6 +232,8 @@ class HttpTransport:
         if declared is not None and declared > cap:
             response.close()
             raise BadAck(f"{self.url.host} announced {declared} bytes, more than {cap}")
+        if declared is not None:  # the parser frames the body by its Content-Length: never more than that
+            return await response.read()
         received = bytearray()
         while len(received) <= cap:
             chunk = await response.content.read(cap + 1 - len(received))
