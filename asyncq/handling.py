@@ -38,12 +38,15 @@ class TransportHandler:
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
 
-    async def __call__(self, body: Any, context: JobContext) -> None:
-        await self.transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
+    def __call__(self, body: Any, context: JobContext) -> Awaitable[None]:
+        return self.transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
 
-    async def deliver_stored(self, body_json: str, context: JobContext) -> None:
-        """Deliver a body that is already JSON text."""
-        await self(JsonText(body_json), context)
+    def deliver_stored(self, body_json: str, context: JobContext) -> Awaitable[None]:
+        """Deliver a body that is already JSON text.
+
+        Both methods return the transport's own coroutine instead of awaiting it in one more: every
+        coroutine frame between the pool and aiohttp is passed on each of a request's several resumptions."""
+        return self(JsonText(body_json), context)
 
 
 def deliver_with(transport: Transport) -> TransportHandler:

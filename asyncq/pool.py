@@ -355,9 +355,35 @@ class Pool:
     # -- one job --------------------------------------------------------------------------------------
 
     async def _run_job(self, flight: _InFlight) -> None:
+        """Run one job's handler and keep its result for the next group commit. The handler is awaited here,
+        not in a helper: each coroutine frame between the worker and the handler's I/O is passed on every
+        resumption (a request has several)."""
+        ticket = flight.ticket
         started = time.perf_counter()
         try:
-            outcome, delay_ms = await self._call_handler(flight.ticket)
+            handler = self._handlers[ticket.queue]
+            context = JobContext(
+                ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until
+            )
+            # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
+            running: Awaitable[object]
+            if type(handler) is TransportHandler:
+                running = handler.deliver_stored(ticket.body_json, context)
+            else:
+                running = handler(ticket.body, context)
+            if self.job_timeout is None:
+                await running
+            else:
+                async with asyncio.timeout(self.job_timeout):
+                    await running
+            outcome, delay_ms = OK, 0
+        except Permanent as error:
+            log.warning("job %s failed permanently: %r", ticket.id, error)
+            outcome, delay_ms = PERMANENT, 0
+        except Exception as error:  # any other failure is retried under the policy and the budget
+            self.counters.handler_errors += 1
+            log.warning("job %s attempt %d failed: %r", ticket.id, ticket.attempt, error)
+            outcome, delay_ms = RETRY, self.retry.delay_ms(ticket.attempt, error)
         except asyncio.CancelledError:
             # The renewer cancelled this job's worker because the lease was lost: the worker lives on,
             # unless the pool itself is being cancelled too.
@@ -378,30 +404,6 @@ class Pool:
         loop iteration per job."""
         if len(self._results) in (1, self._batch) or self._stopping or self._starving():
             self._wake.set()
-
-    async def _call_handler(self, ticket: Ticket) -> tuple[str, int]:
-        handler = self._handlers[ticket.queue]
-        context = JobContext(ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until)
-        try:
-            # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
-            running: Awaitable[object]
-            if type(handler) is TransportHandler:
-                running = handler.deliver_stored(ticket.body_json, context)
-            else:
-                running = handler(ticket.body, context)
-            if self.job_timeout is None:
-                await running
-            else:
-                async with asyncio.timeout(self.job_timeout):
-                    await running
-        except Permanent as error:
-            log.warning("job %s failed permanently: %r", ticket.id, error)
-            return PERMANENT, 0
-        except Exception as error:  # any other failure is retried under the policy and the budget
-            self.counters.handler_errors += 1
-            log.warning("job %s attempt %d failed: %r", ticket.id, ticket.attempt, error)
-            return RETRY, self.retry.delay_ms(ticket.attempt, error)
-        return OK, 0
 
     # -- process life ---------------------------------------------------------------------------------
 

@@ -174,7 +174,18 @@ class HttpTransport:
         try:
             # aiohttp's total timeout bounds the whole exchange: connecting, sending, and every read of
             # the answer (its stream reads run under the same timer), so no second timer is needed here.
-            await self._exchange(session, job_id, data, request_headers)
+            async with session.post(
+                self.url,
+                data=data,
+                headers=request_headers,
+                allow_redirects=False,
+                raise_for_status=False,
+                auto_decompress=False,
+                timeout=self._client_timeout,
+            ) as response:
+                if response.status != 200:
+                    raise self._refusal(response)
+                verify_ack(job_id, await self._read_capped(response))
         except TimeoutError as exc:  # before OSError, its base class
             raise Retryable(f"{self.url.host}: no complete answer within {self.timeout} s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -197,22 +208,6 @@ class HttpTransport:
                 timeout=self._client_timeout,
             )
         return self._session
-
-    async def _exchange(
-        self, session: aiohttp.ClientSession, job_id: str, data: BytesPayload, headers: dict[str, str]
-    ) -> None:
-        async with session.post(
-            self.url,
-            data=data,
-            headers=headers,
-            allow_redirects=False,
-            raise_for_status=False,
-            auto_decompress=False,
-            timeout=self._client_timeout,
-        ) as response:
-            if response.status != 200:
-                raise self._refusal(response)
-            verify_ack(job_id, await self._read_capped(response))
 
     def _refusal(self, response: aiohttp.ClientResponse) -> AsyncqError:
         status = response.status
