@@ -319,6 +319,7 @@ class Pool:
             self._buffer.remove(flight)
             del self._inflight[flight.key]
             self._count_lost(flight)
+            self._wake.set()  # a slot's worth of work is gone: the batcher may claim again, run_once may end
         elif self._inflight.get(flight.key) is flight and not flight.lost:  # its worker is still running it
             flight.lost = True
             flight.task.cancel()
@@ -394,6 +395,10 @@ class Pool:
         finally:
             del self._inflight[flight.key]
             self._wake_if_needed()
+        if flight.lost:  # the handler swallowed the lease-lost cancellation: withdraw it, drop the result
+            _uncancel()
+            self._count_lost(flight)
+            return
         self.observer.on_delivery(time.perf_counter() - started, outcome)
         self._results.append((flight, outcome, delay_ms))
         self._wake_if_needed()

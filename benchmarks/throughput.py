@@ -423,13 +423,13 @@ NOTES = """\
   Python 3.11 (later releases need 3.12).
 - **read back**: `PRAGMA journal_mode` and `PRAGMA synchronous` on the connection each side used (asyncq through
   `Queue.transaction()`, huey `huey.storage.conn`, litequeue `queue.conn`, persist-queue its getter and putter).
-- **peak**: asyncq, the most handlers running at once (the no-op handler awaits `asyncio.sleep(0)`; one task per
-  job, so a count per task slot means nothing, and reaching N shows all N slots busy); the least over the runs.
+- **peak**: asyncq, the most handlers running at once (the no-op handler awaits `asyncio.sleep(0)`; reaching N
+  shows all N worker tasks busy at once); the least over the runs.
   Peers: consumer threads that took at least one job (they are synchronous libraries; one consumer thread each,
   and persist-queue also with four, `multithreading=True`, though its `action_lock` serialises get and ack).
 - **jobs/commit**: jobs per commit of the pool's batcher while draining. Each batcher commit finishes the jobs
-  done so far and claims jobs for the free slots and the prefetch buffer (as many again) in one transaction, so a
-  freed slot starts its next job while the commit is written; with N tasks a commit carries about N jobs.
+  done so far and claims jobs for the free slots and the prefetch buffer (twice the slots) in one transaction, so
+  a freed slot starts its next job while the commit is written; a commit carries up to a round of the slots.
   From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
   `dequeue` deletes the row, so a finished job leaves no record; `execute` also opens a `begin exclusive` to pop
   the revoke key, which writes nothing); litequeue 2 + 1/500 (pop, done; puts batched in its `transaction()`);

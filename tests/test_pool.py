@@ -431,6 +431,49 @@ async def test_a_handler_whose_lease_is_taken_away_is_cancelled_and_its_finish_n
         assert await other_worker.finish(taken, "ok") == "done"
 
 
+@pytest.mark.parametrize("swallows", [False, True], ids=["handler-re-raises", "handler-swallows-the-cancel"])
+async def test_a_worker_whose_lease_was_lost_lives_on_and_runs_the_next_job(path: Path, swallows: bool) -> None:
+    pool_time, other_time = [T0], [T0]
+    started = asyncio.Event()
+    ran: list[str] = []
+
+    async def handler(body: Any, context: JobContext) -> None:
+        ran.append(context.id)
+        if context.id != "job":
+            return
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if not swallows:
+                raise
+
+    async with (
+        await Queue.open(path, clock=lambda: pool_time[0]) as queue,
+        await Queue.open(path, clock=lambda: other_time[0]) as other_worker,
+    ):
+        pool = Pool(queue, owner="w1", concurrency=1, prefetch=0, lease_ms=1_000)  # one worker task
+        pool.register("default", handler)
+        await queue.enqueue("job", {})
+        running = asyncio.create_task(pool.run(burst=True))
+        async with asyncio.timeout(5):
+            await started.wait()
+        await queue.enqueue("next", {})
+        other_time[0] += 2_000
+        [taken] = await other_worker.claim("w2", lease_ms=60_000)
+        assert taken.id == "job"
+        pool_time[0] += 2_000  # the renewer's extend is refused: the worker's current job is cancelled
+
+        async with asyncio.timeout(5):
+            await running
+        assert ran == ["job", "next"]  # the same single worker went on to the next job
+        assert pool.counters.leases_lost == 1
+        assert pool.counters.finished == {"done": 1}  # "next"; the lost job's result is never written
+        job, later = await queue.get("job"), await queue.get("next")
+        assert job is not None and (job.status, job.owner, job.token) == ("leased", "w2", 2)
+        assert later is not None and later.status == "done"
+
+
 class ThreadGate:
     """A clock that, once armed, blocks the next call made from a thread other than the event loop's (the
     queue connection's thread, inside a write call) until released."""
