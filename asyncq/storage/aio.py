@@ -151,7 +151,7 @@ class AsyncFile:
             con.execute("BEGIN IMMEDIATE")
             return True
         except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any SQLITE_BUSY_* extended code
                 raise
             return False
         finally:

@@ -283,23 +283,6 @@ def cancel(con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, no
     return True
 
 
-def settle_and_claim(
-    con: sqlite3.Connection,
-    layout: Layout,
-    items: Sequence[Finish],
-    now_ms: int,
-    owner: str,
-    lease_ms: int,
-    wants: Sequence[tuple[dict[str, Any], int]],
-    total: int | None = None,
-) -> tuple[list[str | None], list[Claimed]]:
-    """A worker pool's group commit: finish ``items`` and claim up to ``limit`` jobs for each
-    ``(scope, limit)`` in ``wants``, all in one write transaction (one commit for many jobs, each still
-    fenced on its own). ``total``, if given, caps the jobs claimed over all of ``wants`` together."""
-    with write_transaction(con):
-        return settle_and_claim_in_transaction(con, layout, items, now_ms, owner, lease_ms, wants, total)
-
-
 def settle_and_claim_in_transaction(
     con: sqlite3.Connection,
     layout: Layout,
@@ -310,7 +293,9 @@ def settle_and_claim_in_transaction(
     wants: Sequence[tuple[dict[str, Any], int]],
     total: int | None = None,
 ) -> tuple[list[str | None], list[Claimed]]:
-    """``settle_and_claim``'s statements, inside a transaction the caller holds."""
+    """A worker pool's group commit, inside a transaction the caller holds: finish ``items`` and claim up to
+    ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (one commit for many jobs, each still fenced on its
+    own). ``total``, if given, caps the jobs claimed over all of ``wants`` together."""
     claimed: list[Claimed] = []
     statuses = finish_in_transaction(con, layout, items, now_ms)
     for scope, limit in wants:
