@@ -134,7 +134,7 @@ def main() -> None:
                 "bare loop at 16 tasks most: the receiver's group commits fall into different rhythms from run to",
                 "run). Where the rest goes: `HttpTransport` alone, without the queue, costs no more CPU per job than",
                 "the bare loop; the pool's own cost is the group commit's statements on the event loop's thread",
-                "(≈ 15 µs a job: the finish's compare-and-set, the claim, their Python), enqueueing (≈ 4 % of the",
+                "(≈ 15 µs a job: the finish's compare-and-set, the claim, their Python), enqueueing (≈ 4-7 % of the",
                 "pool's time) and the commits' fsyncs beside the receiver's, on 2 cores the receiver shares.",
                 'How it got here is in docs/architecture.md ("The pool").',
             ]
