@@ -154,10 +154,8 @@ def main() -> None:
                 "compare-and-set, the claim, reading the rows), their Python and the pool's bookkeeping (≈ 15 µs),",
                 "and enqueueing before the run (4-7 % of the pool's time). At 128 tasks both sides saturate that",
                 "thread (≈ 90 %), so the ratio is about the ratio of CPU per job; at 16 tasks neither does, and the",
-                "pool's extra CPU per job lengthens every round trip instead. Meeting the target at every",
-                "concurrency needs the statements off the loop's thread without paying a GIL hand-off per statement",
-                "step (set-based statements: a handful of steps per commit instead of three per job). How it got",
-                'here is in docs/architecture.md ("The pool").',
+                "pool's extra CPU per job lengthens every round trip instead. How it got here, and what was tried",
+                'and measured but not kept, is in docs/architecture.md ("The pool").',
             ]
         )
         write_section("http_delivery", body)
