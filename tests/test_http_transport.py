@@ -18,7 +18,7 @@ from aiohttp import web
 from asyncq.delivery.base import JsonText, Transport
 from asyncq.delivery.http import HttpTransport, retry_after_ms
 from asyncq.errors import BadAck, Permanent, Retryable
-from asyncq.pool import Pool, deliver_with
+from asyncq.pool import JobContext, Pool, deliver_with
 from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(15)
@@ -159,6 +159,17 @@ async def test_a_pool_delivers_each_job_s_stored_body_without_decoding_it(queue:
     assert body == b'{"a":"\\u00e9","b":1}'  # the stored canonical text, byte for byte
     assert headers["Asyncq-Token"] == "1"
     assert pool.counters.finished == {"done": 1}
+
+
+async def test_deliver_with_called_as_a_handler_sends_the_decoded_body_with_the_token() -> None:
+    async with web_server(json_answer(200, {"id": "job-1"})) as (url, server):
+        transport = HttpTransport(url)
+        handler = deliver_with(transport)
+        await handler({"b": 1, "a": [2]}, JobContext("job-1", "default", 1, 7, 0, 0))
+        await transport.close()
+    [(_method, headers, body)] = server.requests
+    assert body == b'{"b":1,"a":[2]}'  # encoded as given (compact), unlike the stored canonical text
+    assert (headers["Idempotency-Key"], headers["Asyncq-Token"]) == ("job-1", "7")
 
 
 async def test_one_session_is_shared_and_closed_by_close() -> None:
