@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +41,8 @@ from asyncq.amqp_store import (
     open_store,
     process_delivery,
 )
+from asyncq.clock import wall_clock_ms
+from asyncq.core.values import check_int
 from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
 
 __all__ = [
@@ -59,10 +60,6 @@ log = logging.getLogger(__name__)
 
 # Headers the broker adds about earlier deliveries; a redriven message starts afresh without them.
 _BROKER_HEADERS = ("x-delivery-count", "x-death", "x-first-death-exchange", "x-first-death-queue")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -102,18 +99,15 @@ class IdempotentConsumer:
         declare: bool = True,
         key: Callable[[AbstractIncomingMessage], str | None] | None = None,
         on_outcome: Callable[[Delivery, Outcome], object] | None = None,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
-        for name, value in (("prefetch", prefetch), ("concurrency", concurrency), ("delivery_limit", delivery_limit)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.prefetch = check_int(prefetch, "prefetch", 1, 65_535)  # AMQP's prefetch count is 16 bits
+        self.concurrency = check_int(concurrency, "concurrency", 1, 1000)
+        self.delivery_limit = check_int(delivery_limit, "delivery_limit", 1, 1000)
         self.database = database
         self.effect = effect
         self.queue_name = queue
         self.url = url
-        self.prefetch = prefetch
-        self.concurrency = concurrency
-        self.delivery_limit = delivery_limit
         self.queue_arguments = dict(queue_arguments or {})
         self.declare = declare
         self.stats = ConsumerStats()

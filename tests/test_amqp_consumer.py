@@ -170,8 +170,8 @@ async def test_graceful_stop_finishes_the_running_effect_and_returns_the_rest(se
 
 
 def test_settings_are_checked() -> None:
-    for bad in ({"prefetch": 0}, {"concurrency": 0}, {"delivery_limit": True}):
-        with pytest.raises(ValueError):
+    for bad in ({"prefetch": 0}, {"prefetch": 65_536}, {"concurrency": 0}, {"delivery_limit": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             IdempotentConsumer("x.db", issue, queue="q", **bad)  # type: ignore[arg-type]
 
 

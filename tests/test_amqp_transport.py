@@ -103,6 +103,12 @@ async def test_declare_runs_on_each_new_channel_and_close_allows_reuse(amqp_url:
     assert declared == [name, name]
 
 
+def test_a_timeout_that_is_not_a_positive_finite_number_is_refused() -> None:
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="timeout"):
+            AmqpTransport("amqp://guest:guest@127.0.0.1:1/", routing_key="q", timeout=bad)  # type: ignore[arg-type]
+
+
 async def test_the_fake_records_or_raises() -> None:
     fake = FakeAmqpTransport()
     fake.answers["bad"] = Unroutable("no route")

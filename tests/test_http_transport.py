@@ -501,7 +501,8 @@ async def test_bad_arguments_fail_before_any_connection() -> None:
             await transport.deliver("job-1", {"x": {1, 2}}, {})
         await transport.close()
         assert server.connections == 0
-    for bad in ({"timeout": 0}, {"timeout": float("inf")}, {"timeout": True}, {"max_response_bytes": 0}):
+    bad_timeouts = ({"timeout": 0}, {"timeout": float("inf")}, {"timeout": True}, {"timeout": 3601})
+    for bad in (*bad_timeouts, {"max_response_bytes": 0}):
         with pytest.raises(ValueError):
             HttpTransport("http://127.0.0.1/e", **bad)
 

@@ -27,6 +27,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, HeadersType
 
+from asyncq.core.values import check_seconds
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import BadAck, Retryable
 
@@ -66,12 +67,10 @@ class AmqpTransport:
         timeout: float = 10.0,
         declare: Declare | None = None,
     ) -> None:
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.timeout = check_seconds(timeout, "timeout")
         self.url = url
         self.exchange = exchange
         self.routing_key = routing_key
-        self.timeout = timeout
         self._declare = declare
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None

@@ -41,7 +41,7 @@ from aiohttp.payload import BytesPayload
 from yarl import URL
 
 from asyncq.core.ack import verify_ack
-from asyncq.core.values import check_identifier, check_int
+from asyncq.core.values import check_identifier, check_int, check_seconds
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import AsyncqError, BadAck, Permanent, Retryable
 
@@ -148,9 +148,9 @@ class HttpTransport:
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.url = check_url(url, allowed_hosts)
-        if type(timeout) not in (int, float) or not math.isfinite(timeout) or not 0 < timeout <= 3600:
-            raise ValueError(f"timeout must be a number of seconds in (0, 3600], got {timeout!r}")
-        self.timeout = float(timeout)
+        self.timeout = check_seconds(timeout, "timeout")
+        if self.timeout > 3600:
+            raise ValueError(f"timeout must be at most 3600 seconds, got {timeout!r}")
         self.max_response_bytes = check_int(max_response_bytes, "max_response_bytes", 1, RESPONSE_BYTES_MAX)
         self.retry_after_cap_ms = check_int(retry_after_cap_ms, "retry_after_cap_ms", 0, RETRY_AFTER_CAP_MAX_MS)
         if session is not None and session.trust_env:

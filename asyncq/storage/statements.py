@@ -108,13 +108,17 @@ def select_by_ids(layout: Layout, count: int) -> str:
     """``SELECT_BY_IDS`` for ``count`` ids (1 … ``IN_LIST_MAX``), rounded up to a power of two so that only
     seven statement texts exist and all stay in the connection's statement cache; fill the list with
     ``padded``."""
-    size = 1 << (count - 1).bit_length()
-    return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=", ".join("?" * size))
+    ids = ", ".join("?" * _in_list_size(count))
+    return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=ids)
 
 
 def padded(ids: list[str]) -> list[str]:
     """``ids`` repeated at the end up to the statement's power-of-two size (a repeated id matches once)."""
-    return ids + ids[-1:] * ((1 << (len(ids) - 1).bit_length()) - len(ids))
+    return ids + ids[-1:] * (_in_list_size(len(ids)) - len(ids))
+
+
+def _in_list_size(count: int) -> int:
+    return 1 << (count - 1).bit_length()
 
 
 # Product-only statements (the lab has no cancel and no operator queries).
