@@ -12,6 +12,7 @@ import logging
 import sqlite3
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from typing import Any
 
 import aiosqlite
@@ -184,7 +185,7 @@ class Queue(AsyncFile):
         leases = [(ticket.id, ticket.fence) for ticket in tickets]
         fences = await self._run(lambda con: engine.extend(con, PRODUCT, leases, self.now(), lease_ms))
         return [
-            None if fence is None else Ticket(ticket.id, ticket.queue, ticket.body_json, fence, ticket.deadline)
+            None if fence is None else replace(ticket, fence=fence)
             for ticket, fence in zip(tickets, fences, strict=True)
         ]
 
