@@ -23,7 +23,6 @@ import signal
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import anyio
 
@@ -41,15 +40,16 @@ __all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "Ret
 log = logging.getLogger("asyncq.pool")
 
 
-@dataclass(slots=True)
 class _InFlight:
-    ticket: Ticket
-    key: tuple[str, int] = field(init=False)  # stays put while renewals replace the ticket
-    task: asyncio.Task[None] | None = None
-    lost: bool = False
+    """A claimed job: waiting in the buffer (``task`` is None) or run by a worker."""
 
-    def __post_init__(self) -> None:
-        self.key = (self.ticket.id, self.ticket.token)
+    __slots__ = ("key", "lost", "task", "ticket")
+
+    def __init__(self, ticket: Ticket, key: tuple[str, int]) -> None:
+        self.ticket = ticket
+        self.key = key  # stays put while renewals replace the ticket
+        self.task: asyncio.Task[None] | None = None
+        self.lost = False
 
 
 class Pool:
@@ -212,15 +212,18 @@ class Pool:
                 results, self.owner, wants, self.lease_ms, total=capacity
             )
         self.counters.commits += 1
+        debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job
         for (ticket, outcome, _delay), status in zip(results, statuses, strict=True):
-            self._log_finish(ticket, status)
+            self._log_finish(ticket, status, debug)
             self.observer.on_finished(outcome, status)
         self.counters.claimed += len(tickets)
         if tickets:
             self.observer.on_claimed(len(tickets))
         for ticket in tickets:
-            log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
-            flight = self._inflight[ticket.id, ticket.token] = _InFlight(ticket)
+            if debug:
+                log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
+            key = (ticket.id, ticket.token)
+            flight = self._inflight[key] = _InFlight(ticket, key)
             self._buffer.append(flight)
         self._wake_workers()
         return len(tickets)
@@ -283,13 +286,13 @@ class Pool:
                 waiters.start_soon(on_enqueue)
                 waiters.start_soon(on_wake)
 
-    def _log_finish(self, ticket: Ticket, status: str | None) -> None:
+    def _log_finish(self, ticket: Ticket, status: str | None, debug: bool) -> None:
         self.counters.count_status(status)
         if status is None:
             log.warning("stale finish rejected for job %s token %d", ticket.id, ticket.token)
         elif status == "dead":  # a problem for an operator: it waits for a redrive
             log.warning("job %s token %d -> dead after attempt %d", ticket.id, ticket.token, ticket.attempt)
-        else:
+        elif debug:
             log.debug("job %s token %d -> %s", ticket.id, ticket.token, status)
 
     # -- leases ---------------------------------------------------------------------------------------
@@ -360,6 +363,8 @@ class Pool:
         resumption (a request has several)."""
         ticket = flight.ticket
         started = time.perf_counter()
+        outcome: str | None = None  # stays None when the job ends without a result
+        delay_ms = 0
         try:
             handler = self._handlers[ticket.queue]
             context = JobContext(
@@ -376,10 +381,10 @@ class Pool:
             else:
                 async with asyncio.timeout(self.job_timeout):
                     await running
-            outcome, delay_ms = OK, 0
+            outcome = OK
         except Permanent as error:
             log.warning("job %s failed permanently: %r", ticket.id, error)
-            outcome, delay_ms = PERMANENT, 0
+            outcome = PERMANENT
         except Exception as error:  # any other failure is retried under the policy and the budget
             self.counters.handler_errors += 1
             log.warning("job %s attempt %d failed: %r", ticket.id, ticket.attempt, error)
@@ -389,17 +394,17 @@ class Pool:
             # unless the pool itself is being cancelled too.
             if not flight.lost or _uncancel() > 0:
                 raise
-            self._count_lost(flight)
-            return
         finally:
             del self._inflight[flight.key]
-            self._wake_if_needed()
-        if flight.lost:  # the handler swallowed the lease-lost cancellation: withdraw it, drop the result
-            _uncancel()
+            if outcome is None and not flight.lost:  # raised out: the batcher may be waiting for this slot
+                self._wake_if_needed()
+        if flight.lost:  # no result; if the handler swallowed the cancellation, withdraw it
+            if outcome is not None:
+                _uncancel()
             self._count_lost(flight)
-            return
-        self.observer.on_delivery(time.perf_counter() - started, outcome)
-        self._results.append((flight, outcome, delay_ms))
+        elif outcome is not None:  # always, here: without a result the job raised out above
+            self.observer.on_delivery(time.perf_counter() - started, outcome)
+            self._results.append((flight, outcome, delay_ms))
         self._wake_if_needed()
 
     def _wake_if_needed(self) -> None:

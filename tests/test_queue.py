@@ -664,7 +664,7 @@ async def test_reconcile_reports_a_lost_lease_as_not_landed(queue: Queue, clock:
     [taken] = await queue.claim("w2", lease_ms=1_000)
     assert await queue.finish(ticket, "ok") is None
     assert await queue.reconcile(ticket) is None
-    assert await queue.reconcile(replace(taken, fence=replace(taken.fence, token=99))) is None
+    assert await queue.reconcile(replace(taken, fence=taken.fence._replace(token=99))) is None
 
 
 async def test_a_task_cancelled_while_its_begin_waits_for_the_lock_leaves_no_transaction_open(

@@ -59,9 +59,10 @@ TRANSITIONS: tuple[Transition, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Fence:
-    """What a worker holds after a claim; a finish or renewal lands only if all of it still matches."""
+class Fence(NamedTuple):
+    """What a worker holds after a claim; a finish or renewal lands only if all of it still matches.
+
+    A named tuple, like the other values built per job (see ``JobState``)."""
 
     owner: str
     token: int
