@@ -14,7 +14,7 @@ from typing import Any
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.values import check_identifier, check_int
-from asyncq.storage.engine import Claimed, NewJob
+from asyncq.storage.engine import Claimed, Held, NewJob
 
 DEFAULT_QUEUE = "default"
 MAX_BODY_BYTES = 64 * 1024
@@ -71,13 +71,16 @@ class JobSpec:
 class Ticket:
     """A claimed job and the fence proving the lease; hand it back to ``finish`` or ``extend``.
 
-    ``body_json`` is the body as stored (canonical JSON text); ``body`` decodes it on first use."""
+    ``body_json`` is the body as stored (canonical JSON text); ``body`` decodes it on first use. ``seq``
+    (the row's) and ``max_attempts`` let a finish decide without reading the row again."""
 
     id: str
     queue: str
     body_json: str = field(repr=False)
     fence: Fence
     deadline: int
+    max_attempts: int
+    seq: int = field(repr=False)
 
     @cached_property
     def body(self) -> Any:
@@ -99,7 +102,20 @@ class Ticket:
     @classmethod
     def from_claimed(cls, claimed: Claimed) -> Ticket:
         payload = claimed.payload
-        return cls(claimed.id, payload["queue"], payload["body"], claimed.fence, claimed.deadline)
+        return cls(
+            claimed.id,
+            payload["queue"],
+            payload["body"],
+            claimed.fence,
+            claimed.deadline,
+            claimed.max_attempts,
+            claimed.seq,
+        )
+
+    @property
+    def held(self) -> Held:
+        """The claim's snapshot a finish is decided on (see ``asyncq.storage.engine.Held``)."""
+        return Held(self.seq, self.max_attempts, self.deadline)
 
 
 @dataclass(frozen=True)

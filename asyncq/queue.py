@@ -245,4 +245,4 @@ class Queue(AsyncFile):
 def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> engine.Finish:
     check_choice(outcome, "outcome", OUTCOMES)
     check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
-    return engine.Finish(ticket.id, ticket.fence, outcome, delay_ms)
+    return engine.Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held)

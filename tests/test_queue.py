@@ -252,13 +252,35 @@ async def test_finish_many_checks_each_ticket_on_its_own(queue: Queue, path: Pat
 
 
 async def test_finish_many_with_one_ticket_twice_lands_it_once(queue: Queue, path: Path, clock: list[int]) -> None:
-    # The batch reads every row first; the second outcome for the same ticket decided on the old row, and
-    # the statement's compare-and-set refuses it as stale.
+    # Both outcomes are decided on the claim's snapshot; once the first has landed, the row no longer
+    # matches it, and the statement's compare-and-set refuses the second as stale.
     await queue.enqueue("job", {})
     [ticket] = await queue.claim("w1", lease_ms=10_000)
     assert await queue.finish_many([(ticket, "retry", 500), (ticket, "ok", 0)]) == ["pending", None]
     row = job_row(path, "job")
     assert (row["status"], row["reason"], row["available_at"]) == ("pending", "retry", clock[0] + 500)
+
+
+async def test_a_ticket_whose_snapshot_differs_from_the_row_is_stale_and_changes_nothing(
+    queue: Queue, path: Path
+) -> None:
+    # A finish is decided on the ticket's snapshot of the row (seq, attempts budget, deadline) without
+    # reading it; the compare-and-set checks every one of them. A forged budget would turn an exhausted
+    # retry into "pending", a forged deadline would allow a retry past it, a forged seq would finish another
+    # job: each is refused.
+    await queue.enqueue("last", {}, max_attempts=1)
+    await queue.enqueue("other", {})
+    last, other = await queue.claim("w1", limit=2, lease_ms=10_000)
+    before = snapshot(path)
+    forged = [
+        replace(last, max_attempts=5),
+        replace(last, deadline=last.deadline + 60_000),
+        replace(last, seq=other.seq),
+    ]
+    assert await queue.finish_many([(ticket, "retry", 0) for ticket in forged]) == [None, None, None]
+    assert snapshot(path) == before
+    assert await queue.finish(last, "retry") == "dead"  # the true snapshot: the budget is spent
+    assert job_row(path, "last")["reason"] == "exhausted"
 
 
 async def test_finish_outcomes_follow_the_lifecycle(queue: Queue, path: Path) -> None:

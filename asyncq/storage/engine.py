@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState, decide_finish
+from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence, JobState, decide_finish
 from asyncq.errors import Conflict
 from asyncq.storage.connection import Hook, call_hook, write_transaction
 from asyncq.storage.schema import Layout
@@ -30,21 +30,35 @@ class NewJob(NamedTuple):
 
 
 class Claimed(NamedTuple):
-    """A claimed job: its payload columns and the fence that proves the lease."""
+    """A claimed job: its payload columns, the fence that proves the lease, and what ``Held`` needs."""
 
     id: str
     payload: dict[str, Any]
     fence: Fence
     deadline: int
+    seq: int
+    max_attempts: int
+
+
+class Held(NamedTuple):
+    """The rest of a leased row as its claim returned it, for a finish decided without reading the row:
+    while the fence holds, nothing else in the row that a decision reads can change (a renewal moves only
+    ``lease_until``, which the fence carries)."""
+
+    seq: int
+    max_attempts: int
+    deadline: int
 
 
 class Finish(NamedTuple):
-    """One ticket's outcome: ``delay_ms`` matters only for ``retry``."""
+    """One ticket's outcome: ``delay_ms`` matters only for ``retry``. With ``held``, the finish is decided
+    on the claim's snapshot instead of a read of the row (the statement still checks all of it)."""
 
     id: str
     fence: Fence
     outcome: str
     delay_ms: int = 0
+    held: Held | None = None
 
 
 def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> bool:
@@ -115,12 +129,14 @@ def claim_in_transaction(
 
 def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
     width = len(layout.payload)
-    owner, token, attempts, lease_until, deadline = row[2 + width :]
+    owner, token, attempts, lease_until, deadline, max_attempts = row[2 + width :]
     return Claimed(
         id=row[1],
         payload=dict(zip(layout.payload, row[2 : 2 + width], strict=True)),
         fence=Fence(owner=owner, token=token, attempt=attempts, lease_until=lease_until),
         deadline=deadline,
+        seq=row[0],
+        max_attempts=max_attempts,
     )
 
 
@@ -177,41 +193,52 @@ def finish_in_transaction(
     expect: dict[str, Any] | None = None,
     fault: Hook = None,
 ) -> list[str | None]:
-    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change)."""
-    states = read_states(con, layout, [item.id for item in items])
-    return [
-        _finish_one(con, layout, item, states.get(item.id), now_ms, (expect or {}).get(item.id), fault)
-        for item in items
-    ]
+    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change).
+
+    Items without ``held`` are decided on their rows, read first (one statement for the batch); items with
+    it, on the claim's snapshot: the same decision while the fence holds, and the compare-and-set refuses
+    it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
+    unread = [item.id for item in items if item.held is None]
+    states = read_states(con, layout, unread) if unread else {}
+    statuses: list[str | None] = []
+    for item in items:
+        if item.held is None:
+            found = states.get(item.id)
+            expected = (expect or {}).get(item.id)
+            if found is None or (expected is not None and any(found[1][k] != v for k, v in expected.items())):
+                statuses.append(None)
+                continue
+            seq, state = found[0], found[2]
+        else:
+            fence, held = item.fence, item.held
+            seq = held.seq
+            state = JobState(
+                LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
+            )
+        statuses.append(_finish_one(con, layout, item, seq, state, now_ms, fault))
+    return statuses
 
 
 def _finish_one(
-    con: sqlite3.Connection,
-    layout: Layout,
-    item: Finish,
-    found: tuple[int, dict[str, Any], JobState] | None,
-    now_ms: int,
-    expected_payload: dict[str, Any] | None,
-    fault: Hook,
+    con: sqlite3.Connection, layout: Layout, item: Finish, seq: int, state: JobState, now_ms: int, fault: Hook
 ) -> str | None:
-    if found is None:
-        return None
-    seq, payload, state = found
-    if expected_payload is not None and any(payload[k] != v for k, v in expected_payload.items()):
-        return None
     change = decide_finish(state, item.fence, item.outcome, now_ms, item.delay_ms)
     if change is None:
         return None
     params = {
         "seq": seq,
-        "token": item.fence.token,
-        "owner": item.fence.owner,
+        "token": state.token,
+        "owner": state.owner,
+        "attempts": state.attempts,
+        "max_attempts": state.max_attempts,
+        "lease_until": state.lease_until,
+        "deadline": state.deadline,
         "status": change.status,
         "reason": change.reason,
         "available_at": change.available_at,
     }
-    # The states were read before the batch: a second ticket for a job this batch already finished decided
-    # on the old row, and the statement's compare-and-set refuses it as stale.
+    # Compare-and-set on every column the decision read. A state read before the batch is stale for a
+    # second ticket of a job the batch already finished; a claim's snapshot is stale once the lease is lost.
     if con.execute(sql(layout, "FINISH"), params).rowcount != 1:
         return None
     call_hook(fault, "after-finish")

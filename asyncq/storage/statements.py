@@ -36,7 +36,7 @@ WHERE seq IN (
     SELECT seq FROM (SELECT seq FROM {jobs} WHERE status = 'leased' AND lease_until <= :now {scope}
                      ORDER BY seq LIMIT :limit)
   ) ORDER BY seq LIMIT :limit)
-RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline
+RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts
 """
 
 # ``{ids}`` is a list of ``?`` (see ``select_by_ids``).
@@ -52,11 +52,12 @@ VALUES (:id, {payload_params}, 'pending', 0, :max_attempts, 0, :available_at, :d
 ON CONFLICT (id) DO NOTHING
 """
 
-# Compare-and-set: lands only on the row version the decision was made on.
+# Compare-and-set: lands only on the row version the decision was made on (every column it read).
 FINISH = """
 UPDATE {jobs} SET status = :status, reason = :reason, available_at = :available_at,
     owner = NULL, lease_until = NULL
-WHERE seq = :seq AND status = 'leased' AND token = :token AND owner = :owner
+WHERE seq = :seq AND status = 'leased' AND token = :token AND owner = :owner AND attempts = :attempts
+  AND lease_until = :lease_until AND max_attempts = :max_attempts AND deadline = :deadline
 """
 
 EXTEND = """
