@@ -276,11 +276,29 @@ async def test_a_ticket_whose_snapshot_differs_from_the_row_is_stale_and_changes
         replace(last, max_attempts=5),
         replace(last, deadline=last.deadline + 60_000),
         replace(last, seq=other.seq),
+        replace(other, seq=last.seq),
     ]
-    assert await queue.finish_many([(ticket, "retry", 0) for ticket in forged]) == [None, None, None]
+    for ticket in forged:  # one by one: the batched statement's compare-and-set
+        assert await queue.finish(ticket, "retry") is None
+    # together (the same job twice in a batch is finished row by row, in order)
+    assert await queue.finish_many([(ticket, "retry", 0) for ticket in forged]) == [None] * 4
     assert snapshot(path) == before
     assert await queue.finish(last, "retry") == "dead"  # the true snapshot: the budget is spent
     assert job_row(path, "last")["reason"] == "exhausted"
+
+
+async def test_finish_many_past_one_statements_worth_of_rows_lands_each_outcome(queue: Queue, path: Path) -> None:
+    # 150 finishes are written 64 rows a statement; every outcome lands on its own row.
+    await queue.enqueue_many([JobSpec(f"job-{n:03d}", {"n": n}) for n in range(150)])
+    tickets = await queue.claim("w1", limit=150, lease_ms=10_000)
+    outcomes = ["ok", "retry", "permanent"]
+    results = [(ticket, outcomes[n % 3], 1_000) for n, ticket in enumerate(tickets)]
+    statuses = await queue.finish_many(results)
+    assert statuses == [("done", "pending", "dead")[n % 3] for n in range(150)]
+    for n, ticket in enumerate(tickets):
+        row = job_row(path, ticket.id)
+        assert (row["status"], row["owner"], row["lease_until"]) == (statuses[n], None, None)
+        assert row["reason"] == (None, "retry", "permanent")[n % 3]
 
 
 async def test_finish_outcomes_follow_the_lifecycle(queue: Queue, path: Path) -> None:

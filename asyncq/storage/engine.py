@@ -16,7 +16,7 @@ from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence
 from asyncq.errors import Conflict
 from asyncq.storage.connection import Hook, call_hook, write_transaction
 from asyncq.storage.schema import Layout
-from asyncq.storage.statements import IN_LIST_MAX, padded, select_by_ids, sql
+from asyncq.storage.statements import IN_LIST_MAX, finish_rows, padded, select_by_ids, sql
 
 
 class NewJob(NamedTuple):
@@ -156,8 +156,8 @@ def read_states(
     width = len(layout.payload)
     found: dict[str, tuple[int, dict[str, Any], JobState]] = {}
     for start in range(0, len(unique), IN_LIST_MAX):
-        chunk = unique[start : start + IN_LIST_MAX]
-        for row in con.execute(select_by_ids(layout, len(chunk)), padded(chunk)):
+        chunk: list[str] = padded(unique[start : start + IN_LIST_MAX])
+        for row in con.execute(select_by_ids(layout, len(chunk)), chunk):
             status, attempts, max_attempts, token, owner, lease_until, deadline, _reason = row[2 + width :]
             state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
             found[row[1]] = (row[0], dict(zip(layout.payload, row[2 : 2 + width], strict=True)), state)
@@ -198,6 +198,8 @@ def finish_in_transaction(
     Items without ``held`` are decided on their rows, read first (one statement for the batch); items with
     it, on the claim's snapshot: the same decision while the fence holds, and the compare-and-set refuses
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
+    if fault is None and expect is None and _all_held_once(items):
+        return _finish_held(con, layout, items, now_ms)
     unread = [item.id for item in items if item.held is None]
     states = read_states(con, layout, unread) if unread else {}
     statuses: list[str | None] = []
@@ -217,6 +219,41 @@ def finish_in_transaction(
             )
         statuses.append(_finish_one(con, layout, item, seq, state, now_ms, fault))
     return statuses
+
+
+def _all_held_once(items: Sequence[Finish]) -> bool:
+    seqs = {item.held.seq for item in items if item.held is not None}
+    return len(seqs) == len(items)
+
+
+def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
+    """``finish_in_transaction`` for items that all carry ``held``, one job each: every decision first, then
+    one compare-and-set statement per 64 rows instead of one per row (what a pool's group commit sends)."""
+    decided: list[tuple[int, tuple[Any, ...], str]] = []  # (position in items, FINISH_ROWS row, new status)
+    for position, item in enumerate(items):
+        fence, held = item.fence, item.held
+        assert held is not None  # _all_held_once
+        state = JobState(
+            LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
+        )
+        change = decide_finish(state, fence, item.outcome, now_ms, item.delay_ms)
+        if change is not None:
+            row = (held.seq, *fence_columns(state), change.status, change.reason, change.available_at)
+            decided.append((position, row, change.status))
+    statuses: list[str | None] = [None] * len(items)
+    for start in range(0, len(decided), IN_LIST_MAX):
+        chunk = decided[start : start + IN_LIST_MAX]
+        values = [value for row in padded([row for _, row, _ in chunk]) for value in row]
+        landed = {seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), values)}
+        for position, row, status in chunk:
+            if row[0] in landed:
+                statuses[position] = status
+    return statuses
+
+
+def fence_columns(state: JobState) -> tuple[Any, ...]:
+    """The compare-and-set's columns after ``seq``, in ``FINISH_ROW_COLUMNS`` order."""
+    return state.token, state.owner, state.attempts, state.lease_until, state.max_attempts, state.deadline
 
 
 def _finish_one(

@@ -9,8 +9,11 @@ up) is parked as dead before the selection, in two statements so that each can s
 from __future__ import annotations
 
 from functools import cache
+from typing import TypeVar
 
 from asyncq.storage.schema import Layout
+
+T = TypeVar("T")
 
 SWEEP_DEADLINE = """
 UPDATE {jobs} SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
@@ -38,6 +41,30 @@ WHERE seq IN (
   ) ORDER BY seq LIMIT :limit)
 RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts
 """
+
+# FINISH for many rows in one statement: ``{rows}`` is a list of ``(?, …)`` rows (see ``finish_rows``), each
+# the FINISH parameters in FINISH_ROW_COLUMNS' order; RETURNING names the rows that landed.
+FINISH_ROWS = """
+UPDATE {jobs} SET status = v.column8, reason = v.column9, available_at = v.column10,
+    owner = NULL, lease_until = NULL
+FROM (VALUES {rows}) AS v
+WHERE {jobs}.seq = v.column1 AND {jobs}.status = 'leased' AND {jobs}.token = v.column2
+  AND {jobs}.owner = v.column3 AND {jobs}.attempts = v.column4 AND {jobs}.lease_until = v.column5
+  AND {jobs}.max_attempts = v.column6 AND {jobs}.deadline = v.column7
+RETURNING {jobs}.seq
+"""
+FINISH_ROW_COLUMNS = (
+    "seq",
+    "token",
+    "owner",
+    "attempts",
+    "lease_until",
+    "max_attempts",
+    "deadline",
+    "status",
+    "reason",
+    "available_at",
+)
 
 # ``{ids}`` is a list of ``?`` (see ``select_by_ids``).
 SELECT_BY_IDS = """
@@ -113,8 +140,17 @@ def select_by_ids(layout: Layout, count: int) -> str:
     return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=ids)
 
 
-def padded(ids: list[str]) -> list[str]:
-    """``ids`` repeated at the end up to the statement's power-of-two size (a repeated id matches once)."""
+@cache
+def finish_rows(layout: Layout, count: int) -> str:
+    """``FINISH_ROWS`` for ``count`` rows (1 … ``IN_LIST_MAX``), rounded up like ``select_by_ids``; fill it
+    with ``padded`` rows (a repeated row updates its job once)."""
+    row = "(" + ", ".join("?" * len(FINISH_ROW_COLUMNS)) + ")"
+    return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * _in_list_size(count)))
+
+
+def padded(ids: list[T]) -> list[T]:
+    """``ids`` (or rows) with the last repeated up to the statement's power-of-two size (a repeated id
+    matches once)."""
     return ids + ids[-1:] * (_in_list_size(len(ids)) - len(ids))
 
 
