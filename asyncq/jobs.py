@@ -14,7 +14,7 @@ from typing import Any
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.values import check_identifier, check_int
-from asyncq.storage.engine import Claimed, Held, NewJob
+from asyncq.storage.engine import Held, NewJob
 
 DEFAULT_QUEUE = "default"
 MAX_BODY_BYTES = 64 * 1024
@@ -100,17 +100,11 @@ class Ticket:
         return self.fence.lease_until
 
     @classmethod
-    def from_claimed(cls, claimed: Claimed) -> Ticket:
-        payload = claimed.payload
-        return cls(
-            claimed.id,
-            payload["queue"],
-            payload["body"],
-            claimed.fence,
-            claimed.deadline,
-            claimed.max_attempts,
-            claimed.seq,
-        )
+    def from_row(cls, row: tuple[Any, ...]) -> Ticket:
+        """The ticket of a row the product's CLAIM returned (``engine.claim_rows_in_transaction``), built in one
+        step: a group commit builds one per claimed job."""
+        seq, job_id, queue, body_json, owner, token, attempts, lease_until, deadline, max_attempts = row
+        return cls(job_id, queue, body_json, Fence(owner, token, attempts, lease_until), deadline, max_attempts, seq)
 
     @property
     def held(self) -> Held:

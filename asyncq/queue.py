@@ -131,14 +131,9 @@ class Queue(AsyncFile):
         self, owner: str, *, queue: str = DEFAULT_QUEUE, limit: int = 1, lease_ms: int = DEFAULT_LEASE_MS
     ) -> list[Ticket]:
         """Lease up to ``limit`` ready jobs of ``queue`` in one transaction, each with its own token."""
-        check_identifier(owner, "owner")
-        check_identifier(queue, "queue")
         check_int(limit, "limit", 1, MAX_BATCH)
-        check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
-        claimed = await self._run(
-            lambda con: engine.claim(con, PRODUCT, owner, self.now(), lease_ms, limit=limit, scope={"queue": queue})
-        )
-        return [Ticket.from_claimed(job) for job in claimed]
+        _statuses, tickets = await self.settle_and_claim([], owner, [(queue, limit)], lease_ms)
+        return tickets
 
     async def finish(self, ticket: Ticket, outcome: str, delay_ms: int = 0) -> str | None:
         """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale."""
@@ -173,7 +168,7 @@ class Queue(AsyncFile):
                 con, PRODUCT, items, self.now(), owner, lease_ms, scoped, total
             )
         )
-        return statuses, [Ticket.from_claimed(job) for job in claimed]
+        return statuses, [Ticket.from_row(row) for row in claimed]
 
     async def extend(self, ticket: Ticket, lease_ms: int = DEFAULT_LEASE_MS) -> Ticket | None:
         """Renew a held lease; the renewed ticket, or ``None`` if the lease is lost."""

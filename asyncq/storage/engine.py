@@ -30,14 +30,12 @@ class NewJob(NamedTuple):
 
 
 class Claimed(NamedTuple):
-    """A claimed job: its payload columns, the fence that proves the lease, and what ``Held`` needs."""
+    """A claimed job: its payload columns and the fence that proves the lease."""
 
     id: str
     payload: dict[str, Any]
     fence: Fence
     deadline: int
-    seq: int
-    max_attempts: int
 
 
 class Held(NamedTuple):
@@ -120,23 +118,36 @@ def claim_in_transaction(
     scope: dict[str, Any] | None = None,
 ) -> list[Claimed]:
     """The sweep and the claim, inside a transaction the caller holds."""
+    rows = claim_rows_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+    return [_claimed(layout, row) for row in rows]
+
+
+def claim_rows_in_transaction(
+    con: sqlite3.Connection,
+    layout: Layout,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    *,
+    limit: int = 1,
+    scope: dict[str, Any] | None = None,
+) -> list[tuple[Any, ...]]:
+    """``claim_in_transaction``'s rows as the CLAIM statement returns them, oldest first: ``seq, id,
+    payload…, owner, token, attempts, lease_until, deadline, max_attempts``."""
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, **(scope or {})}
     con.execute(sql(layout, "SWEEP_DEADLINE"), params)
     con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
-    rows = con.execute(sql(layout, "CLAIM"), params).fetchall()
-    return [_claimed(layout, row) for row in sorted(rows)]
+    return sorted(con.execute(sql(layout, "CLAIM"), params).fetchall())
 
 
 def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
     width = len(layout.payload)
-    owner, token, attempts, lease_until, deadline, max_attempts = row[2 + width :]
+    owner, token, attempts, lease_until, deadline, _max_attempts = row[2 + width :]
     return Claimed(
         id=row[1],
         payload=dict(zip(layout.payload, row[2 : 2 + width], strict=True)),
         fence=Fence(owner=owner, token=token, attempt=attempts, lease_until=lease_until),
         deadline=deadline,
-        seq=row[0],
-        max_attempts=max_attempts,
     )
 
 
@@ -356,15 +367,16 @@ def settle_and_claim_in_transaction(
     lease_ms: int,
     wants: Sequence[tuple[dict[str, Any], int]],
     total: int | None = None,
-) -> tuple[list[str | None], list[Claimed]]:
+) -> tuple[list[str | None], list[tuple[Any, ...]]]:
     """A worker pool's group commit, inside a transaction the caller holds: finish ``items`` and claim up to
     ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (one commit for many jobs, each still fenced on its
-    own). ``total``, if given, caps the jobs claimed over all of ``wants`` together."""
-    claimed: list[Claimed] = []
+    own). ``total``, if given, caps the jobs claimed over all of ``wants`` together. The claimed jobs are
+    rows as ``claim_rows_in_transaction`` returns them: the caller builds its own tickets in one step."""
+    claimed: list[tuple[Any, ...]] = []
     statuses = finish_in_transaction(con, layout, items, now_ms)
     for scope, limit in wants:
         if total is not None:
             limit = min(limit, total - len(claimed))
         if limit > 0:
-            claimed += claim_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+            claimed += claim_rows_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
     return statuses, claimed
