@@ -99,27 +99,13 @@ def claim(
 
     The sweep commits even when nothing is claimed; hooks run only when a job was claimed."""
     with write_transaction(con):
-        claimed = claim_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+        rows = claim_rows_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
+        claimed = [_claimed(layout, row) for row in rows]
         if claimed:
             call_hook(fault, "after-claim")
     if claimed:
         call_hook(fault, "after-commit")
     return claimed
-
-
-def claim_in_transaction(
-    con: sqlite3.Connection,
-    layout: Layout,
-    owner: str,
-    now_ms: int,
-    lease_ms: int,
-    *,
-    limit: int = 1,
-    scope: dict[str, Any] | None = None,
-) -> list[Claimed]:
-    """The sweep and the claim, inside a transaction the caller holds."""
-    rows = claim_rows_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
-    return [_claimed(layout, row) for row in rows]
 
 
 def claim_rows_in_transaction(
@@ -132,8 +118,9 @@ def claim_rows_in_transaction(
     limit: int = 1,
     scope: dict[str, Any] | None = None,
 ) -> list[tuple[Any, ...]]:
-    """``claim_in_transaction``'s rows as the CLAIM statement returns them, oldest first: ``seq, id,
-    payload…, owner, token, attempts, lease_until, deadline, max_attempts``."""
+    """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the CLAIM
+    statement returns them, oldest first (``seq, id, payload…, owner, token, attempts, lease_until, deadline,
+    max_attempts``)."""
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, **(scope or {})}
     con.execute(sql(layout, "SWEEP_DEADLINE"), params)
     con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
