@@ -188,7 +188,8 @@ def sample_depths(fixtures: Sequence[Fixture], mode: str, settings: Settings) ->
 def query_plans(con: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     """EXPLAIN QUERY PLAN detail lines of each sweep, claim and finish statement."""
     params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1, "id": "job-0", "seq": 1, "token": 1}
-    params |= {"status": "done", "reason": None, "available_at": now}
+    params |= {"status": "done", "reason": None, "available_at": now, "attempts": 1, "lease_until": now + 1000}
+    params |= {"max_attempts": 3, "deadline": now + TTL_MS}
     return {
         name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", selected(name, params))]
         for name in PLANNED
@@ -263,9 +264,13 @@ class BareLoop:
         accept({"id": claimed_id, "qty": qty})
         now = self.clock()
         self.con.execute("BEGIN IMMEDIATE")
-        seq = self.con.execute(self.SELECT, (claimed_id,)).fetchone()[0]
+        seq, _id, _qty, _status, attempts, max_attempts, token, _owner, lease_until, deadline, _reason = (
+            self.con.execute(self.SELECT, (claimed_id,)).fetchone()
+        )
         change = {"seq": seq, "token": token, "owner": OWNER, "status": "done", "reason": None, "available_at": now}
-        self.con.execute(self.FINISH, change)
+        change |= {"attempts": attempts, "lease_until": lease_until, "max_attempts": max_attempts, "deadline": deadline}
+        if self.con.execute(self.FINISH, change).rowcount != 1:
+            raise RuntimeError(f"the bare loop's finish of {claimed_id} did not land")
         self.con.execute("COMMIT")
 
 

@@ -188,8 +188,9 @@ def floor_drain(con: sqlite3.Connection) -> int:
         rows = floor_transaction(con, claim, params)
         if not rows:
             return handled
-        seq, token = rows[0][0], rows[0][5]
-        done = {"seq": seq, "token": token, "owner": "floor", "status": "done", "reason": None, "available_at": now}
+        seq, _id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
+        done = {"seq": seq, "token": token, "owner": owner, "status": "done", "reason": None, "available_at": now}
+        done |= {"attempts": attempts, "lease_until": lease_until, "max_attempts": max_attempts, "deadline": deadline}
         floor_transaction(con, finish, done)
         handled += 1
 
