@@ -35,7 +35,7 @@ import _report
 
 from asyncq.lab import lease
 from asyncq.storage.schema import LAB
-from asyncq.storage.statements import select_by_ids, sql
+from asyncq.storage.statements import FinishRow, finish_rows, select_by_ids, sql
 
 COMMAND = ".venv/bin/python benchmarks/claim_depth.py"
 T0 = 10**12  # where every fixture's clock starts, on the contract's time base
@@ -46,7 +46,7 @@ BACKING_OFF = 32  # older retries not available before the run ends: every claim
 LOAD_BATCH = 250_000
 INSERT_ROW = """INSERT INTO jobs (id, qty, status, attempts, max_attempts, token, available_at, deadline, owner,
   lease_until, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
-PLANNED = ("SWEEP_DEADLINE", "SWEEP_EXHAUSTED", "CLAIM", "SELECT_BY_IDS", "FINISH")
+PLANNED = ("SWEEP_DEADLINE", "SWEEP_EXHAUSTED", "CLAIM", "SELECT_BY_IDS", "FINISH_ROWS")
 CONTRACT = "DELETE/FULL"
 MODES = {CONTRACT: "contract", "DELETE/OFF": "no fsync", "MEMORY/OFF": "statements only"}  # journal/sync
 SYNC_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
@@ -187,22 +187,22 @@ def sample_depths(fixtures: Sequence[Fixture], mode: str, settings: Settings) ->
 
 def query_plans(con: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     """EXPLAIN QUERY PLAN detail lines of each sweep, claim and finish statement."""
-    params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1, "id": "job-0", "seq": 1, "token": 1}
-    params |= {"status": "done", "reason": None, "available_at": now, "attempts": 1, "lease_until": now + 1000}
-    params |= {"max_attempts": 3, "deadline": now + TTL_MS}
+    params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1}
+    positional = {
+        "SELECT_BY_IDS": ("job-0",),
+        "FINISH_ROWS": FinishRow(1, 1, OWNER, 1, now + 1000, 3, now + TTL_MS, "done", None, now),
+    }
     return {
-        name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", selected(name, params))]
+        name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", positional.get(name, params))]
         for name in PLANNED
     }
 
 
 def statement(name: str) -> str:
-    """The lab's statement ``name``; ``SELECT_BY_IDS`` as the engine sends it for one job."""
-    return select_by_ids(LAB, 1) if name == "SELECT_BY_IDS" else sql(LAB, name)
-
-
-def selected(name: str, params: dict[str, Any]) -> dict[str, Any] | tuple[str]:
-    return (params["id"],) if name == "SELECT_BY_IDS" else params
+    """The lab's statement ``name``; ``SELECT_BY_IDS`` and ``FINISH_ROWS`` as the engine sends them for one job."""
+    if name == "SELECT_BY_IDS":
+        return select_by_ids(LAB, 1)
+    return finish_rows(LAB, 1) if name == "FINISH_ROWS" else sql(LAB, name)
 
 
 def full_scans(plans: dict[str, list[str]]) -> list[str]:
@@ -234,7 +234,7 @@ class LabLoop:
 class BareLoop:
     """The lab's statements in its transactions (3 per job) on a plain connection, with no validation."""
 
-    SELECT, INSERT, CLAIM, FINISH = select_by_ids(LAB, 1), sql(LAB, "INSERT"), sql(LAB, "CLAIM"), sql(LAB, "FINISH")
+    SELECT, INSERT, CLAIM, FINISH = select_by_ids(LAB, 1), sql(LAB, "INSERT"), sql(LAB, "CLAIM"), finish_rows(LAB, 1)
     SWEEPS = (sql(LAB, "SWEEP_DEADLINE"), sql(LAB, "SWEEP_EXHAUSTED"))
 
     def __init__(self, path: Path, mode: str) -> None:
@@ -267,9 +267,8 @@ class BareLoop:
         seq, _id, _qty, _status, attempts, max_attempts, token, _owner, lease_until, deadline, _reason = (
             self.con.execute(self.SELECT, (claimed_id,)).fetchone()
         )
-        change = {"seq": seq, "token": token, "owner": OWNER, "status": "done", "reason": None, "available_at": now}
-        change |= {"attempts": attempts, "lease_until": lease_until, "max_attempts": max_attempts, "deadline": deadline}
-        if self.con.execute(self.FINISH, change).rowcount != 1:
+        change = FinishRow(seq, token, OWNER, attempts, lease_until, max_attempts, deadline, "done", None, now)
+        if not self.con.execute(self.FINISH, change).fetchall():
             raise RuntimeError(f"the bare loop's finish of {claimed_id} did not land")
         self.con.execute("COMMIT")
 

@@ -7,7 +7,7 @@ handler that does nothing, and its jobs/s is ``jobs / (enqueue time + drain time
   concurrency=N).run(burst=True)`` for N = 1, 4, 16, 64 tasks, in each durability mode (``full`` = WAL+FULL,
   ``full-delete`` = DELETE+EXTRA, ``normal`` = WAL+NORMAL). The handler awaits ``asyncio.sleep(0)`` and counts
   the handlers running at once: the peak shows every task slot busy.
-- the floor: a plain ``sqlite3`` loop running asyncq's own INSERT, CLAIM (``UPDATE … RETURNING``) and FINISH
+- the floor: a plain ``sqlite3`` loop running asyncq's own INSERT, CLAIM (``UPDATE … RETURNING``) and finish
   statements, one job per ``BEGIN IMMEDIATE`` transaction each (three commits per job), in WAL+FULL.
 - huey ``SqliteHuey(journal_mode='wal', fsync=True)``: ``task()`` calls, then an in-process loop of
   ``dequeue()`` + ``execute()`` (not the multi-process consumer).
@@ -49,7 +49,7 @@ from asyncq.jobs import DEFAULT_QUEUE, JobSpec
 from asyncq.pool import JobContext, Pool
 from asyncq.queue import Queue
 from asyncq.storage.schema import PRODUCT
-from asyncq.storage.statements import sql
+from asyncq.storage.statements import FinishRow, finish_rows, sql
 
 COMMAND = ".venv/bin/python benchmarks/throughput.py"
 SECTION = "throughput"
@@ -173,7 +173,7 @@ def floor_open(file: Path) -> sqlite3.Connection:
     return con
 
 
-def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str, Any]) -> list[Any]:
+def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str, Any] | FinishRow) -> list[Any]:
     con.execute("BEGIN IMMEDIATE")
     rows = con.execute(statement, params).fetchall()
     con.execute("COMMIT")
@@ -181,7 +181,7 @@ def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str,
 
 
 def floor_drain(con: sqlite3.Connection) -> int:
-    claim, finish, handled = sql(PRODUCT, "CLAIM"), sql(PRODUCT, "FINISH"), 0
+    claim, finish, handled = sql(PRODUCT, "CLAIM"), finish_rows(PRODUCT, 1), 0
     while True:
         now = time.time_ns() // 1_000_000
         params = {"now": now, "owner": "floor", "lease_ms": 30_000, "limit": 1, "queue": DEFAULT_QUEUE}
@@ -189,9 +189,9 @@ def floor_drain(con: sqlite3.Connection) -> int:
         if not rows:
             return handled
         seq, _id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
-        done = {"seq": seq, "token": token, "owner": owner, "status": "done", "reason": None, "available_at": now}
-        done |= {"attempts": attempts, "lease_until": lease_until, "max_attempts": max_attempts, "deadline": deadline}
-        floor_transaction(con, finish, done)
+        done = FinishRow(seq, token, owner, attempts, lease_until, max_attempts, deadline, "done", None, now)
+        if not floor_transaction(con, finish, done):
+            raise RuntimeError(f"the floor's finish of seq {seq} did not land")
         handled += 1
 
 

@@ -16,7 +16,7 @@ from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence
 from asyncq.errors import Conflict
 from asyncq.storage.connection import Hook, call_hook, write_transaction
 from asyncq.storage.schema import Layout
-from asyncq.storage.statements import IN_LIST_MAX, finish_rows, padded, select_by_ids, sql
+from asyncq.storage.statements import IN_LIST_MAX, FinishRow, finish_rows, padded, select_by_ids, sql
 
 
 class NewJob(NamedTuple):
@@ -198,11 +198,11 @@ def finish_in_transaction(
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
     if fault is None and expect is None and _all_held_once(items):
         return _finish_held(con, layout, items, now_ms)
-    unread = [item.id for item in items if item.held is None]
-    states = read_states(con, layout, unread) if unread else {}
+    reads = [item.id for item in items if _reads_row(item, expect)]
+    states = read_states(con, layout, reads) if reads else {}
     statuses: list[str | None] = []
     for item in items:
-        if item.held is None:
+        if _reads_row(item, expect):
             found = states.get(item.id)
             expected = (expect or {}).get(item.id)
             if found is None or (expected is not None and any(found[1][k] != v for k, v in expected.items())):
@@ -210,13 +210,15 @@ def finish_in_transaction(
                 continue
             seq, state = found[0], found[2]
         else:
-            fence, held = item.fence, item.held
-            seq = held.seq
-            state = JobState(
-                LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
-            )
+            assert item.held is not None  # _reads_row
+            seq, state = item.held.seq, _snapshot(item.fence, item.held)
         statuses.append(_finish_one(con, layout, item, seq, state, now_ms, fault))
     return statuses
+
+
+def _reads_row(item: Finish, expect: dict[str, Any] | None) -> bool:
+    """Whether ``item`` is decided on its row read now: it has no snapshot, or a payload to compare."""
+    return item.held is None or (expect is not None and item.id in expect)
 
 
 def _all_held_once(items: Sequence[Finish]) -> bool:
@@ -224,60 +226,63 @@ def _all_held_once(items: Sequence[Finish]) -> bool:
     return len(seqs) == len(items)
 
 
+def _snapshot(fence: Fence, held: Held) -> JobState:
+    """The leased row as its claim returned it, with the fence's (possibly renewed) ``lease_until``."""
+    return JobState(
+        LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
+    )
+
+
 def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
     """``finish_in_transaction`` for items that all carry ``held``, one job each: every decision first, then
     one compare-and-set statement per 64 rows instead of one per row (what a pool's group commit sends)."""
-    decided: list[tuple[int, tuple[Any, ...], str]] = []  # (position in items, FINISH_ROWS row, new status)
+    decided: list[tuple[int, FinishRow]] = []  # (position in items, its row)
     for position, item in enumerate(items):
-        fence, held = item.fence, item.held
-        assert held is not None  # _all_held_once
-        state = JobState(
-            LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
-        )
-        change = decide_finish(state, fence, item.outcome, now_ms, item.delay_ms)
-        if change is not None:
-            row = (held.seq, *fence_columns(state), change.status, change.reason, change.available_at)
-            decided.append((position, row, change.status))
+        assert item.held is not None  # _all_held_once
+        row = _finish_row(item, item.held.seq, _snapshot(item.fence, item.held), now_ms)
+        if row is not None:
+            decided.append((position, row))
     statuses: list[str | None] = [None] * len(items)
     for start in range(0, len(decided), IN_LIST_MAX):
         chunk = decided[start : start + IN_LIST_MAX]
-        values = [value for row in padded([row for _, row, _ in chunk]) for value in row]
+        values = [value for row in padded([row for _, row in chunk]) for value in row]
         landed = {seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), values)}
-        for position, row, status in chunk:
-            if row[0] in landed:
-                statuses[position] = status
+        for position, row in chunk:
+            if row.seq in landed:
+                statuses[position] = row.status
     return statuses
 
 
-def fence_columns(state: JobState) -> tuple[Any, ...]:
-    """The compare-and-set's columns after ``seq``, in ``FINISH_ROW_COLUMNS`` order."""
-    return state.token, state.owner, state.attempts, state.lease_until, state.max_attempts, state.deadline
+def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishRow | None:
+    """The decision on ``state`` as a row of the finish's compare-and-set, or ``None`` if stale."""
+    change = decide_finish(state, item.fence, item.outcome, now_ms, item.delay_ms)
+    if change is None:
+        return None
+    return FinishRow(
+        seq,
+        state.token,
+        state.owner,
+        state.attempts,
+        state.lease_until,
+        state.max_attempts,
+        state.deadline,
+        change.status,
+        change.reason,
+        change.available_at,
+    )
 
 
 def _finish_one(
     con: sqlite3.Connection, layout: Layout, item: Finish, seq: int, state: JobState, now_ms: int, fault: Hook
 ) -> str | None:
-    change = decide_finish(state, item.fence, item.outcome, now_ms, item.delay_ms)
-    if change is None:
-        return None
-    params = {
-        "seq": seq,
-        "token": state.token,
-        "owner": state.owner,
-        "attempts": state.attempts,
-        "max_attempts": state.max_attempts,
-        "lease_until": state.lease_until,
-        "deadline": state.deadline,
-        "status": change.status,
-        "reason": change.reason,
-        "available_at": change.available_at,
-    }
-    # Compare-and-set on every column the decision read. A state read before the batch is stale for a
-    # second ticket of a job the batch already finished; a claim's snapshot is stale once the lease is lost.
-    if con.execute(sql(layout, "FINISH"), params).rowcount != 1:
+    """One finish, decided and written on its own (the lab's path: its fault point follows each change). A
+    state read before the batch is stale for a second ticket of a job the batch already finished, and the
+    compare-and-set refuses it."""
+    row = _finish_row(item, seq, state, now_ms)
+    if row is None or not con.execute(finish_rows(layout, 1), row).fetchall():
         return None
     call_hook(fault, "after-finish")
-    return change.status
+    return row.status
 
 
 def extend(

@@ -9,7 +9,7 @@ up) is parked as dead before the selection, in two statements so that each can s
 from __future__ import annotations
 
 from functools import cache
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from asyncq.storage.schema import Layout
 
@@ -42,8 +42,9 @@ WHERE seq IN (
 RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts
 """
 
-# FINISH for many rows in one statement: ``{rows}`` is a list of ``(?, …)`` rows (see ``finish_rows``), each
-# the FINISH parameters in FINISH_ROW_COLUMNS' order; RETURNING names the rows that landed.
+# The finish: a compare-and-set that lands only on the row version each decision was made on (every column
+# it read), for one row or many in one statement. ``{rows}`` is a list of ``(?, …)`` rows (see
+# ``finish_rows``), each a ``FinishRow``; RETURNING names the rows that landed.
 FINISH_ROWS = """
 UPDATE {jobs} SET status = v.column8, reason = v.column9, available_at = v.column10,
     owner = NULL, lease_until = NULL
@@ -53,18 +54,22 @@ WHERE {jobs}.seq = v.column1 AND {jobs}.status = 'leased' AND {jobs}.token = v.c
   AND {jobs}.max_attempts = v.column6 AND {jobs}.deadline = v.column7
 RETURNING {jobs}.seq
 """
-FINISH_ROW_COLUMNS = (
-    "seq",
-    "token",
-    "owner",
-    "attempts",
-    "lease_until",
-    "max_attempts",
-    "deadline",
-    "status",
-    "reason",
-    "available_at",
-)
+
+
+class FinishRow(NamedTuple):
+    """One row of ``FINISH_ROWS``: the compare-and-set's columns, then the new values."""
+
+    seq: int
+    token: int
+    owner: str | None
+    attempts: int
+    lease_until: int | None
+    max_attempts: int
+    deadline: int
+    status: str
+    reason: str | None
+    available_at: int
+
 
 # ``{ids}`` is a list of ``?`` (see ``select_by_ids``).
 SELECT_BY_IDS = """
@@ -77,14 +82,6 @@ INSERT = """
 INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
 VALUES (:id, {payload_params}, 'pending', 0, :max_attempts, 0, :available_at, :deadline)
 ON CONFLICT (id) DO NOTHING
-"""
-
-# Compare-and-set: lands only on the row version the decision was made on (every column it read).
-FINISH = """
-UPDATE {jobs} SET status = :status, reason = :reason, available_at = :available_at,
-    owner = NULL, lease_until = NULL
-WHERE seq = :seq AND status = 'leased' AND token = :token AND owner = :owner AND attempts = :attempts
-  AND lease_until = :lease_until AND max_attempts = :max_attempts AND deadline = :deadline
 """
 
 EXTEND = """
@@ -109,7 +106,6 @@ NAMES = {
     "SWEEP_EXHAUSTED": SWEEP_EXHAUSTED,
     "CLAIM": CLAIM,
     "INSERT": INSERT,
-    "FINISH": FINISH,
     "EXTEND": EXTEND,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
@@ -144,7 +140,7 @@ def select_by_ids(layout: Layout, count: int) -> str:
 def finish_rows(layout: Layout, count: int) -> str:
     """``FINISH_ROWS`` for ``count`` rows (1 … ``IN_LIST_MAX``), rounded up like ``select_by_ids``; fill it
     with ``padded`` rows (a repeated row updates its job once)."""
-    row = "(" + ", ".join("?" * len(FINISH_ROW_COLUMNS)) + ")"
+    row = "(" + ", ".join("?" * len(FinishRow._fields)) + ")"
     return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * _in_list_size(count)))
 
 
