@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/http_delivery.py            # full run; writes docs/benchmarks.md
     .venv/bin/python benchmarks/http_delivery.py --quick    # smoke run, prints only
+    .venv/bin/python benchmarks/http_delivery.py --concurrency 16 --burn-us 40   # also the bare loop + 40 µs/job
 
 Both sides post the same events to the same kind of receiver (``python -m asyncq.inbox``, a fresh file per
 run, WAL+FULL, group commit) at the same concurrency, alternating run by run. The bare loop holds the events
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import sys
@@ -37,8 +39,9 @@ from asyncq.pool import deliver_with  # noqa: E402
 Side = Callable[[str, Path, int, int], Awaitable[float]]
 
 
-async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int) -> float:
-    """``concurrency`` tasks posting events from a shared list with one session; jobs/s."""
+async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int, burn_us: int = 0) -> float:
+    """``concurrency`` tasks posting events from a shared list with one session; jobs/s. With ``burn_us``,
+    each task first spends that much CPU per job (a probe of how sensitive the rhythm is, not a baseline)."""
     events = iter(range(jobs))
     started = time.perf_counter()
     async with aiohttp.ClientSession(trust_env=False) as session:
@@ -46,6 +49,9 @@ async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int) -> floa
         async def post_all() -> None:
             for n in events:
                 job_id = f"job-{n:06d}"
+                burn_until = time.thread_time() + burn_us / 1e6
+                while time.thread_time() < burn_until:
+                    pass
                 async with session.post(url, json={"qty": 1}, headers={"Idempotency-Key": job_id}) as response:
                     assert response.status == 200
                     verify_ack(job_id, await response.read())
@@ -82,13 +88,16 @@ def measure(side: Side, jobs: int, concurrency: int) -> float:
             receiver.wait(timeout=30)
 
 
-def run(jobs: int, runs: int, concurrencies: list[int]) -> list[list[object]]:
+def run(jobs: int, runs: int, concurrencies: list[int], burn_us: int = 0) -> list[list[object]]:
     rows: list[list[object]] = []
     for concurrency in concurrencies:
         bare: list[float] = []
         pooled: list[float] = []
+        burned: list[float] = []
         for _ in range(runs):  # alternate, so drift in the machine hits both sides alike
             bare.append(measure(bare_loop, jobs, concurrency))
+            if burn_us:
+                burned.append(measure(functools.partial(bare_loop, burn_us=burn_us), jobs, concurrency))
             pooled.append(measure(pool_side, jobs, concurrency))
         ratio = statistics.median(pooled) / statistics.median(bare)
         paired = sorted(p / b for p, b in zip(pooled, bare, strict=True))  # each pool run / the bare run before it
@@ -104,6 +113,12 @@ def run(jobs: int, runs: int, concurrencies: list[int]) -> list[list[object]]:
                 verdict(ratio >= 0.75),
             ]
         )
+        if burned:
+            probe = statistics.median(burned)
+            rows[-1] += [
+                f"{probe:,.0f} ({min(burned):,.0f}-{max(burned):,.0f})",
+                f"{probe / statistics.median(bare):.2f}x",
+            ]
     return rows
 
 
@@ -113,6 +128,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20,000)")
     parser.add_argument("--runs", type=int, default=7, help="alternating runs a side (default 7)")
     parser.add_argument("--concurrency", type=int, action="append", help="tasks a side (default 16, 32, 64, 128)")
+    parser.add_argument(
+        "--burn-us",
+        type=int,
+        default=0,
+        help="also run the bare loop spending this much CPU per job (a sensitivity probe); does not write docs",
+    )
     args = parser.parse_args()
     concurrencies = args.concurrency or [16, 32, 64, 128]
     jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (args.jobs, args.runs, concurrencies)
@@ -126,10 +147,12 @@ def main() -> None:
         "run by run",
         "target ≥ 0.75x",
     ]
-    rows = run(jobs, runs, concurrencies)
+    if args.burn_us:
+        headers += [f"bare loop + {args.burn_us} µs CPU/job", "burned / bare"]
+    rows = run(jobs, runs, concurrencies, args.burn_us)
     title = f"HTTP delivery to the inbox receiver, {jobs} jobs a run, medians of {runs} alternating runs"
     print_table(title, headers, rows)
-    if not args.quick:
+    if not (args.quick or args.burn_us):
         body = "\n".join(
             [
                 "## HTTP delivery: the pool against a bare aiohttp loop (`http_delivery`)",
