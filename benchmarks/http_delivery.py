@@ -176,14 +176,14 @@ def main() -> None:
                 "bare loop costs (≈ 185 against 197 µs at 16 tasks, 154 against 151 at 128). The pool adds ≈ 40 µs a",
                 "job at 128 tasks: the group commit (≈ 25 µs, ≈ 17 of them SQLite's statements: the claim with its",
                 "sweeps, the finishes' compare-and-set), the worker's own step (≈ 7) and enqueueing (≈ 6 on the loop's",
-                "thread, plus the connection thread's inserts, done before the run: 5-7 % of the pool's time).",
+                "thread), plus ≈ 25 µs a job in the connection's thread (the inserts before the run, the commits).",
                 "At 16 tasks it adds ≈ 60-70 µs: a commit carries ≈ 17 jobs instead of ≈ 116, so its fixed costs",
-                "(BEGIN, the sweeps, the",
-                "claim, the hop to the connection's thread for COMMIT) weigh more on each. At 16 tasks the receiver",
-                "matters too: its group commits are small (≈ 4-5 events; 225 µs of its CPU per event for the bare",
-                "loop's requests, 255 for the pool's, which arrive less bunched) and the two processes come near the",
-                "VM's 2 cores. How it got here, and what was tried and measured but not kept, is in",
-                'docs/architecture.md ("The pool").',
+                "(BEGIN, the sweeps, the claim, the hop to the connection's thread for COMMIT) weigh more on each.",
+                "At 16 tasks the two processes come near the VM's 2 cores, and the bare loop's fast rhythm with the",
+                "receiver is fragile: `--burn-us 40` (the bare loop spending 40 µs of CPU per job before posting) took",
+                "it to 0.94x and 0.89x of itself in two invocations at 16 tasks (2,918 → 2,738 and 2,962 → 2,636",
+                "jobs/s), where the pool made 0.78x and 0.79x. How it got here, and what was tried and measured but",
+                'not kept, is in docs/architecture.md ("The pool").',
             ]
         )
         write_section("http_delivery", body)
