@@ -222,6 +222,7 @@ def _reads_row(item: Finish, expect: dict[str, Any] | None) -> bool:
 
 
 def _all_held_once(items: Sequence[Finish]) -> bool:
+    """Whether every item carries a snapshot and names a job no other item names."""
     seqs = {item.held.seq for item in items if item.held is not None}
     return len(seqs) == len(items)
 
