@@ -190,7 +190,7 @@ def query_plans(con: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1}
     positional = {
         "SELECT_BY_IDS": ("job-0",),
-        "FINISH_ROWS": FinishRow(1, 1, OWNER, 1, now + 1000, 3, now + TTL_MS, "done", None, now),
+        "FINISH_ROWS": FinishRow(1, "job-0", 1, OWNER, 1, now + 1000, 3, now + TTL_MS, "done", None, now),
     }
     return {
         name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", positional.get(name, params))]
@@ -267,7 +267,9 @@ class BareLoop:
         seq, _id, _qty, _status, attempts, max_attempts, token, _owner, lease_until, deadline, _reason = (
             self.con.execute(self.SELECT, (claimed_id,)).fetchone()
         )
-        change = FinishRow(seq, token, OWNER, attempts, lease_until, max_attempts, deadline, "done", None, now)
+        change = FinishRow(
+            seq, claimed_id, token, OWNER, attempts, lease_until, max_attempts, deadline, "done", None, now
+        )
         if not self.con.execute(self.FINISH, change).fetchall():
             raise RuntimeError(f"the bare loop's finish of {claimed_id} did not land")
         self.con.execute("COMMIT")

@@ -188,8 +188,8 @@ def floor_drain(con: sqlite3.Connection) -> int:
         rows = floor_transaction(con, claim, params)
         if not rows:
             return handled
-        seq, _id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
-        done = FinishRow(seq, token, owner, attempts, lease_until, max_attempts, deadline, "done", None, now)
+        seq, job_id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
+        done = FinishRow(seq, job_id, token, owner, attempts, lease_until, max_attempts, deadline, "done", None, now)
         if not floor_transaction(con, finish, done):
             raise RuntimeError(f"the floor's finish of seq {seq} did not land")
         handled += 1

@@ -287,6 +287,19 @@ async def test_a_ticket_whose_snapshot_differs_from_the_row_is_stale_and_changes
     assert job_row(path, "last")["reason"] == "exhausted"
 
 
+async def test_a_ticket_naming_another_jobs_seq_finishes_neither(queue: Queue, path: Path) -> None:
+    # Two jobs claimed together can match in every lifecycle column (owner, token, attempt, lease, budget,
+    # deadline): only the id tells them apart, so the compare-and-set checks it too.
+    await queue.enqueue_many([JobSpec("twin-a", {}), JobSpec("twin-b", {})])
+    a, b = await queue.claim("w1", limit=2, lease_ms=10_000)
+    assert (a.fence[1:], a.max_attempts, a.deadline) == (b.fence[1:], b.max_attempts, b.deadline)
+    before = snapshot(path)
+    assert await queue.finish(replace(a, seq=b.seq), "ok") is None
+    assert await queue.finish_many([(replace(b, seq=a.seq), "ok", 0), (replace(a, seq=b.seq), "ok", 0)]) == [None, None]
+    assert snapshot(path) == before
+    assert await queue.finish_many([(a, "ok", 0), (b, "ok", 0)]) == ["done", "done"]
+
+
 async def test_finish_many_past_one_statements_worth_of_rows_lands_each_outcome(queue: Queue, path: Path) -> None:
     # 150 finishes are written 64 rows a statement; every outcome lands on its own row.
     await queue.enqueue_many([JobSpec(f"job-{n:03d}", {"n": n}) for n in range(150)])

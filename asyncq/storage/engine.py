@@ -261,6 +261,7 @@ def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishR
         return None
     return FinishRow(
         seq,
+        item.id,
         state.token,
         state.owner,
         state.attempts,

@@ -46,20 +46,22 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 # it read), for one row or many in one statement. ``{rows}`` is a list of ``(?, …)`` rows (see
 # ``finish_rows``), each a ``FinishRow``; RETURNING names the rows that landed.
 FINISH_ROWS = """
-UPDATE {jobs} SET status = v.column8, reason = v.column9, available_at = v.column10,
+UPDATE {jobs} SET status = v.column9, reason = v.column10, available_at = v.column11,
     owner = NULL, lease_until = NULL
 FROM (VALUES {rows}) AS v
-WHERE {jobs}.seq = v.column1 AND {jobs}.status = 'leased' AND {jobs}.token = v.column2
-  AND {jobs}.owner = v.column3 AND {jobs}.attempts = v.column4 AND {jobs}.lease_until = v.column5
-  AND {jobs}.max_attempts = v.column6 AND {jobs}.deadline = v.column7
+WHERE {jobs}.seq = v.column1 AND {jobs}.id = v.column2 AND {jobs}.status = 'leased'
+  AND {jobs}.token = v.column3 AND {jobs}.owner = v.column4 AND {jobs}.attempts = v.column5
+  AND {jobs}.lease_until = v.column6 AND {jobs}.max_attempts = v.column7 AND {jobs}.deadline = v.column8
 RETURNING {jobs}.seq
 """
 
 
 class FinishRow(NamedTuple):
-    """One row of ``FINISH_ROWS``: the compare-and-set's columns, then the new values."""
+    """One row of ``FINISH_ROWS``: the compare-and-set's columns, then the new values. The id is compared
+    too: two jobs claimed together can match in every other column."""
 
     seq: int
+    id: str
     token: int
     owner: str | None
     attempts: int
