@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/http_delivery.py            # full run; writes docs/benchmarks.md
     .venv/bin/python benchmarks/http_delivery.py --quick    # smoke run, prints only
     .venv/bin/python benchmarks/http_delivery.py --concurrency 16 --burn-us 40   # also the bare loop + 40 µs/job
+    .venv/bin/python benchmarks/http_delivery.py --producer alongside   # enqueue while the pool delivers
 
 Both sides post the same events to the same kind of receiver (``python -m asyncq.inbox``, a fresh file per
 run, WAL+FULL, group commit) at the same concurrency, alternating run by run. The bare loop holds the events
@@ -77,6 +78,53 @@ async def pool_side(url: str, folder: Path, jobs: int, concurrency: int) -> floa
     return jobs / (time.perf_counter() - started)
 
 
+class _StopWhenDone:
+    """Pool observer that stops the pool once ``jobs`` jobs are done."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs, self.done = jobs, 0
+        self.pool: Pool | None = None
+
+    def on_claimed(self, count: int) -> None:
+        pass
+
+    def on_finished(self, outcome: str, status: str | None) -> None:
+        if status == "done":
+            self.done += 1
+        if self.done == self.jobs and self.pool is not None:
+            self.pool.stop()
+
+    def on_delivery(self, seconds: float, outcome: str) -> None:
+        pass
+
+    def on_lease_lost(self) -> None:
+        pass
+
+
+async def pool_alongside(url: str, folder: Path, jobs: int, concurrency: int) -> float:
+    """``pool_side`` with the producer enqueueing its batches while the pool already delivers (as an app's
+    producer does); jobs/s from the first enqueue to the last finish."""
+    started = time.perf_counter()
+    async with await Queue.open(str(folder / "queue.db")) as queue:
+        transport = HttpTransport(url)
+        observer = _StopWhenDone(jobs)
+        pool = observer.pool = Pool(queue, concurrency=concurrency, observer=observer)
+        pool.register("default", deliver_with(transport))
+
+        async def produce() -> None:
+            for start in range(0, jobs, 1000):
+                await queue.enqueue_many(
+                    [JobSpec(f"job-{n:06d}", {"qty": 1}) for n in range(start, min(start + 1000, jobs))]
+                )
+
+        producer = asyncio.create_task(produce())
+        await pool.run()
+        await producer
+        await transport.close()
+        assert pool.counters.finished.get("done") == jobs, pool.counters
+    return jobs / (time.perf_counter() - started)
+
+
 def measure(side: Side, jobs: int, concurrency: int) -> float:
     with tempfile.TemporaryDirectory(prefix="asyncq-http-bench-") as name:
         folder = Path(name)
@@ -88,7 +136,7 @@ def measure(side: Side, jobs: int, concurrency: int) -> float:
             receiver.wait(timeout=30)
 
 
-def run(jobs: int, runs: int, concurrencies: list[int], burn_us: int = 0) -> list[list[object]]:
+def run(jobs: int, runs: int, concurrencies: list[int], burn_us: int = 0, pool: Side = pool_side) -> list[list[object]]:
     rows: list[list[object]] = []
     for concurrency in concurrencies:
         bare: list[float] = []
@@ -98,7 +146,7 @@ def run(jobs: int, runs: int, concurrencies: list[int], burn_us: int = 0) -> lis
             bare.append(measure(bare_loop, jobs, concurrency))
             if burn_us:
                 burned.append(measure(functools.partial(bare_loop, burn_us=burn_us), jobs, concurrency))
-            pooled.append(measure(pool_side, jobs, concurrency))
+            pooled.append(measure(pool, jobs, concurrency))
         ratio = statistics.median(pooled) / statistics.median(bare)
         paired = sorted(p / b for p, b in zip(pooled, bare, strict=True))  # each pool run / the bare run before it
         rows.append(
@@ -134,6 +182,13 @@ def main() -> None:
         default=0,
         help="also run the bare loop spending this much CPU per job (a sensitivity probe); does not write docs",
     )
+    parser.add_argument(
+        "--producer",
+        choices=("before", "alongside"),
+        default="before",
+        help="enqueue every job before the pool starts (default, the verdict's method) or while it runs "
+        "(informational; does not write docs)",
+    )
     args = parser.parse_args()
     concurrencies = args.concurrency or [16, 32, 64, 128]
     jobs, runs, concurrencies = (500, 1, [16]) if args.quick else (args.jobs, args.runs, concurrencies)
@@ -149,10 +204,13 @@ def main() -> None:
     ]
     if args.burn_us:
         headers += [f"bare loop + {args.burn_us} µs CPU/job", "burned / bare"]
-    rows = run(jobs, runs, concurrencies, args.burn_us)
+    alongside = args.producer == "alongside"
+    rows = run(jobs, runs, concurrencies, args.burn_us, pool_alongside if alongside else pool_side)
     title = f"HTTP delivery to the inbox receiver, {jobs} jobs a run, medians of {runs} alternating runs"
+    if alongside:
+        title += "; the pool's producer enqueues while it delivers"
     print_table(title, headers, rows)
-    if not (args.quick or args.burn_us):
+    if not (args.quick or args.burn_us or alongside):
         body = "\n".join(
             [
                 "## HTTP delivery: the pool against a bare aiohttp loop (`http_delivery`)",
