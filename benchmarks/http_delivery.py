@@ -61,14 +61,17 @@ async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int, burn_us
     return jobs / (time.perf_counter() - started)
 
 
+async def enqueue_all(queue: Queue, jobs: int) -> None:
+    """The same events as the bare loop's, as jobs, in batches of 1,000."""
+    for start in range(0, jobs, 1000):
+        await queue.enqueue_many([JobSpec(f"job-{n:06d}", {"qty": 1}) for n in range(start, min(start + 1000, jobs))])
+
+
 async def pool_side(url: str, folder: Path, jobs: int, concurrency: int) -> float:
     """Enqueue, then a pool of ``concurrency`` tasks delivering through ``HttpTransport``; jobs/s."""
     started = time.perf_counter()
     async with await Queue.open(str(folder / "queue.db")) as queue:
-        for start in range(0, jobs, 1000):
-            await queue.enqueue_many(
-                [JobSpec(f"job-{n:06d}", {"qty": 1}) for n in range(start, min(start + 1000, jobs))]
-            )
+        await enqueue_all(queue, jobs)
         transport = HttpTransport(url)
         pool = Pool(queue, concurrency=concurrency)
         pool.register("default", deliver_with(transport))
@@ -110,14 +113,7 @@ async def pool_alongside(url: str, folder: Path, jobs: int, concurrency: int) ->
         observer = _StopWhenDone(jobs)
         pool = observer.pool = Pool(queue, concurrency=concurrency, observer=observer)
         pool.register("default", deliver_with(transport))
-
-        async def produce() -> None:
-            for start in range(0, jobs, 1000):
-                await queue.enqueue_many(
-                    [JobSpec(f"job-{n:06d}", {"qty": 1}) for n in range(start, min(start + 1000, jobs))]
-                )
-
-        producer = asyncio.create_task(produce())
+        producer = asyncio.create_task(enqueue_all(queue, jobs))
         await pool.run()
         await producer
         await transport.close()
