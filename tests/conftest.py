@@ -54,6 +54,10 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def db(tmp_path: Path, template: Path) -> Path:
     """A fresh copy of ``template`` for one test to change."""
-    copy = tmp_path / "q.db"
-    shutil.copyfile(template, copy)
-    return copy
+    return fresh_copy(template, tmp_path / "q.db")
+
+
+def fresh_copy(template: Path, destination: Path) -> Path:
+    """``template`` copied to ``destination`` (a file built once, for one test to change); the copy's path."""
+    shutil.copyfile(template, destination)
+    return destination

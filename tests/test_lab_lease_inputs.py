@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fresh_copy
 
 from asyncq.lab.lease import claim, enqueue, finish, open_queue, redrive, retry_delay, run_file, run_once
 
@@ -154,7 +154,7 @@ def event_cases() -> list[tuple[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def lab_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A queue where a valid call of every function would change something: a sweepable row (``late``),
     a claimable one (``ready``), a held lease ``held`` (owner ``w``) and a dead job ``dead`` with one audit
     row. Built once; every test gets its own copy of the file."""
@@ -177,10 +177,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def path(tmp_path: Path, template: Path) -> Path:
-    copy_path = tmp_path / "queue.db"
-    shutil.copyfile(template, copy_path)
-    return copy_path
+def path(tmp_path: Path, lab_template: Path) -> Path:
+    """This module's queue file (conftest's ``con`` opens it): a fresh copy of ``lab_template``."""
+    return fresh_copy(lab_template, tmp_path / "queue.db")
 
 
 HELD = {"id": "held", "qty": 5, "owner": "w", "token": 1, "attempt": 1, "lease_until": 6000}
