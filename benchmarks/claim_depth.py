@@ -35,7 +35,7 @@ import _report
 
 from asyncq.lab import lease
 from asyncq.storage.schema import LAB
-from asyncq.storage.statements import FinishRow, finish_rows, select_by_ids, sql
+from asyncq.storage.statements import FinishRow, finish_rows, insert_rows, select_by_ids, sql
 
 COMMAND = ".venv/bin/python benchmarks/claim_depth.py"
 T0 = 10**12  # where every fixture's clock starts, on the contract's time base
@@ -234,7 +234,7 @@ class LabLoop:
 class BareLoop:
     """The lab's statements in its transactions (3 per job) on a plain connection, with no validation."""
 
-    SELECT, INSERT, CLAIM, FINISH = select_by_ids(LAB, 1), sql(LAB, "INSERT"), sql(LAB, "CLAIM"), finish_rows(LAB, 1)
+    SELECT, INSERT, CLAIM, FINISH = select_by_ids(LAB, 1), insert_rows(LAB, 1), sql(LAB, "CLAIM"), finish_rows(LAB, 1)
     SWEEPS = (sql(LAB, "SWEEP_DEADLINE"), sql(LAB, "SWEEP_EXHAUSTED"))
 
     def __init__(self, path: Path, mode: str) -> None:
@@ -246,14 +246,7 @@ class BareLoop:
         job_id, now = f"job-{i}", self.clock()
         self.con.execute("BEGIN IMMEDIATE")
         if self.con.execute(self.SELECT, (job_id,)).fetchone() is None:
-            params = {
-                "id": job_id,
-                "qty": 1 + i % 1000,
-                "max_attempts": 3,
-                "available_at": now,
-                "deadline": now + TTL_MS,
-            }
-            self.con.execute(self.INSERT, params)
+            self.con.execute(self.INSERT, (job_id, 1 + i % 1000, 3, now, now + TTL_MS)).fetchall()
         self.con.execute("COMMIT")
         params = {"now": self.clock(), "owner": OWNER, "lease_ms": 1000, "limit": 1}
         self.con.execute("BEGIN IMMEDIATE")

@@ -49,7 +49,7 @@ from asyncq.jobs import DEFAULT_QUEUE, JobSpec
 from asyncq.pool import JobContext, Pool
 from asyncq.queue import Queue
 from asyncq.storage.schema import PRODUCT
-from asyncq.storage.statements import FinishRow, finish_rows, sql
+from asyncq.storage.statements import FinishRow, finish_rows, insert_rows, sql
 
 COMMAND = ".venv/bin/python benchmarks/throughput.py"
 SECTION = "throughput"
@@ -173,7 +173,7 @@ def floor_open(file: Path) -> sqlite3.Connection:
     return con
 
 
-def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str, Any] | FinishRow) -> list[Any]:
+def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str, Any] | tuple[Any, ...]) -> list[Any]:
     con.execute("BEGIN IMMEDIATE")
     rows = con.execute(statement, params).fetchall()
     con.execute("COMMIT")
@@ -198,11 +198,11 @@ def floor_drain(con: sqlite3.Connection) -> int:
 def floor_run(path: Path, jobs: int) -> Sample:
     con = floor_open(path / "floor.db")
     try:
-        insert, start = sql(PRODUCT, "INSERT"), time.perf_counter()
+        insert, start = insert_rows(PRODUCT, 1), time.perf_counter()
         for n in range(jobs):
             now = time.time_ns() // 1_000_000
-            row = {"id": f"job-{n}", "queue": DEFAULT_QUEUE, "body": f'{{"n":{n}}}', "max_attempts": 3}
-            floor_transaction(con, insert, row | {"available_at": now, "deadline": now + 86_400_000})
+            row = (f"job-{n}", DEFAULT_QUEUE, f'{{"n":{n}}}', 3, now, now + 86_400_000)
+            floor_transaction(con, insert, row)
         enqueued = time.perf_counter()
         check_drained(FLOOR, floor_drain(con), jobs)
         drained = time.perf_counter()

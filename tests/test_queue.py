@@ -118,6 +118,33 @@ async def test_enqueue_many_reports_each_job_and_accepts_repeats_in_one_batch(qu
     assert [r[0] for r in read(path, "SELECT id FROM asyncq_jobs ORDER BY seq")] == ["old", "new"]
 
 
+async def test_enqueue_many_over_several_insert_statements_reports_each_job_in_order(queue: Queue, path: Path) -> None:
+    # 600 jobs take three INSERT_ROWS statements (256 + 256 + 88, padded to 128); known ids sit in each.
+    await queue.enqueue_many([JobSpec(f"job-{n:03d}", {"n": n}) for n in (5, 300, 599)])
+    added = await queue.enqueue_many([JobSpec(f"job-{n:03d}", {"n": n}) for n in range(600)])
+    assert added == [n not in (5, 300, 599) for n in range(600)]
+    rows = read(path, "SELECT id, body, status, attempts, token FROM asyncq_jobs ORDER BY seq")
+    expected_order = [5, 300, 599] + [n for n in range(600) if n not in (5, 300, 599)]  # seq follows the batch
+    assert rows == [(f"job-{n:03d}", f'{{"n":{n}}}', "pending", 0, 0) for n in expected_order]
+
+
+async def test_enqueue_many_conflict_in_a_later_insert_statement_changes_nothing(queue: Queue, path: Path) -> None:
+    await queue.enqueue("job-500", {"n": 500})
+    before = snapshot(path)
+    batch = [JobSpec(f"job-{n:03d}", {"n": n if n != 500 else -1}) for n in range(600)]
+    with pytest.raises(Conflict, match="job-500"):
+        await queue.enqueue_many(batch)
+    assert snapshot(path) == before  # the first 256 rows, already inserted, were rolled back
+    assert await queue.enqueue("after", {}) is True  # and no transaction was left open
+
+
+async def test_enqueue_many_repeating_an_id_with_another_body_is_a_conflict(queue: Queue, path: Path) -> None:
+    before = snapshot(path)
+    with pytest.raises(Conflict, match="twin"):
+        await queue.enqueue_many([JobSpec("twin", {"v": 1}), JobSpec("other", {}), JobSpec("twin", {"v": 2})])
+    assert snapshot(path) == before
+
+
 async def test_body_is_capped_at_64_kib_of_canonical_json(queue: Queue, path: Path) -> None:
     largest = "x" * (MAX_BODY_BYTES - 2)  # the two quotes make it exactly 64 KiB
     assert await queue.enqueue("fits", largest) is True

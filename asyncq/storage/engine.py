@@ -16,7 +16,16 @@ from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence
 from asyncq.errors import Conflict
 from asyncq.storage.connection import Hook, call_hook, write_transaction
 from asyncq.storage.schema import Layout
-from asyncq.storage.statements import IN_LIST_MAX, FinishRow, finish_rows, padded, select_by_ids, sql
+from asyncq.storage.statements import (
+    IN_LIST_MAX,
+    INSERT_ROWS_MAX,
+    FinishRow,
+    finish_rows,
+    insert_rows,
+    padded,
+    select_by_ids,
+    sql,
+)
 
 
 class NewJob(NamedTuple):
@@ -62,26 +71,43 @@ class Finish(NamedTuple):
 def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> bool:
     """Insert ``job``; ``False`` if the id exists with the same payload (the row is kept whole),
     ``Conflict`` if it exists with another payload."""
-    params = {
-        "id": job.id,
-        "max_attempts": job.max_attempts,
-        "available_at": job.available_at,
-        "deadline": job.deadline,
-        **job.payload,
-    }
-    if con.execute(sql(layout, "INSERT"), params).rowcount == 1:
-        return True
-    found = read_state(con, layout, job.id)
-    assert found is not None  # the insert just found it
-    if found[1] != job.payload:
-        raise Conflict(f"job {job.id!r} already exists with a different payload")
-    return False
+    return enqueue_rows_in_transaction(con, layout, [job])[0]
+
+
+def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[bool]:
+    """``enqueue_in_transaction`` for each of ``jobs``, in order: one statement per ``INSERT_ROWS_MAX`` jobs,
+    then one read of the ids that were known. A batch naming one id twice goes job by job, so that the second
+    is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back."""
+    if len({job.id for job in jobs}) != len(jobs):
+        return [added for job in jobs for added in enqueue_rows_in_transaction(con, layout, [job])]
+    inserted: set[str] = set()
+    for start in range(0, len(jobs), INSERT_ROWS_MAX):
+        chunk = padded(list(jobs[start : start + INSERT_ROWS_MAX]))
+        values = [value for job in chunk for value in _insert_values(layout, job)]
+        inserted.update(job_id for (job_id,) in con.execute(insert_rows(layout, len(chunk)), values))
+    known = [job for job in jobs if job.id not in inserted]
+    found = read_states(con, layout, [job.id for job in known]) if known else {}
+    for job in known:
+        if found[job.id][1] != job.payload:
+            raise Conflict(f"job {job.id!r} already exists with a different payload")
+    return [job.id in inserted for job in jobs]
+
+
+def _insert_values(layout: Layout, job: NewJob) -> tuple[Any, ...]:
+    """One row of ``INSERT_ROWS``."""
+    return (
+        job.id,
+        *(job.payload[column] for column in layout.payload),
+        job.max_attempts,
+        job.available_at,
+        job.deadline,
+    )
 
 
 def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[bool]:
     """Insert ``jobs`` in one write transaction (all or nothing); one ``True``/``False`` per job."""
     with write_transaction(con):
-        return [enqueue_in_transaction(con, layout, job) for job in jobs]
+        return enqueue_rows_in_transaction(con, layout, jobs)
 
 
 def claim(

@@ -79,11 +79,14 @@ SELECT seq, id, {payload}, status, attempts, max_attempts, token, owner, lease_u
 FROM {jobs} WHERE id IN ({ids})
 """
 
-# A known id inserts nothing (its whole row is kept); the caller then compares payloads.
-INSERT = """
+# One job or many in one statement. ``{rows}`` is a list of ``(?, …, 'pending', 0, ?, 0, ?, ?)`` rows (see
+# ``insert_rows``): the id, the payload columns, then max_attempts, available_at and deadline. A known id
+# inserts nothing (its whole row is kept) and RETURNING leaves it out; the caller then compares payloads.
+INSERT_ROWS = """
 INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
-VALUES (:id, {payload_params}, 'pending', 0, :max_attempts, 0, :available_at, :deadline)
+VALUES {rows}
 ON CONFLICT (id) DO NOTHING
+RETURNING id
 """
 
 EXTEND = """
@@ -107,7 +110,6 @@ NAMES = {
     "SWEEP_DEADLINE": SWEEP_DEADLINE,
     "SWEEP_EXHAUSTED": SWEEP_EXHAUSTED,
     "CLAIM": CLAIM,
-    "INSERT": INSERT,
     "EXTEND": EXTEND,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
@@ -121,7 +123,6 @@ def sql(layout: Layout, name: str) -> str:
         jobs=layout.jobs,
         audit=layout.audit,
         payload=", ".join(layout.payload),
-        payload_params=", ".join(f":{column}" for column in layout.payload),
         scope=layout.scope,
     )
 
@@ -144,6 +145,20 @@ def finish_rows(layout: Layout, count: int) -> str:
     with ``padded`` rows (a repeated row updates its job once)."""
     row = "(" + ", ".join("?" * len(FinishRow._fields)) + ")"
     return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * _in_list_size(count)))
+
+
+INSERT_ROWS_MAX = 256
+
+
+@cache
+def insert_rows(layout: Layout, count: int) -> str:
+    """``INSERT_ROWS`` for ``count`` jobs (1 … ``INSERT_ROWS_MAX``), rounded up like ``select_by_ids``; fill it
+    with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
+    instead of 256 halves the connection thread's time per enqueued job (docs/architecture.md)."""
+    row = "(" + ", ".join(["?"] * (1 + len(layout.payload)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
+    return INSERT_ROWS.format(
+        jobs=layout.jobs, payload=", ".join(layout.payload), rows=", ".join([row] * _in_list_size(count))
+    )
 
 
 def padded(ids: list[T]) -> list[T]:
