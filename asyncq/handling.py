@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncq.core.backoff import retry_delay
-from asyncq.delivery.base import JsonText, Transport
+from asyncq.delivery.base import Transport
 from asyncq.errors import Retryable
 
 
@@ -39,14 +39,15 @@ class TransportHandler:
         self.transport = transport
 
     def __call__(self, body: Any, context: JobContext) -> Awaitable[None]:
-        return self.transport.deliver(context.id, body, {"Asyncq-Token": str(context.token)})
+        return self.deliver_stored(context.id, context.token, body)
 
-    def deliver_stored(self, body_json: str, context: JobContext) -> Awaitable[None]:
-        """Deliver a body that is already JSON text.
+    def deliver_stored(self, job_id: str, token: int, body: Any) -> Awaitable[None]:
+        """Deliver job ``job_id`` under fencing token ``token``: the pool's call, with the body as stored
+        (a ``JsonText``, sent as it is) and no ``JobContext`` built for it.
 
         Both methods return the transport's own coroutine instead of awaiting it in one more: every
         coroutine frame between the pool and aiohttp is passed on each of a request's several resumptions."""
-        return self(JsonText(body_json), context)
+        return self.transport.deliver(job_id, body, {"Asyncq-Token": str(token)})
 
 
 def deliver_with(transport: Transport) -> TransportHandler:

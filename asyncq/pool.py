@@ -28,6 +28,7 @@ import anyio
 
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
 from asyncq.core.values import check_identifier, check_int
+from asyncq.delivery.base import JsonText
 from asyncq.errors import Permanent
 from asyncq.handling import Handler, JobContext, RetryPolicy, TransportHandler, deliver_with
 from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, Ticket
@@ -367,14 +368,14 @@ class Pool:
         delay_ms = 0
         try:
             handler = self._handlers[ticket.queue]
-            context = JobContext(
-                ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until
-            )
             # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
             running: Awaitable[object]
             if type(handler) is TransportHandler:
-                running = handler.deliver_stored(ticket.body_json, context)
+                running = handler.deliver_stored(ticket.id, ticket.token, JsonText(ticket.body_json))
             else:
+                context = JobContext(
+                    ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until
+                )
                 running = handler(ticket.body, context)
             if self.job_timeout is None:
                 await running

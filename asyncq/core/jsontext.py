@@ -8,6 +8,8 @@ order and whitespace never make two bodies differ (while ``1`` and ``1.0`` still
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from json import encoder
 from typing import Any
 
 
@@ -35,9 +37,22 @@ def loads_strict(raw: bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
+# ``_CANONICAL.encode`` builds a new C encoder on every call: 1.4 µs of the 1.9 µs a small body took. This one
+# is built once, without cycle markers, so it keeps no state between calls; a cycle then ends in
+# RecursionError, refused like the rest. (Pure-Python builds of ``json`` have no C encoder: ``encode`` it is.)
+_C_ENCODER: Callable[..., Callable[[object, int], Sequence[str]]] | None = getattr(encoder, "c_make_encoder", None)
+_canonical_chunks = (
+    None
+    if _C_ENCODER is None
+    else _C_ENCODER(None, _CANONICAL.default, encoder.encode_basestring_ascii, None, ":", ",", True, False, False)
+)
+
+
 def canonical_json(value: object) -> str:
     """The canonical text of a JSON value; ``ValueError`` if it is not strict JSON (NaN, a set, a cycle …)."""
     try:
-        return _CANONICAL.encode(value)
+        if _canonical_chunks is None:
+            return _CANONICAL.encode(value)
+        return "".join(_canonical_chunks(value, 0))
     except (TypeError, RecursionError) as error:
         raise ValueError(f"not JSON-serialisable: {error}") from None
