@@ -134,7 +134,7 @@ async def test_enqueue_many_conflict_in_a_later_insert_statement_changes_nothing
     batch = [JobSpec(f"job-{n:03d}", {"n": n if n != 500 else -1}) for n in range(600)]
     with pytest.raises(Conflict, match="job-500"):
         await queue.enqueue_many(batch)
-    assert snapshot(path) == before  # the first 256 rows, already inserted, were rolled back
+    assert snapshot(path) == before  # the 599 rows already inserted by then were rolled back
     assert await queue.enqueue("after", {}) is True  # and no transaction was left open
 
 
