@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asyncq.core import jsontext
 from asyncq.core.jsontext import canonical_json
 
 JSON_VALUES = st.recursive(
@@ -55,3 +56,8 @@ def test_what_is_not_strict_json_is_a_value_error_and_the_encoder_stays_usable(v
     # Nothing of the refused value stays behind: the next body encodes as usual.
     nested: Any = {"k": [{"k": [1]}]}
     assert canonical_json(nested) == '{"k":[{"k":[1]}]}'
+
+
+def test_cpython_uses_the_encoder_built_once() -> None:
+    # Not a speed test: a changed signature of json's undocumented C encoder must fall back visibly, here.
+    assert jsontext._canonical_chunks is not None
