@@ -32,18 +32,18 @@ class TransportHandler:
     """A handler that delivers each job's body through a transport, with its fencing token in the
     ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``).
 
-    The pool calls ``deliver_stored`` with the body as stored (canonical JSON text), which the transport
-    sends as it is: no decoding and encoding again per job."""
+    The pool calls ``deliver`` with the body as stored (canonical JSON text, a ``JsonText``), which the
+    transport sends as it is: no decoding and encoding again per job, and no ``JobContext`` built."""
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
 
     def __call__(self, body: Any, context: JobContext) -> Awaitable[None]:
-        return self.deliver_stored(context.id, context.token, body)
+        return self.deliver(context.id, context.token, body)
 
-    def deliver_stored(self, job_id: str, token: int, body: Any) -> Awaitable[None]:
-        """Deliver job ``job_id`` under fencing token ``token``: the pool's call, with the body as stored
-        (a ``JsonText``, sent as it is) and no ``JobContext`` built for it.
+    def deliver(self, job_id: str, token: int, body: Any) -> Awaitable[None]:
+        """Deliver ``body`` (a decoded body, or a ``JsonText`` sent as it is) as job ``job_id`` under fencing
+        token ``token``.
 
         Both methods return the transport's own coroutine instead of awaiting it in one more: every
         coroutine frame between the pool and aiohttp is passed on each of a request's several resumptions."""

@@ -371,7 +371,7 @@ class Pool:
             # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
             running: Awaitable[object]
             if type(handler) is TransportHandler:
-                running = handler.deliver_stored(ticket.id, ticket.token, JsonText(ticket.body_json))
+                running = handler.deliver(ticket.id, ticket.token, JsonText(ticket.body_json))
             else:
                 context = JobContext(
                     ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until
