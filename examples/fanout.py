@@ -115,15 +115,25 @@ def leased_by(db: Path, owner: str) -> set[str]:
         return {job_id for (job_id,) in rows}
 
 
+def wait_for_leases(db: Path, owner: str, worker: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    """Poll until ``owner`` holds a lease (the worker is another process: its file is all there is to watch)."""
+    deadline = time.monotonic() + timeout
+    while not leased_by(db, owner):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{owner} claimed nothing (exit code {worker.poll()})")
+        time.sleep(0.02)
+
+
 def watch_and_kill(db: Path, jobs: int, victim: subprocess.Popen[str], started: float) -> set[str]:
-    """Draw progress; SIGKILL ``victim`` once it has worked and ≥ 30 % is still pending. Returns the ids
-    it held leases on when it died."""
+    """Draw progress; SIGKILL ``victim`` once it holds leases, a tenth of the jobs are done and ≥ 30 % is still
+    pending. Returns the ids it held leases on when it died."""
     orphaned: set[str] = set()
     killed = False
     while True:
         now = counts(db)
         progress(now["done"] + now["dead"], jobs, now["pending"], started)
-        if not killed and now["done"] >= jobs // 10 and now["pending"] >= jobs * 3 // 10:
+        ready = not killed and now["done"] >= jobs // 10 and now["pending"] >= jobs * 3 // 10
+        if ready and leased_by(db, "worker-1"):  # a victim still starting up would orphan nothing
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             orphaned = leased_by(db, "worker-1")
@@ -156,7 +166,11 @@ def conduct(jobs: int, concurrency: int, folder: Path) -> int:
     try:
         asyncio.run(enqueue_all(db, jobs))
         started = time.monotonic()
-        workers = [start_worker(db, url, f"worker-{n}", concurrency) for n in (1, 2)]
+        # The victim first: the other worker starts once it holds leases, so it cannot drain the queue alone
+        # while the victim is still starting up (and then the kill would orphan nothing).
+        workers = [start_worker(db, url, "worker-1", concurrency)]
+        wait_for_leases(db, "worker-1", workers[0])
+        workers.append(start_worker(db, url, "worker-2", concurrency))
         orphaned = watch_and_kill(db, jobs, workers[0], started)
         outputs = [worker.communicate(timeout=120)[0] for worker in workers[1:]]
         elapsed = time.monotonic() - started
