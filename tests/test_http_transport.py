@@ -185,6 +185,33 @@ async def test_one_session_is_shared_and_closed_by_close() -> None:
     assert len(server.requests) == 5
 
 
+async def test_the_own_session_opens_a_connection_for_every_delivery_in_flight() -> None:
+    # aiohttp caps a session at 100 connections by default and gives a released connection to whichever
+    # request asks first, so deliveries above the cap waited out their deadline (a pool of 128 tasks lost 28).
+    # The server answers only once all 120 requests are in: under a cap of 100 none would be answered.
+    in_flight = 120
+    arrived: set[str] = set()
+    all_in = asyncio.Event()
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        job_id = request.headers["Idempotency-Key"]
+        arrived.add(job_id)
+        if len(arrived) == in_flight:
+            all_in.set()
+        await all_in.wait()
+        return web.json_response({"id": job_id})
+
+    async with web_server(respond) as (url, server):
+        transport = HttpTransport(url, timeout=10.0)
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(transport.deliver(f"job-{n}", {}, {}) for n in range(in_flight))), 10
+            )
+        finally:
+            await transport.close()
+    assert len(arrived) == in_flight and len(server.requests) == in_flight
+
+
 async def test_a_borrowed_session_stays_open_and_must_not_trust_the_environment() -> None:
     async with web_server(json_answer(200, {"id": "a"})) as (url, _):
         async with aiohttp.ClientSession() as session:

@@ -135,6 +135,11 @@ class HttpTransport:
 
     ``timeout`` (seconds) bounds each whole exchange; ``retry_after_cap_ms`` caps the delay a receiver may
     ask for. A ``session`` passed in is borrowed (never closed here) and must not trust the environment.
+
+    The transport's own session opens a connection for every delivery in flight: the pool's concurrency is
+    the cap. aiohttp's default cap (100) made a pool of 128 tasks lose deliveries to their deadline, because
+    a released connection goes to whichever request asks first (the worker that just released it), never to
+    one already waiting. A borrowed session keeps its own connector, and its cap.
     """
 
     def __init__(
@@ -202,6 +207,7 @@ class HttpTransport:
             raise RuntimeError("HttpTransport is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),  # no cap: see the class docstring
                 trust_env=False,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
