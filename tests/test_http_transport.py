@@ -188,7 +188,8 @@ async def test_one_session_is_shared_and_closed_by_close() -> None:
 async def test_the_own_session_opens_a_connection_for_every_delivery_in_flight() -> None:
     # aiohttp caps a session at 100 connections by default and gives a released connection to whichever
     # request asks first, so deliveries above the cap waited out their deadline (a pool of 128 tasks lost 28).
-    # The server answers only once all 120 requests are in: under a cap of 100 none would be answered.
+    # The server acknowledges only once all 120 requests are in; under a cap of 100 it gives up after 5 s and
+    # answers 503, which the transport raises as Retryable.
     in_flight = 120
     arrived: set[str] = set()
     all_in = asyncio.Event()
@@ -198,7 +199,10 @@ async def test_the_own_session_opens_a_connection_for_every_delivery_in_flight()
         arrived.add(job_id)
         if len(arrived) == in_flight:
             all_in.set()
-        await all_in.wait()
+        try:
+            await asyncio.wait_for(all_in.wait(), 5)
+        except TimeoutError:
+            return web.Response(status=503)
         return web.json_response({"id": job_id})
 
     async with web_server(respond) as (url, server):
