@@ -21,8 +21,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -37,7 +38,7 @@ from asyncq.delivery.http import HttpTransport  # noqa: E402
 from asyncq.inbox import spawn  # noqa: E402
 from asyncq.pool import deliver_with  # noqa: E402
 
-Side = Callable[[str, Path, int, int], Awaitable[float]]
+Side = Callable[[str, Path, int, int], Coroutine[Any, Any, float]]
 
 
 async def bare_loop(url: str, folder: Path, jobs: int, concurrency: int, burn_us: int = 0) -> float:

@@ -61,3 +61,12 @@ def test_what_is_not_strict_json_is_a_value_error_and_the_encoder_stays_usable(v
 def test_cpython_uses_the_encoder_built_once() -> None:
     # Not a speed test: a changed signature of json's undocumented C encoder must fall back visibly, here.
     assert jsontext._canonical_chunks is not None
+
+
+@pytest.mark.parametrize("value", [{"b": [1, 2.5, "é"], "a": None}, [], "x", 0])
+def test_without_the_c_encoder_the_fallback_gives_the_same_text(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsontext, "_canonical_chunks", None)
+    assert canonical_json(value) == reference(value)
+    for refused in (math.nan, {1, 2}, cycle()):
+        with pytest.raises(ValueError):
+            canonical_json(refused)
