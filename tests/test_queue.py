@@ -245,6 +245,21 @@ async def test_claim_takes_several_jobs_in_one_call_each_with_its_own_fence(queu
     assert [t.id for t in await queue.claim("w2", limit=10)] == ["job-3", "job-4"]
 
 
+async def test_a_claimed_ticket_is_the_ticket_its_constructor_builds(queue: Queue, path: Path) -> None:
+    # Ticket.from_row fills the frozen dataclass's fields in one step instead of through its __init__: the
+    # result must be the same value, with the same decoded body and the same behaviour under replace().
+    await queue.enqueue("job-0", {"b": [1, 2], "a": "x"})
+    [ticket] = await queue.claim("w1", lease_ms=1_000)
+    seq = job_row(path, "job-0")["seq"]
+    built = Ticket("job-0", "default", '{"a":"x","b":[1,2]}', ticket.fence, ticket.deadline, 3, seq)
+    assert ticket == built and repr(ticket) == repr(built) and hash(ticket) == hash(built)
+    assert ticket.body == {"a": "x", "b": [1, 2]} and ticket.held == built.held
+    renewed = replace(ticket, fence=ticket.fence._replace(lease_until=ticket.lease_until + 1))
+    assert (renewed.id, renewed.seq, renewed.lease_until) == ("job-0", seq, ticket.lease_until + 1)
+    with pytest.raises(AttributeError):
+        ticket.id = "other"  # type: ignore[misc]
+
+
 async def test_an_expired_lease_is_reclaimed_with_the_next_token(queue: Queue, path: Path, clock: list[int]) -> None:
     await queue.enqueue("job", {})
     [first] = await queue.claim("w1", lease_ms=1_000)
