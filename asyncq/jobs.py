@@ -58,7 +58,7 @@ class JobSpec:
         check_int(self.ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
         check_int(self.delay_ms, "delay_ms", 0, self.ttl_ms)
         body = body_text(self.body, max_body_bytes)
-        # Positional: a named tuple built by keyword costs four times as much (1.6 against 0.4 µs), once per job.
+        # Positional: a named tuple built by keyword costs about three times as much (1.3 against 0.5 µs here).
         payload = {"queue": self.queue, "body": body}
         return NewJob(self.id, payload, self.max_attempts, now_ms + self.delay_ms, now_ms + self.ttl_ms)
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from conftest import T0
 
+from asyncq.core.lifecycle import Fence
 from asyncq.errors import Conflict
 from asyncq.jobs import MAX_BODY_BYTES, JobSpec, Ticket
 from asyncq.queue import Queue
@@ -250,8 +251,10 @@ async def test_a_claimed_ticket_is_the_ticket_its_constructor_builds(queue: Queu
     # result must be the same value, with the same decoded body and the same behaviour under replace().
     await queue.enqueue("job-0", {"b": [1, 2], "a": "x"})
     [ticket] = await queue.claim("w1", lease_ms=1_000)
-    seq = job_row(path, "job-0")["seq"]
-    built = Ticket("job-0", "default", '{"a":"x","b":[1,2]}', ticket.fence, ticket.deadline, 3, seq)
+    row = job_row(path, "job-0")  # the stored row, read on its own connection, not the ticket's own values
+    fence = Fence(row["owner"], row["token"], row["attempts"], row["lease_until"])
+    built = Ticket("job-0", "default", row["body"], fence, row["deadline"], row["max_attempts"], row["seq"])
+    seq = row["seq"]
     assert ticket == built and repr(ticket) == repr(built) and hash(ticket) == hash(built)
     assert ticket.body == {"a": "x", "b": [1, 2]} and ticket.held == built.held
     renewed = replace(ticket, fence=ticket.fence._replace(lease_until=ticket.lease_until + 1))
