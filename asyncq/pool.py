@@ -1,7 +1,9 @@
 """The asyncio worker pool: claim → await the handler with no transaction open → finish.
 
 One batcher task owns the queue's writes: each cycle it finishes every handler result gathered so far
-and claims jobs for the free slots in the same transaction (a group commit) into a buffer. ``concurrency``
+and claims jobs for the free slots in the same transaction (a group commit) into a buffer. A commit
+carries at least ``COMMIT_JOBS`` results when jobs end that fast (a round of the slots when there are more),
+so its fsync and its hop to the connection's thread are shared by many jobs. ``concurrency``
 worker tasks take jobs from the buffer, one at a time each: a worker that ends a job starts the next one
 in the same step, without a task per job and without waiting for a turn of the event loop. One renewer
 task extends, in one transaction, every lease past half its length; a job whose renewal is refused (the
@@ -27,11 +29,11 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
-from asyncq.core.values import check_identifier, check_int
+from asyncq.core.values import check_identifier, check_int, check_seconds
 from asyncq.delivery.base import JsonText
 from asyncq.errors import Permanent
 from asyncq.handling import Handler, JobContext, RetryPolicy, TransportHandler, deliver_with
-from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, Ticket
+from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, Ticket
 from asyncq.pool_observer import NoObserver, PoolCounters, PoolObserver
 from asyncq.queue import Queue
 
@@ -39,6 +41,13 @@ from asyncq.queue import Queue
 __all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "RetryPolicy", "deliver_with"]
 
 log = logging.getLogger("asyncq.pool")
+
+# The fewest results a group commit waits for (unless a slot is starving or the oldest result has lingered):
+# a commit's fsync, its hop to the connection's thread and its statements' fixed cost are shared by this many
+# jobs at least. At 16 tasks a commit per round of the slots (17 jobs) made the pool reach 0.72x a bare aiohttp
+# loop; one per 128 jobs 0.84x (docs/architecture.md, "Commits of 128 jobs"). Above 128 slots a round is more.
+COMMIT_JOBS = 128
+LINGER_MAX = 0.06  # the default linger: long enough for 128 results at ~2,000 jobs/s
 
 
 class _InFlight:
@@ -68,7 +77,7 @@ class Pool:
         poll_min: float = 0.05,
         poll_max: float = 1.0,
         prefetch: int | None = None,
-        linger: float = 0.005,
+        linger: float | None = None,
         observer: PoolObserver | None = None,
     ) -> None:
         self.queue = queue
@@ -78,11 +87,17 @@ class Pool:
         self.job_timeout = job_timeout
         self.retry = retry or RetryPolicy()
         self.poll_min, self.poll_max = poll_min, poll_max
-        # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit. Twice
-        # the slots by default: a group commit's round trip on a busy loop outlasts many jobs.
-        default_prefetch = min(2 * self.concurrency, 1000)
-        self.prefetch = check_int(default_prefetch if prefetch is None else prefetch, "prefetch", 0, 1000)
-        self.linger = linger  # how long a finished result may wait for others to share its commit
+        # A commit waits for this many results (fewer when a slot starves or the oldest result has lingered).
+        self.batch = max(self.concurrency, COMMIT_JOBS)
+        # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit. By
+        # default a batch and a round of the slots: when a batch's results are in, a round is still buffered to
+        # run while the commit is written.
+        default_prefetch = min(self.batch + self.concurrency, MAX_BATCH)
+        self.prefetch = check_int(default_prefetch if prefetch is None else prefetch, "prefetch", 0, MAX_BATCH)
+        # How long a finished result may wait for others to share its commit; by default 60 ms, at most a tenth
+        # of the lease (a waiting result's lease is not renewed).
+        default_linger = min(LINGER_MAX, self.lease_ms / 10_000)
+        self.linger = check_seconds(default_linger if linger is None else linger, "linger")
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._handlers: dict[str, Handler] = {}
@@ -153,18 +168,17 @@ class Pool:
             idle_wait = min(idle_wait * 2, self.poll_max)
 
     def _capacity(self) -> int:
-        """How many jobs to claim now: free slots plus the prefetch buffer's room (none once stopping)."""
-        return 0 if self._stopping else self.concurrency + self.prefetch - len(self._inflight)
+        """How many jobs to claim now: free slots plus the prefetch buffer's room, at most a claim's limit
+        (none once stopping)."""
+        return 0 if self._stopping else min(self.concurrency + self.prefetch - len(self._inflight), MAX_BATCH)
 
     def _starving(self) -> bool:
         return not self._stopping and not self._buffer and self.running < self.concurrency
 
     async def _gather_results(self) -> None:
-        """Wait until a commit is worth its fsync: slots are starving, or enough results are waiting, or
+        """Wait until a commit is worth its fsync: slots are starving, or a batch of results is waiting, or
         the oldest waiting result has lingered ``linger`` seconds (its lease is no longer renewed)."""
-        # A full round of the slots' results is worth a commit without lingering longer (half a round was
-        # measured slower at 16 tasks: 12 jobs per commit instead of 20).
-        batch = self.concurrency
+        batch = self.batch
         loop = asyncio.get_running_loop()
         deadline: float | None = None  # the oldest waiting result's: linger from then, not from each wake-up
         while not (self._starving() or len(self._results) >= batch):
@@ -412,7 +426,7 @@ class Pool:
         """Wake the batcher only when a job's end can change its decision: the first waiting result starts
         the linger clock, a full batch or a starving slot ends the wait. Waking it for every job was a wasted
         loop iteration per job."""
-        if len(self._results) in (1, self.concurrency) or self._stopping or self._starving():
+        if len(self._results) in (1, self.batch) or self._stopping or self._starving():
             self._wake.set()
 
     # -- process life ---------------------------------------------------------------------------------

@@ -241,6 +241,66 @@ async def test_burst_mode_drains_the_queue_and_returns(queue: Queue) -> None:
     assert stats.by_status == {"pending": 1, "leased": 0, "done": 200, "dead": 0}
 
 
+async def test_a_commit_carries_a_batch_of_fast_jobs_not_one_round_of_the_slots(queue: Queue) -> None:
+    pool = Pool(queue, concurrency=4)
+    pool.register("default", recording([], succeed))
+    await queue.enqueue_many(JobSpec(f"job-{n}", {}) for n in range(1000))
+
+    await burst(pool)
+
+    assert pool.counters.finished == {"done": 1000}
+    # A round of 4 slots a commit would be 250 commits; a batch of 128 results makes 8 or 9 of them, plus the
+    # starving slots' commits as the queue runs dry. Only a linger (60 ms) run out early could add more.
+    assert pool.counters.commits <= 30, pool.counters
+
+
+async def test_more_slots_than_a_claim_may_take_are_filled_over_several_commits(queue: Queue) -> None:
+    # 600 slots and their default buffer ask for more than a claim's limit (1,000 jobs): the pool used to
+    # raise ValueError from its first claim whenever concurrency was over 500.
+    pool = Pool(queue, concurrency=600)
+    assert pool.prefetch == 1000  # a batch and a round would be 1,200: the most a claim may take
+    pool.register("default", recording([], succeed))
+    await queue.enqueue_many(JobSpec(f"job-{n}", {}) for n in range(1000))
+    await queue.enqueue_many(JobSpec(f"later-{n}", {}) for n in range(500))
+
+    await burst(pool)
+
+    assert pool.counters.finished == {"done": 1500}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"lease_ms": 3}, "lease_ms"),
+        ({"prefetch": -1}, "prefetch"),
+        ({"prefetch": 1001}, "prefetch"),
+        ({"linger": 0}, "linger"),
+        ({"linger": float("nan")}, "linger"),
+        ({"linger": "5ms"}, "linger"),
+        ({"owner": "has space"}, "owner"),
+    ],
+)
+async def test_bad_pool_options_are_refused_before_anything_is_claimed(
+    queue: Queue, options: dict[str, Any], message: str
+) -> None:
+    await queue.enqueue("job", {})
+    with pytest.raises(ValueError, match=message):
+        Pool(queue, **options)
+    job = await queue.get("job")
+    assert job is not None and (job.status, job.attempts, job.token) == ("pending", 0, 0)
+
+
+async def test_the_default_linger_is_60_ms_or_a_tenth_of_a_short_lease(queue: Queue) -> None:
+    assert Pool(queue).linger == 0.06
+    assert Pool(queue, lease_ms=200).linger == 0.02  # a waiting result's lease is not renewed
+    assert Pool(queue, linger=0.001).linger == 0.001
+    assert Pool(queue, concurrency=16).prefetch == 144  # a batch of 128 and a round of 16
+    assert Pool(queue, concurrency=200).prefetch == 400  # above 128 slots a batch is a round
+    assert Pool(queue, concurrency=200).batch == 200
+
+
 async def test_concurrency_bounds_the_handlers_running_across_several_queues(queue: Queue) -> None:
     seen: list[tuple[str, int]] = []
     handler, peak = peak_counting(seen)
