@@ -1,6 +1,7 @@
 """HTTP delivery: the worker pool against a bare aiohttp client loop, same receiver, same concurrency.
 
     .venv/bin/python benchmarks/http_delivery.py            # full run; writes docs/benchmarks.md
+    .venv/bin/python benchmarks/http_delivery.py --concurrency 16 --runs 21   # a part of it; prints only
     .venv/bin/python benchmarks/http_delivery.py --quick    # smoke run, prints only
     .venv/bin/python benchmarks/http_delivery.py --concurrency 16 --burn-us 40   # also the bare loop + 40 µs/job
     .venv/bin/python benchmarks/http_delivery.py --producer alongside   # enqueue while the pool delivers
@@ -211,7 +212,9 @@ def main() -> None:
     if alongside:
         title += "; the pool's producer enqueues while it delivers"
     print_table(title, headers, rows)
-    if not (args.quick or args.burn_us or alongside):
+    # Only the whole default invocation is the recorded result: a part of it (one concurrency, fewer runs) prints.
+    whole = (args.concurrency, args.runs, args.jobs) == (None, 11, 20_000)
+    if whole and not (args.quick or args.burn_us or alongside):
         body = "\n".join(
             [
                 "## HTTP delivery: the pool against a bare aiohttp loop (`http_delivery`)",

@@ -429,8 +429,9 @@ NOTES = """\
   Peers: consumer threads that took at least one job (they are synchronous libraries; one consumer thread each,
   and persist-queue also with four, `multithreading=True`, though its `action_lock` serialises get and ack).
 - **jobs/commit**: jobs per commit of the pool's batcher while draining. Each batcher commit finishes the jobs
-  done so far and claims jobs for the free slots and the prefetch buffer (twice the slots) in one transaction, so
-  a freed slot starts its next job while the commit is written; a commit carries up to a round of the slots.
+  done so far and claims jobs for the free slots and the prefetch buffer (a batch and a round) in one transaction,
+  so a freed slot starts its next job while the commit is written; a commit waits for a batch of 128 results (a
+  round of the slots above 128) unless a slot starves or the oldest result has waited 60 ms.
   From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
   `dequeue` deletes the row, so a finished job leaves no record; `execute` also opens a `begin exclusive` to pop
   the revoke key, which writes nothing); litequeue 2 + 1/500 (pop, done; puts batched in its `transaction()`);
