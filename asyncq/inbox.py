@@ -82,6 +82,8 @@ class InboxCounters:
     conflicts: int = 0
     rejected: int = 0
     failed: int = 0
+    #: Transactions written (each one fsync): ``applied + duplicates`` over this is the group commit's size.
+    commits: int = 0
 
 
 class Inbox:
@@ -185,6 +187,7 @@ class Inbox:
             batch, self._waiting = self._waiting, []
             try:
                 results = await self._in_thread(self._record, [event[:3] for event in batch])
+                self.counters.commits += 1
             except Exception as error:  # the whole transaction failed: every event in it gets the error
                 results = [error] * len(batch)
             except BaseException:

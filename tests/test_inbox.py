@@ -217,7 +217,28 @@ async def test_counts_survive_a_restart_and_are_served(tmp_path: Path) -> None:
         async with session.get(url) as response:
             assert response.status == 405
     assert stats["table"] == {"applied": 1, "duplicates": 1, "conflicts": 1}
-    assert stats["since_start"] == {"applied": 0, "duplicates": 0, "conflicts": 0, "rejected": 0, "failed": 0}
+    assert stats["since_start"] == {
+        "applied": 0,
+        "duplicates": 0,
+        "conflicts": 0,
+        "rejected": 0,
+        "failed": 0,
+        "commits": 0,
+    }
+
+
+async def test_events_waiting_together_share_one_commit(tmp_path: Path) -> None:
+    """The group commit: events that arrive while the writer is busy (here: all at once, before it runs) are
+    written in one transaction; an event alone gets a commit of its own. ``commits`` counts them."""
+    db = tmp_path / "sink.db"
+    async with Inbox(db, effect=add_to_stock, ddl=STOCK_TABLES) as inbox:
+        outcomes = await asyncio.gather(*(inbox.receive(f"e-{i}", {"qty": 1}) for i in range(40)))
+        assert outcomes == ["applied"] * 40 and inbox.counters.commits == 1
+        assert await inbox.receive("e-0", {"qty": 1}) == "duplicate" and inbox.counters.commits == 2
+        with pytest.raises(ValueError):
+            await inbox.receive("bad id", {"qty": 1})
+        assert inbox.counters.commits == 2  # refused before it reached the writer
+    assert stock(db) == 40 and len(dump(db)["asyncq_inbox"]) == 40
 
 
 async def test_the_effect_runs_inside_a_durable_write_transaction(tmp_path: Path) -> None:
