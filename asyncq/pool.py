@@ -2,8 +2,8 @@
 
 One batcher task owns the queue's writes: each cycle it finishes every handler result gathered so far
 and claims jobs for the free slots in the same transaction (a group commit) into a buffer. A commit
-carries at least ``COMMIT_JOBS`` results when jobs end that fast (a round of the slots when there are more),
-so its fsync and its hop to the connection's thread are shared by many jobs. ``concurrency``
+carries up to ``COMMIT_JOBS`` results when jobs end that fast (at most ``COMMIT_ROUNDS`` rounds of the slots,
+at least one), so its fsync and its hop to the connection's thread are shared by many jobs. ``concurrency``
 worker tasks take jobs from the buffer, one at a time each: a worker that ends a job starts the next one
 in the same step, without a task per job and without waiting for a turn of the event loop. One renewer
 task extends, in one transaction, every lease past half its length; a job whose renewal is refused (the
@@ -47,6 +47,9 @@ log = logging.getLogger("asyncq.pool")
 # jobs at least. At 16 tasks a commit per round of the slots (17 jobs) made the pool reach 0.72x a bare aiohttp
 # loop; one per 128 jobs 0.84x (docs/architecture.md, "Commits of 128 jobs"). Above 128 slots a round is more.
 COMMIT_JOBS = 128
+# A small pool waits for a few rounds of its slots, not for 128 results: the buffer holds a batch ahead, and
+# every buffered job is a lease no other worker process can take (a 1-slot pool would hold 129 of them).
+COMMIT_ROUNDS = 8
 LINGER_MAX = 0.06  # the default linger: long enough for 128 results at ~2,000 jobs/s
 
 
@@ -88,7 +91,7 @@ class Pool:
         self.retry = retry or RetryPolicy()
         self.poll_min, self.poll_max = poll_min, poll_max
         # A commit waits for this many results (fewer when a slot starves or the oldest result has lingered).
-        self.batch = max(self.concurrency, COMMIT_JOBS)
+        self.batch = max(self.concurrency, min(COMMIT_JOBS, COMMIT_ROUNDS * self.concurrency))
         # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit. By
         # default a batch and a round of the slots: when a batch's results are in, a round is still buffered to
         # run while the commit is written.

@@ -431,7 +431,8 @@ NOTES = """\
 - **jobs/commit**: jobs per commit of the pool's batcher while draining. Each batcher commit finishes the jobs
   done so far and claims jobs for the free slots and the prefetch buffer (a batch and a round) in one transaction,
   so a freed slot starts its next job while the commit is written; a commit waits for a batch of 128 results (a
-  round of the slots above 128) unless a slot starves or the oldest result has waited 60 ms.
+  round of the slots above 128, eight rounds below 16) unless a slot starves or the oldest result has waited
+  60 ms.
   From the peers' code, their commits per job: floor 3 (insert, claim, finish); huey 2 (insert;
   `dequeue` deletes the row, so a finished job leaves no record; `execute` also opens a `begin exclusive` to pop
   the revoke key, which writes nothing); litequeue 2 + 1/500 (pop, done; puts batched in its `transaction()`);

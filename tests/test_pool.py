@@ -242,16 +242,35 @@ async def test_burst_mode_drains_the_queue_and_returns(queue: Queue) -> None:
 
 
 async def test_a_commit_carries_a_batch_of_fast_jobs_not_one_round_of_the_slots(queue: Queue) -> None:
-    pool = Pool(queue, concurrency=4)
+    pool = Pool(queue, concurrency=16)
     pool.register("default", recording([], succeed))
-    await queue.enqueue_many(JobSpec(f"job-{n}", {}) for n in range(1000))
+    await queue.enqueue_many(JobSpec(f"job-{n}", {}) for n in range(2000))
 
     await burst(pool)
 
-    assert pool.counters.finished == {"done": 1000}
-    # A round of 4 slots a commit would be 250 commits; a batch of 128 results makes 8 or 9 of them, plus the
-    # starving slots' commits as the queue runs dry. Only a linger (60 ms) run out early could add more.
-    assert pool.counters.commits <= 30, pool.counters
+    assert pool.counters.finished == {"done": 2000}
+    # A round of 16 slots a commit would be 125 commits; a batch of 128 results makes 16 or 17 of them, plus
+    # the starving slots' commits as the queue runs dry. Only a linger (60 ms) run out early could add more.
+    assert pool.counters.commits <= 40, pool.counters
+
+
+async def test_a_small_pool_holds_a_few_rounds_of_leases_not_a_whole_batch(queue: Queue) -> None:
+    held: list[int] = []
+
+    async def count_leased(body: object, context: JobContext) -> None:
+        held.append((await queue.stats()).by_status["leased"])
+
+    pool = Pool(queue, concurrency=1)
+    assert (pool.batch, pool.prefetch) == (8, 9)  # eight rounds of its one slot, and that round
+    pool.register("default", count_leased)
+    await queue.enqueue_many(JobSpec(f"job-{n}", {}) for n in range(100))
+
+    await burst(pool)
+
+    assert pool.counters.finished == {"done": 100}
+    # The running job, the buffer and results not yet committed: never the 129 a batch of 128 would hold.
+    assert max(held) <= 1 + 9 + 8, held
+    assert pool.counters.commits >= 100 // 9, pool.counters
 
 
 async def test_more_slots_than_a_claim_may_take_are_filled_over_several_commits(queue: Queue) -> None:
@@ -297,6 +316,7 @@ async def test_the_default_linger_is_60_ms_or_a_tenth_of_a_short_lease(queue: Qu
     assert Pool(queue, lease_ms=200).linger == 0.02  # a waiting result's lease is not renewed
     assert Pool(queue, linger=0.001).linger == 0.001
     assert Pool(queue, concurrency=16).prefetch == 144  # a batch of 128 and a round of 16
+    assert (Pool(queue, concurrency=4).batch, Pool(queue, concurrency=4).prefetch) == (32, 36)  # eight rounds
     assert Pool(queue, concurrency=200).prefetch == 400  # above 128 slots a batch is a round
     assert Pool(queue, concurrency=200).batch == 200
 
