@@ -42,9 +42,9 @@ __all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "Ret
 
 log = logging.getLogger("asyncq.pool")
 
-# The fewest results a group commit waits for (unless a slot is starving or the oldest result has lingered):
-# a commit's fsync, its hop to the connection's thread and its statements' fixed cost are shared by this many
-# jobs at least. At 16 tasks a commit per round of the slots (17 jobs) made the pool reach 0.72x a bare aiohttp
+# The results a group commit waits for from 16 slots up (unless a slot is starving or the oldest result has
+# lingered): a commit's fsync, its hop to the connection's thread and its statements' fixed cost are shared by
+# this many jobs. At 16 tasks a commit per round of the slots (17 jobs) made the pool reach 0.72x a bare aiohttp
 # loop; one per 128 jobs 0.84x (docs/architecture.md, "Commits of 128 jobs"). Above 128 slots a round is more.
 COMMIT_JOBS = 128
 # A small pool waits for a few rounds of its slots, not for 128 results: the buffer holds a batch ahead, and
