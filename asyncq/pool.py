@@ -101,6 +101,8 @@ class Pool:
         # of the lease (a waiting result's lease is not renewed).
         default_linger = min(LINGER_MAX, self.lease_ms / 10_000)
         self.linger = check_seconds(default_linger if linger is None else linger, "linger")
+        if self.linger * 2000 > self.lease_ms:  # a longer wait lets a result's lease run out before its commit
+            raise ValueError(f"linger must be at most half the lease ({self.lease_ms / 2000} s), got {linger!r}")
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._handlers: dict[str, Handler] = {}

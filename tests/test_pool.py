@@ -298,6 +298,7 @@ async def test_more_slots_than_a_claim_may_take_are_filled_over_several_commits(
         ({"linger": 0}, "linger"),
         ({"linger": float("nan")}, "linger"),
         ({"linger": "5ms"}, "linger"),
+        ({"lease_ms": 1000, "linger": 0.501}, "half the lease"),
         ({"owner": "has space"}, "owner"),
     ],
 )
@@ -315,6 +316,7 @@ async def test_the_default_linger_is_60_ms_or_a_tenth_of_a_short_lease(queue: Qu
     assert Pool(queue).linger == 0.06
     assert Pool(queue, lease_ms=200).linger == 0.02  # a waiting result's lease is not renewed
     assert Pool(queue, linger=0.001).linger == 0.001
+    assert Pool(queue, lease_ms=1000, linger=0.5).linger == 0.5  # half the lease: the most a result may wait
     assert Pool(queue, concurrency=16).prefetch == 144  # a batch of 128 and a round of 16
     assert (Pool(queue, concurrency=4).batch, Pool(queue, concurrency=4).prefetch) == (32, 36)  # eight rounds
     assert Pool(queue, concurrency=200).prefetch == 400  # above 128 slots a batch is a round
