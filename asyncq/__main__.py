@@ -1,5 +1,5 @@
 """``python -m asyncq``: the ``asyncq`` command."""
 
-from asyncq.cli import main
+from asyncq.cli.main import main
 
 raise SystemExit(main())

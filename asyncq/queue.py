@@ -1,7 +1,7 @@
 """``Queue``: the async facade over one SQLite file (aiosqlite), running the lab's lifecycle unchanged.
 
 All writes of one process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a
-time, each run whole in the connection's thread (``asyncq.storage.aio``). Serialising writers inside
+time, each run whole in the connection's thread (``asyncq.store.sqlite.aio``). Serialising writers inside
 the process is deliberate: several connections contending for SQLite's write lock only sleep in its
 busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (see docs/architecture.md).
 """
@@ -17,10 +17,8 @@ from typing import Any
 
 import aiosqlite
 
-from asyncq.clock import Clock, wall_clock_ms
-from asyncq.core.lifecycle import OUTCOMES
-from asyncq.core.values import check_choice, check_identifier, check_int
-from asyncq.jobs import (
+from asyncq.core.clock import Clock, wall_clock_ms
+from asyncq.core.jobs import (
     DEFAULT_LEASE_MS,
     DEFAULT_QUEUE,
     DEFAULT_TTL_MS,
@@ -28,17 +26,20 @@ from asyncq.jobs import (
     MAX_BODY_BYTES,
     MAX_LEASE_MS,
     MAX_TTL_MS,
+    Finish,
     Job,
     JobSpec,
     Ticket,
 )
-from asyncq.storage import engine
-from asyncq.storage.aio import AppTransaction, AsyncFile
-from asyncq.storage.connection import configure, write_transaction
-from asyncq.storage.durability import DEFAULT, LEVELS, Durability
-from asyncq.storage.migrations import migrate_in_transaction, prepare_new_file
-from asyncq.storage.schema import PRODUCT
-from asyncq.storage.stats import Stats, read_stats
+from asyncq.core.lifecycle import OUTCOMES
+from asyncq.core.values import check_choice, check_identifier, check_int
+from asyncq.store.sqlite import engine
+from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
+from asyncq.store.sqlite.connection import configure, write_transaction
+from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
+from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.stats import Stats, read_stats
 
 log = logging.getLogger("asyncq.queue")
 GET_JOB = f"SELECT {Job.COLUMNS} FROM {PRODUCT.jobs} WHERE id = ?"
@@ -237,7 +238,7 @@ class Queue(AsyncFile):
         return result
 
 
-def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> engine.Finish:
+def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> Finish:
     check_choice(outcome, "outcome", OUTCOMES)
     check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
-    return engine.Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held)
+    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held)

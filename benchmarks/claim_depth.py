@@ -34,8 +34,8 @@ from typing import Any
 import _report
 
 from asyncq.lab import lease
-from asyncq.storage.schema import LAB
-from asyncq.storage.statements import FinishRow, finish_rows, insert_rows, select_by_ids, sql
+from asyncq.store.sqlite.schema import LAB
+from asyncq.store.sqlite.statements import FinishRow, finish_rows, insert_rows, select_by_ids, sql
 
 COMMAND = ".venv/bin/python benchmarks/claim_depth.py"
 T0 = 10**12  # where every fixture's clock starts, on the contract's time base

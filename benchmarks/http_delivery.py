@@ -37,7 +37,7 @@ from asyncq import JobSpec, Pool, Queue  # noqa: E402
 from asyncq.core.ack import verify_ack  # noqa: E402
 from asyncq.delivery.http import HttpTransport  # noqa: E402
 from asyncq.inbox import spawn  # noqa: E402
-from asyncq.pool import deliver_with  # noqa: E402
+from asyncq.worker.pool import deliver_with  # noqa: E402
 
 Side = Callable[[str, Path, int, int], Coroutine[Any, Any, float]]
 RUNS = 21

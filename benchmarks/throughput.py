@@ -45,11 +45,11 @@ from typing import Any
 
 import _report
 
-from asyncq.jobs import DEFAULT_QUEUE, JobSpec
-from asyncq.pool import JobContext, Pool
+from asyncq.core.jobs import DEFAULT_QUEUE, JobSpec
 from asyncq.queue import Queue
-from asyncq.storage.schema import PRODUCT
-from asyncq.storage.statements import FinishRow, finish_rows, insert_rows, sql
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.statements import FinishRow, finish_rows, insert_rows, sql
+from asyncq.worker.pool import JobContext, Pool
 
 COMMAND = ".venv/bin/python benchmarks/throughput.py"
 SECTION = "throughput"

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from asyncq import JobSpec, Pool, Queue
 from asyncq.delivery.http import HttpTransport
 from asyncq.inbox import spawn as spawn_receiver
-from asyncq.pool import deliver_with
+from asyncq.worker.pool import deliver_with
 
 LEASE_MS = 2_000
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncq.clock import wall_clock_ms
+from asyncq.core.clock import wall_clock_ms
 from asyncq.queue import Queue
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -69,8 +69,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
-    from asyncq.pool import JobContext, Pool, RetryPolicy
     from asyncq.queue import Queue
+    from asyncq.worker.pool import JobContext, Pool, RetryPolicy
 
     effects = open_effects(args.effects)
 

@@ -21,10 +21,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncq.clock import wall_clock_ms
+from asyncq.core.clock import wall_clock_ms
 from asyncq.delivery.http import HttpTransport
 from asyncq.outbox import Outbox, Relay, RelayResult
-from asyncq.pool import RetryPolicy
+from asyncq.worker.pool import RetryPolicy
 
 PASSES_MAX = 50
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncq.amqp_store import Delivery, Outcome, list_dead, open_store, process_delivery
 from asyncq.errors import Permanent
+from asyncq.store.sqlite.amqp import Delivery, Outcome, list_dead, open_store, process_delivery
 
 pytestmark = pytest.mark.timeout(10)
 LIMIT = 3

@@ -21,8 +21,8 @@ from cli_support import (
     run_on_terminal,
 )
 
-from asyncq.storage.connection import open_file, write_transaction
-from asyncq.storage.inbox_store import INBOX_TABLES, record_event
+from asyncq.store.sqlite.connection import open_file, write_transaction
+from asyncq.store.sqlite.inbox import INBOX_TABLES, record_event
 
 pytestmark = pytest.mark.timeout(60)
 

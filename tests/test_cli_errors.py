@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, fingerprint, run_cli, run_many
 
-from asyncq.cli_store import filesystem_type
+from asyncq.store.sqlite.admin import filesystem_type
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cli_support import DAY_MS, EXPECTED_STATUS, Clock, cli_env, fingerprint, run_cli, run_json
 
-from asyncq.clock import wall_clock_ms
+from asyncq.core.clock import wall_clock_ms
 from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(60)
@@ -151,7 +151,7 @@ def test_backup_writes_a_checked_copy_and_refuses_to_overwrite(db: Path) -> None
 
 WRITER = """
 import asyncio, sys
-from asyncq.jobs import JobSpec
+from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
 
 async def main() -> None:

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from asyncq.dashboard import DASHBOARD_KEY, Dashboard, main, make_dashboard_app
-from asyncq.jobs import JobSpec
+from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
+from asyncq.web.dashboard import DASHBOARD_KEY, Dashboard, main, make_dashboard_app
 
 pytestmark = pytest.mark.timeout(30)
 

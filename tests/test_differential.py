@@ -19,9 +19,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from asyncq.core.jobs import Ticket
 from asyncq.core.values import TIME_MAX_MS
 from asyncq.errors import Conflict
-from asyncq.jobs import Ticket
 from asyncq.lab import lease
 from asyncq.queue import Queue
 

@@ -18,8 +18,8 @@ from aiohttp import web
 from asyncq.delivery.base import JsonText, Transport
 from asyncq.delivery.http import HttpTransport, retry_after_ms
 from asyncq.errors import BadAck, Permanent, Retryable
-from asyncq.pool import JobContext, Pool, deliver_with
 from asyncq.queue import Queue
+from asyncq.worker.pool import JobContext, Pool, deliver_with
 
 pytestmark = pytest.mark.timeout(15)
 

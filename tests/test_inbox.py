@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent
 from asyncq.inbox import INBOX_KEY, Inbox, make_inbox_app
-from asyncq.storage.inbox_store import STOCK_TABLES, Effect, add_to_stock
+from asyncq.store.sqlite.inbox import STOCK_TABLES, Effect, add_to_stock
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -20,13 +20,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import asyncq
+from asyncq.core.jobs import JobSpec
 from asyncq.errors import Permanent, Retryable
 from asyncq.inbox import make_inbox_app
-from asyncq.jobs import JobSpec
-from asyncq.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
-from asyncq.pool import JobContext, Pool
 from asyncq.queue import Queue
-from asyncq.storage.inbox_store import STOCK_TABLES, add_to_stock
+from asyncq.store.sqlite.inbox import STOCK_TABLES, add_to_stock
+from asyncq.web.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
+from asyncq.worker.pool import JobContext, Pool
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -222,7 +222,7 @@ async def test_the_inbox_app_serves_its_event_counts_by_outcome(tmp_path: Path) 
 
 def test_no_module_but_asyncq_metrics_imports_prometheus_client() -> None:
     names = [m.name for m in pkgutil.walk_packages(asyncq.__path__, "asyncq.") if not m.name.endswith("__main__")]
-    modules = [name for name in names if name != "asyncq.metrics"]
+    modules = [name for name in names if name != "asyncq.web.metrics"]
     code = f"import sys\nfor name in {modules!r}:\n    __import__(name)\nprint('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert done.stdout.strip() == "False"

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from asyncq import outbox_store as store
 from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent, Retryable
 from asyncq.inbox import make_inbox_app
 from asyncq.outbox import Outbox, Relay, add_sync
-from asyncq.pool import RetryPolicy
+from asyncq.store.sqlite import outbox as store
+from asyncq.worker.pool import RetryPolicy
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from conftest import T0
 
+from asyncq.core.jobs import JobSpec
 from asyncq.errors import Permanent, Retryable
-from asyncq.jobs import JobSpec
-from asyncq.pool import JobContext, Pool, RetryPolicy
 from asyncq.queue import Queue
+from asyncq.worker.pool import JobContext, Pool, RetryPolicy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -646,6 +646,6 @@ async def test_state_changes_log_at_debug_and_problems_at_warning(
     with caplog.at_level("DEBUG", logger="asyncq"):
         await pool.run(burst=True)
     levels = {(record.levelname, record.name) for record in caplog.records if "broken" in record.getMessage()}
-    assert ("WARNING", "asyncq.pool") in levels  # it failed, and it is dead: an operator must look
+    assert ("WARNING", "asyncq.worker.pool") in levels  # it failed, and it is dead: an operator must look
     fine = [record for record in caplog.records if "fine" in record.getMessage()]
     assert fine and all(record.levelname == "DEBUG" for record in fine)  # enqueued, leased, done

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from asyncq.jobs import JobSpec
+from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
 
 try:

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from conftest import T0
 
+from asyncq.core.jobs import MAX_BODY_BYTES, JobSpec, Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.errors import Conflict
-from asyncq.jobs import MAX_BODY_BYTES, JobSpec, Ticket
 from asyncq.queue import Queue
-from asyncq.storage.migrations import SCHEMA_VERSION
-from asyncq.sync import enqueue_sync
+from asyncq.store.sqlite.migrations import SCHEMA_VERSION
+from asyncq.store.sqlite.sync import enqueue_sync
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -840,7 +840,7 @@ async def test_a_task_cancelled_while_committing_stays_cancelled_and_the_outcome
 async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) -> None:
     """A file made by schema version 1 (its full indexes) opens as the current version, rows kept, and its
     lifecycle statements then seek the partial indexes."""
-    from asyncq.storage.migrations import MIGRATIONS, SCHEMA_VERSION
+    from asyncq.store.sqlite.migrations import MIGRATIONS, SCHEMA_VERSION
 
     con = sqlite3.connect(path, isolation_level=None)
     for statement in MIGRATIONS[0]:

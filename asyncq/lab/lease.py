@@ -1,7 +1,7 @@
 """The lease lab contract (``shared/specs/lease-lab.md``), exactly, over asyncq's shared lifecycle.
 
 This module only validates and adapts: the transitions, statements and transaction handling are
-``asyncq.storage.engine``'s, the same ones the async ``Queue`` runs. It needs only the standard library.
+``asyncq.store.sqlite.engine``'s, the same ones the async ``Queue`` runs. It needs only the standard library.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncq.core.backoff import retry_delay
+from asyncq.core.jobs import Finish, NewJob
 from asyncq.core.lifecycle import OK, OUTCOMES, PERMANENT, RETRY, Fence
 from asyncq.core.values import (
     TOKEN_MAX,
@@ -26,9 +27,9 @@ from asyncq.core.values import (
     check_time,
 )
 from asyncq.errors import BadAck, Conflict, Permanent, Retryable
-from asyncq.storage import engine
-from asyncq.storage.connection import open_file
-from asyncq.storage.schema import LAB
+from asyncq.store.sqlite import engine
+from asyncq.store.sqlite.connection import open_file
+from asyncq.store.sqlite.schema import LAB
 
 __all__ = [
     "BadAck",
@@ -65,7 +66,7 @@ def enqueue(con: sqlite3.Connection, event: dict[str, Any], now_ms: int, ttl_ms:
     check_time(now_ms)
     check_int(ttl_ms, "ttl_ms", 1, 60_000)
     check_int(max_attempts, "max_attempts", 1, 16)
-    job = engine.NewJob(
+    job = NewJob(
         id=checked["id"],
         payload={"qty": checked["qty"]},
         max_attempts=max_attempts,
@@ -125,7 +126,7 @@ def finish(
     check_int(delay_ms, "delay_ms", 0, 60_000)
     check_hook(fault)
     fence = Fence(held["owner"], held["token"], held["attempt"], held["lease_until"])
-    item = engine.Finish(held["id"], fence, outcome, delay_ms)
+    item = Finish(held["id"], fence, outcome, delay_ms)
     status = engine.finish(con, LAB, [item], now_ms, expect={held["id"]: {"qty": held["qty"]}}, fault=fault)[0]
     return False if status is None else status
 

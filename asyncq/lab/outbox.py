@@ -30,7 +30,7 @@ from asyncq.lab._outbox_http import (
     parse_loopback_url,
     post_json,
 )
-from asyncq.storage.connection import call_hook, open_file, write_transaction
+from asyncq.store.sqlite.connection import call_hook, open_file, write_transaction
 
 __all__ = [
     "BadAck",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from asyncq.storage.schema import PRODUCT, PRODUCT_TABLES
+from asyncq.store.sqlite.schema import PRODUCT, PRODUCT_TABLES
 
 # Version 1's lifecycle indexes, kept word for word: version 2 replaces them with partial ones.
 _V1_INDEXES = (

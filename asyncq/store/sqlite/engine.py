@@ -12,13 +12,14 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from functools import cache
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
+from asyncq.core.jobs import Claimed, Finish, Held, NewJob
 from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence, JobState, decide_finish
 from asyncq.errors import Conflict
-from asyncq.storage.connection import Hook, call_hook, write_transaction
-from asyncq.storage.schema import Layout
-from asyncq.storage.statements import (
+from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
+from asyncq.store.sqlite.schema import Layout
+from asyncq.store.sqlite.statements import (
     IN_LIST_MAX,
     INSERT_ROWS_MAX,
     FinishRow,
@@ -28,46 +29,6 @@ from asyncq.storage.statements import (
     select_by_ids,
     sql,
 )
-
-
-class NewJob(NamedTuple):
-    """A job to insert: ``payload`` holds the layout's payload columns by name."""
-
-    id: str
-    payload: dict[str, Any]
-    max_attempts: int
-    available_at: int
-    deadline: int
-
-
-class Claimed(NamedTuple):
-    """A claimed job: its payload columns and the fence that proves the lease."""
-
-    id: str
-    payload: dict[str, Any]
-    fence: Fence
-    deadline: int
-
-
-class Held(NamedTuple):
-    """The rest of a leased row as its claim returned it, for a finish decided without reading the row:
-    while the fence holds, nothing else in the row that a decision reads can change (a renewal moves only
-    ``lease_until``, which the fence carries)."""
-
-    seq: int
-    max_attempts: int
-    deadline: int
-
-
-class Finish(NamedTuple):
-    """One ticket's outcome: ``delay_ms`` matters only for ``retry``. With ``held``, the finish is decided
-    on the claim's snapshot instead of a read of the row (the statement still checks all of it)."""
-
-    id: str
-    fence: Fence
-    outcome: str
-    delay_ms: int = 0
-    held: Held | None = None
 
 
 def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> bool:

@@ -25,7 +25,7 @@ class PoolCounters:
 
 
 class PoolObserver(Protocol):
-    """What a pool reports as it works (``asyncq.metrics.PoolMetrics`` is one). Called on the event loop:
+    """What a pool reports as it works (``asyncq.web.metrics.PoolMetrics`` is one). Called on the event loop:
     each method must return at once and never raise."""
 
     def on_claimed(self, count: int) -> None: ...

@@ -1,10 +1,10 @@
-"""The status page: ``python -m asyncq.dashboard --db PATH`` (``asyncq dashboard``), on loopback by default.
+"""The status page: ``python -m asyncq.web.dashboard --db PATH`` (``asyncq dashboard``), on loopback by default.
 
-One server-rendered page (``asyncq.dashboard_page``): jobs by status, queue depth over time (an inline SVG
+One server-rendered page (``asyncq.web.page``): jobs by status, queue depth over time (an inline SVG
 chart of samples taken in the background into a ring buffer), dead jobs with their reasons, the redrive
 audit log and the leases in flight. It reloads itself every few seconds, except while the operator types.
 
-Reads open the file read-only (``asyncq.cli_store``), in a worker thread. The one write, a redrive, goes
+Reads open the file read-only (``asyncq.store.sqlite.admin``), in a worker thread. The one write, a redrive, goes
 through ``Queue.redrive`` (the rules live there, once): ``POST /redrive`` with the job id, a note and the
 token printed at start-up, compared in constant time; a wrong or missing token is ``403`` and changes
 nothing. The token never appears in the page, so another site cannot forge the form, and the ``Host``
@@ -30,16 +30,16 @@ from typing import Any
 
 from aiohttp import web
 
-from asyncq.cli_store import CliError, list_jobs, probe_for_writing, reading, snapshot
-from asyncq.clock import Clock, wall_clock_ms
+from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.values import check_identifier
-from asyncq.dashboard_page import Sample, Snapshot, render_message, render_page
-from asyncq.inbox import serve
+from asyncq.inbox.receiver import serve
 from asyncq.queue import Queue
-from asyncq.storage.schema import PRODUCT
-from asyncq.storage.stats import Stats, read_stats
+from asyncq.store.sqlite.admin import CliError, list_jobs, probe_for_writing, reading, snapshot
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.stats import Stats, read_stats
+from asyncq.web.page import Sample, Snapshot, render_message, render_page
 
-log = logging.getLogger("asyncq.dashboard")
+log = logging.getLogger("asyncq.web.dashboard")
 
 AUDIT_LOG = f"SELECT seq, id, token, at_ms, note, action, reason FROM {PRODUCT.audit} ORDER BY seq DESC LIMIT :limit"
 AUDIT_COLUMNS = ("seq", "id", "token", "at_ms", "note", "action", "reason")

@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncq.core.values import check_identifier, check_int
 from asyncq.errors import Permanent
-from asyncq.storage.connection import write_transaction
+from asyncq.store.sqlite.connection import write_transaction
 
 #: The user's effect, run inside the inbox row's write transaction: ``effect(con, event_id, body)``.
 Effect = Callable[[sqlite3.Connection, str, Any], None]

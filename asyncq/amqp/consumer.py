@@ -12,7 +12,7 @@ one SQLite transaction, and acknowledges the delivery only once that transaction
 
 This makes a repeated delivery safe for the database effect only. It is not exactly-once delivery, and
 external side effects (e-mail, payments) need their own design. The rule itself is
-:func:`asyncq.amqp_store.process_delivery`; this module only moves deliveries to it and answers the broker.
+:func:`asyncq.store.sqlite.amqp.process_delivery`; this module only moves deliveries to it and answers the broker.
 
     async with IdempotentConsumer("app.db", issue_ticket, queue="registrations", concurrency=4) as consumer:
         await consumer.run()  # until consumer.stop() (e.g. from a SIGTERM handler)
@@ -30,7 +30,10 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
-from asyncq.amqp_store import (
+from asyncq.core.clock import wall_clock_ms
+from asyncq.core.values import check_int
+from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
+from asyncq.store.sqlite.amqp import (
     DeadMessage,
     Delivery,
     Effect,
@@ -41,9 +44,6 @@ from asyncq.amqp_store import (
     open_store,
     process_delivery,
 )
-from asyncq.clock import wall_clock_ms
-from asyncq.core.values import check_int
-from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
 
 __all__ = [
     "DeadMessage",

@@ -1,6 +1,6 @@
 """Table layouts. The lease lab keeps the spec's exact tables; product queues have their own, beside an
 app's tables in the same file (hence the ``asyncq_`` prefix). Both run the same statements
-(``asyncq.storage.statements``), which differ only in the table names, the payload columns and the scope.
+(``asyncq.store.sqlite.statements``), which differ only in the table names, the payload columns and the scope.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def lifecycle_indexes(table: str, scope_columns: str = "") -> tuple[str, ...]:
     ``pending`` holds one status value and so is ordered by ``seq`` (the rowid): the claim walks it in ``seq``
     order and stops at the first available row. ``exhausted`` is partial on a two-column comparison
     (``attempts >= max_attempts``), which no ordinary index can seek. Each ``WHERE`` is repeated verbatim in the
-    statement that uses it (``asyncq.storage.statements``), which is what lets SQLite choose a partial index.
+    statement that uses it (``asyncq.store.sqlite.statements``), which is what lets SQLite choose a partial index.
     """
     return (
         f"CREATE INDEX IF NOT EXISTS {table}_pending ON {table}({scope_columns}status) WHERE status = 'pending'",
@@ -82,7 +82,8 @@ PRODUCT = Layout(
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one
-# fenced lease row. Created with ``IF NOT EXISTS`` by ``asyncq.outbox_store.ensure_tables``, beside the app's tables.
+# fenced lease row. Created with ``IF NOT EXISTS`` by ``asyncq.store.sqlite.outbox.ensure_tables``, beside the
+# app's tables.
 OUTBOX_TABLES = (
     """CREATE TABLE IF NOT EXISTS asyncq_outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
   topic TEXT NOT NULL, body TEXT NOT NULL, created_at INTEGER NOT NULL,

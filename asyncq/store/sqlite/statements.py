@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 from typing import NamedTuple, TypeVar
 
-from asyncq.storage.schema import Layout
+from asyncq.store.sqlite.schema import Layout
 
 T = TypeVar("T")
 

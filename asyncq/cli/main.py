@@ -5,8 +5,8 @@ Read commands (``status``, ``jobs``, ``show``, ``dead``, the ``redrive --reason`
 open the file read-only and never create it; only ``init`` creates a queue file. ``--json`` prints the
 data as one JSON document on stdout (its keys are listed in docs/operations.md).
 
-This module parses and dispatches; the commands are in ``asyncq.cli_commands`` and ``asyncq.cli_work``,
-the file access in ``asyncq.cli_store`` and the human output in ``asyncq.cli_output``.
+This module parses and dispatches; the commands are in ``asyncq.cli.commands`` and ``asyncq.cli.work``,
+the file access in ``asyncq.store.sqlite.admin`` and the human output in ``asyncq.cli.output``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from asyncq import cli_commands
-from asyncq.cli_output import emit
-from asyncq.cli_store import CliError
+from asyncq.cli import commands as cli_commands
+from asyncq.cli.output import emit
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
 from asyncq.core.values import check_identifier
 from asyncq.errors import AsyncqError
+from asyncq.store.sqlite.admin import CliError
 
 _DURATION = re.compile(r"(\d{1,9})(ms|s|m|h|d|w)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -131,7 +131,7 @@ def _command(name: str) -> Callable[[argparse.Namespace], Any]:
         return function
 
     def run(args: argparse.Namespace) -> Any:
-        from asyncq import cli_work
+        from asyncq.cli import work as cli_work
 
         return getattr(cli_work, name)(args)
 

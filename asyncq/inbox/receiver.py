@@ -51,13 +51,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from asyncq.clock import wall_clock_ms
+from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jsontext import canonical_json, loads_strict
 from asyncq.core.values import check_identifier, check_int, check_time
 from asyncq.errors import Conflict, Permanent
-from asyncq.storage.connection import check_path, open_file
-from asyncq.storage.durability import FULL
-from asyncq.storage.inbox_store import (
+from asyncq.store.sqlite.connection import check_path, open_file
+from asyncq.store.sqlite.durability import FULL
+from asyncq.store.sqlite.inbox import (
     INBOX_TABLES,
     STOCK_TABLES,
     TOTALS,

@@ -28,19 +28,19 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, Ticket
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
 from asyncq.core.values import check_identifier, check_int, check_seconds
 from asyncq.delivery.base import JsonText
 from asyncq.errors import Permanent
-from asyncq.handling import Handler, JobContext, RetryPolicy, TransportHandler, deliver_with
-from asyncq.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, Ticket
-from asyncq.pool_observer import NoObserver, PoolCounters, PoolObserver
 from asyncq.queue import Queue
+from asyncq.worker.context import Handler, JobContext, RetryPolicy, TransportHandler, deliver_with
+from asyncq.worker.observer import NoObserver, PoolCounters, PoolObserver
 
 # Pool is this module's; the rest are re-exported from where they live.
 __all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "RetryPolicy", "deliver_with"]
 
-log = logging.getLogger("asyncq.pool")
+log = logging.getLogger("asyncq.worker.pool")
 
 # The results a group commit waits for from 16 slots up (unless a slot is starving or the oldest result has
 # lingered): a commit's fsync, its hop to the connection's thread and its statements' fixed cost are shared by

@@ -11,7 +11,7 @@ relay per outbox delivers them in ``seq`` order, marking each sent only after a 
 The relay stops at the first failure (order is kept), stores the attempt count, the error and the next
 attempt time with the item, and puts a head item that keeps failing into ``alarm``: nothing behind it moves
 until an operator retries or quarantines it (:meth:`Outbox.retry`, :meth:`Outbox.quarantine`,
-:meth:`Outbox.requeue`, all audited). The SQL and the state moves live in :mod:`asyncq.outbox_store`;
+:meth:`Outbox.requeue`, all audited). The SQL and the state moves live in :mod:`asyncq.store.sqlite.outbox`;
 ``docs/outbox.md`` ("The product relay") draws them.
 """
 
@@ -30,16 +30,16 @@ from typing import Any
 import aiohttp
 import anyio
 
-from asyncq import outbox_store as store
-from asyncq.clock import Clock, wall_clock_ms
+from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.values import check_identifier, check_int
 from asyncq.delivery.base import Transport
 from asyncq.delivery.http import check_url
 from asyncq.errors import Permanent
-from asyncq.outbox_store import AuditEntry, Figures, Item, NewItem, ReceiverFigures, RelayResult, add_sync
-from asyncq.pool import RetryPolicy
-from asyncq.storage.aio import AppTransaction, AsyncFile
-from asyncq.storage.durability import DEFAULT, LEVELS
+from asyncq.store.sqlite import outbox as store
+from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
+from asyncq.store.sqlite.durability import DEFAULT, LEVELS
+from asyncq.store.sqlite.outbox import AuditEntry, Figures, Item, NewItem, ReceiverFigures, RelayResult, add_sync
+from asyncq.worker.pool import RetryPolicy
 
 __all__ = [
     "AuditEntry",

@@ -19,13 +19,13 @@ import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from asyncq import cli_output as out
-from asyncq import cli_store as store
-from asyncq.cli_commands import Report, report
-from asyncq.cli_store import CliError
+from asyncq.cli import output as out
+from asyncq.cli.commands import Report, report
 from asyncq.delivery.base import Transport
-from asyncq.pool import Handler, Pool, deliver_with
 from asyncq.queue import Queue
+from asyncq.store.sqlite import admin as store
+from asyncq.store.sqlite.admin import CliError
+from asyncq.worker.pool import Handler, Pool, deliver_with
 
 
 def handler_name(spec: str) -> tuple[str, str]:
@@ -113,15 +113,15 @@ async def show_progress(pool: Pool, stream: TextIO, interval: float = 0.5) -> No
 
 def serve_inbox(args: argparse.Namespace) -> int:
     """Run the inbox receiver (``python -m asyncq.inbox``) on ``--db``; it prints its URL, then serves."""
-    from asyncq.inbox import main as inbox_main
+    from asyncq.inbox.receiver import main as inbox_main
 
     argv = ["--db", args.db, "--host", args.host, "--port", str(args.port), "--path", args.path]
     return inbox_main([*argv, "--effect", args.effect])
 
 
 def dashboard(args: argparse.Namespace) -> int:
-    """Run the status page (``python -m asyncq.dashboard``); it prints its URL and token, then serves."""
-    from asyncq.dashboard import main as dashboard_main
+    """Run the status page (``python -m asyncq.web.dashboard``); it prints its URL and token, then serves."""
+    from asyncq.web.dashboard import main as dashboard_main
 
     argv = ["--db", args.db, "--host", args.host, "--port", str(args.port)]
     argv += ["--token", args.token] if args.token else []

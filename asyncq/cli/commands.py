@@ -1,8 +1,8 @@
 """The bodies of the ``asyncq`` subcommands that read or change a queue file (``work`` and ``serve-inbox``
-are in ``asyncq.cli_work``). Each takes the parsed arguments and returns a ``Report``: the data that
+are in ``asyncq.cli.work``). Each takes the parsed arguments and returns a ``Report``: the data that
 ``--json`` prints and the text a person reads.
 
-Reads open the file read-only (``asyncq.cli_store``). Every lifecycle change goes through ``Queue``, so its
+Reads open the file read-only (``asyncq.store.sqlite.admin``). Every lifecycle change goes through ``Queue``, so its
 rules live in one place; write commands first check, read-only, that the file is a queue, and open it with
 the durability that keeps its journal mode.
 """
@@ -19,16 +19,16 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from asyncq import cli_output as out
-from asyncq import cli_store as store
-from asyncq.cli_store import CliError, QueueFile, UsageError
-from asyncq.clock import wall_clock_ms
+from asyncq.cli import output as out
+from asyncq.core.clock import wall_clock_ms
+from asyncq.core.jobs import JobSpec
 from asyncq.errors import Conflict
-from asyncq.jobs import JobSpec
 from asyncq.queue import Queue
-from asyncq.storage.connection import check_path
-from asyncq.storage.schema import PRODUCT
-from asyncq.storage.stats import read_stats
+from asyncq.store.sqlite import admin as store
+from asyncq.store.sqlite.admin import CliError, QueueFile, UsageError
+from asyncq.store.sqlite.connection import check_path
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.stats import read_stats
 
 ENQUEUE_BATCH = 500
 LINE_KEYS = frozenset({"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms"})

@@ -48,14 +48,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from asyncq.cli_store import CliError, connect_read_only
-from asyncq.clock import wall_clock_ms
+from asyncq.core.clock import wall_clock_ms
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, PENDING, RETRY
-from asyncq.inbox import INBOX_KEY, Inbox
-from asyncq.storage.schema import PRODUCT
-from asyncq.storage.stats import Stats, read_stats
+from asyncq.inbox.receiver import INBOX_KEY, Inbox
+from asyncq.store.sqlite.admin import CliError, connect_read_only
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.stats import Stats, read_stats
 
-log = logging.getLogger("asyncq.metrics")
+log = logging.getLogger("asyncq.web.metrics")
 
 #: Delivery-time buckets in seconds: from a local handler's milliseconds to an HTTP call near its timeout.
 DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncq.errors import Permanent
-from asyncq.storage.connection import open_file, write_transaction
+from asyncq.store.sqlite.connection import open_file, write_transaction
 
 TABLES = (
     "CREATE TABLE IF NOT EXISTS asyncq_amqp_completed (key TEXT PRIMARY KEY, at_ms INTEGER NOT NULL)",

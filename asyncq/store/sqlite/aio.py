@@ -25,7 +25,7 @@ import aiosqlite
 import anyio
 
 from asyncq.core.values import check_time
-from asyncq.storage.connection import check_path
+from asyncq.store.sqlite.connection import check_path
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """The product outbox's named statements, and each transition as one short transaction (the tables are
-``OUTBOX_TABLES`` in ``asyncq.storage.schema``).
+``OUTBOX_TABLES`` in ``asyncq.store.sqlite.schema``).
 
 An item moves only along these edges (``docs/outbox.md`` draws them)::
 
@@ -26,12 +26,12 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from asyncq.clock import wall_clock_ms
+from asyncq.core.clock import wall_clock_ms
+from asyncq.core.jobs import MAX_BODY_BYTES, body_text
 from asyncq.core.values import check_identifier, check_time
 from asyncq.errors import Conflict
-from asyncq.jobs import MAX_BODY_BYTES, body_text
-from asyncq.storage.connection import configure, write_transaction
-from asyncq.storage.schema import OUTBOX_TABLES
+from asyncq.store.sqlite.connection import configure, write_transaction
+from asyncq.store.sqlite.schema import OUTBOX_TABLES
 
 UNSENT, SENT, ALARM, QUARANTINED = "unsent", "sent", "alarm", "quarantined"
 DEFAULT_TOPIC = "default"

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncq.jobs import Job
-from asyncq.storage.connection import check_path, write_transaction
-from asyncq.storage.migrations import SCHEMA_VERSION
-from asyncq.storage.schema import PRODUCT
+from asyncq.core.jobs import Job
+from asyncq.store.sqlite.connection import check_path, write_transaction
+from asyncq.store.sqlite.migrations import SCHEMA_VERSION
+from asyncq.store.sqlite.schema import PRODUCT
 
 _JOBS, _AUDIT = PRODUCT.jobs, PRODUCT.audit
 _FILTERS = (
@@ -211,7 +211,7 @@ def audit_since(con: sqlite3.Connection, after: int) -> list[dict[str, Any]]:
 
 def inbox_totals(path: str, timeout: float) -> dict[str, Any]:
     """A receiver's durable counts (rows applied, duplicates, conflicts), read-only."""
-    from asyncq.storage.inbox_store import TOTALS  # the receiver's statement, stated once there
+    from asyncq.store.sqlite.inbox import TOTALS  # the receiver's statement, stated once there
 
     with closing(connect_read_only(path, timeout)) as con:
         inspect(con, path, table="asyncq_inbox")

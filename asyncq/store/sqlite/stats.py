@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 
-from asyncq.storage.schema import Layout
+from asyncq.store.sqlite.schema import Layout
 
 COUNT_BY_STATUS = "SELECT status, count(*) FROM {jobs} GROUP BY status"
 DEAD_BY_REASON = "SELECT reason, count(*) FROM {jobs} WHERE status = 'dead' GROUP BY reason"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from asyncq.clock import wall_clock_ms
-from asyncq.jobs import DEFAULT_QUEUE, DEFAULT_TTL_MS, MAX_BODY_BYTES, JobSpec
-from asyncq.storage import engine
-from asyncq.storage.connection import write_transaction
-from asyncq.storage.migrations import is_current, migrate_in_transaction
-from asyncq.storage.schema import PRODUCT
+from asyncq.core.clock import wall_clock_ms
+from asyncq.core.jobs import DEFAULT_QUEUE, DEFAULT_TTL_MS, MAX_BODY_BYTES, JobSpec, NewJob
+from asyncq.store.sqlite import engine
+from asyncq.store.sqlite.connection import write_transaction
+from asyncq.store.sqlite.migrations import is_current, migrate_in_transaction
+from asyncq.store.sqlite.schema import PRODUCT
 
 
 def enqueue_sync(
@@ -38,7 +38,7 @@ def enqueue_sync(
         return _enqueue(con, row)
 
 
-def _enqueue(con: sqlite3.Connection, row: engine.NewJob) -> bool:
+def _enqueue(con: sqlite3.Connection, row: NewJob) -> bool:
     if not is_current(con):
         migrate_in_transaction(con)
     return engine.enqueue_in_transaction(con, PRODUCT, row)

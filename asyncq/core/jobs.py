@@ -9,12 +9,52 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.values import check_identifier, check_int
-from asyncq.storage.engine import Held, NewJob
+
+
+class NewJob(NamedTuple):
+    """A job to insert: ``payload`` holds the layout's payload columns by name."""
+
+    id: str
+    payload: dict[str, Any]
+    max_attempts: int
+    available_at: int
+    deadline: int
+
+
+class Claimed(NamedTuple):
+    """A claimed job: its payload columns and the fence that proves the lease."""
+
+    id: str
+    payload: dict[str, Any]
+    fence: Fence
+    deadline: int
+
+
+class Held(NamedTuple):
+    """The rest of a leased row as its claim returned it, for a finish decided without reading the row:
+    while the fence holds, nothing else in the row that a decision reads can change (a renewal moves only
+    ``lease_until``, which the fence carries)."""
+
+    seq: int
+    max_attempts: int
+    deadline: int
+
+
+class Finish(NamedTuple):
+    """One ticket's outcome: ``delay_ms`` matters only for ``retry``. With ``held``, the finish is decided
+    on the claim's snapshot instead of a read of the row (the statement still checks all of it)."""
+
+    id: str
+    fence: Fence
+    outcome: str
+    delay_ms: int = 0
+    held: Held | None = None
+
 
 DEFAULT_QUEUE = "default"
 MAX_BODY_BYTES = 64 * 1024
@@ -116,7 +156,7 @@ class Ticket:
 
     @property
     def held(self) -> Held:
-        """The claim's snapshot a finish is decided on (see ``asyncq.storage.engine.Held``)."""
+        """The claim's snapshot a finish is decided on (see ``Held``)."""
         return Held(self.seq, self.max_attempts, self.deadline)
 
 

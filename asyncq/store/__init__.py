@@ -1,0 +1,1 @@
+"""Stores: the port every layer above uses (``asyncq.store.port``) and the drivers that implement it."""

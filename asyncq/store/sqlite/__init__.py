@@ -1,0 +1,1 @@
+"""The SQLite driver: schema, migrations, named statements, transactions and the asyncio seam."""
