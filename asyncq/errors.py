@@ -4,8 +4,9 @@
     ├── Conflict     same id, different payload (enqueue, accept, receive)
     ├── Retryable    a handler or transport asks for another attempt later
     ├── Permanent    a handler or transport says another attempt cannot help
-    └── BadAck       an answer that is not evidence of completion
-        └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
+    ├── BadAck       an answer that is not evidence of completion
+    │   └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
+    └── StoreError   a store cannot be used as asked: missing, not a queue, a newer schema, read-only
 
 A worker whose lease is taken away gets no error: the pool cancels its handler and drops its result.
 
@@ -39,3 +40,8 @@ class Permanent(AsyncqError):
 
 class BadAck(AsyncqError):
     """The receiver's answer does not prove the effect happened."""
+
+
+class StoreError(AsyncqError):
+    """A store cannot be used as asked: the file is missing or not a queue, its schema is newer than this
+    asyncq's (or older, for a reader), or it was opened read-only. Nothing was changed."""

@@ -1,21 +1,19 @@
-"""``Queue``: the async facade over one SQLite file (aiosqlite), running the lab's lifecycle unchanged.
+"""``Queue``: the async facade over a queue store. It checks every argument, reads the injected clock, and hands
+the store (``asyncq.store.port.QueueStore``) only checked values and ``now``.
 
-All writes of one process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a
-time, each run whole in the connection's thread (``asyncq.store.sqlite.aio``). Serialising writers inside
-the process is deliberate: several connections contending for SQLite's write lock only sleep in its
-busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (see docs/architecture.md).
+On SQLite all writes of one process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a
+time. Serialising writers inside the process is deliberate: several connections contending for SQLite's write
+lock only sleep in its busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
+import os
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from typing import Any
-
-import aiosqlite
+from typing import Any, Self
 
 from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.jobs import (
@@ -26,73 +24,86 @@ from asyncq.core.jobs import (
     MAX_BODY_BYTES,
     MAX_LEASE_MS,
     MAX_TTL_MS,
+    AuditEntry,
     Finish,
     Job,
     JobSpec,
     Ticket,
 )
-from asyncq.core.lifecycle import OUTCOMES
-from asyncq.core.values import check_choice, check_identifier, check_int
-from asyncq.store.sqlite import engine
-from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
-from asyncq.store.sqlite.connection import configure, write_transaction
-from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
-from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
-from asyncq.store.sqlite.schema import PRODUCT
-from asyncq.store.sqlite.stats import Stats, read_stats
+from asyncq.core.lifecycle import OUTCOMES, STATUSES
+from asyncq.core.stats import Stats
+from asyncq.core.values import check_choice, check_identifier, check_int, check_time
+from asyncq.store.opening import open_queue_store
+from asyncq.store.port.queue import JobFilter, QueueStore, StoreTransaction
 
 log = logging.getLogger("asyncq.queue")
-GET_JOB = f"SELECT {Job.COLUMNS} FROM {PRODUCT.jobs} WHERE id = ?"
 
 
-def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
-    prepare_new_file(con)
-    configure(con, level.journal_mode, level.synchronous)
-    with write_transaction(con):
-        migrate_in_transaction(con)
+class Transaction:
+    """An open transaction of the queue's store: the app's SQL (``execute``) and its jobs (``enqueue``) commit
+    together. Usable only inside its ``async with`` block."""
 
+    def __init__(self, queue: Queue, inner: StoreTransaction) -> None:
+        self._queue = queue
+        self._inner = inner
 
-class Transaction(AppTransaction):
-    """An open ``BEGIN IMMEDIATE`` on the queue's connection: the app's SQL and its jobs commit together."""
-
-    _file: Queue
+    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """Run one statement of the app's own and return its rows."""
+        return await self._inner.execute(statement, parameters)
 
     async def enqueue(self, job_id: str, body: Any, **options: Any) -> bool:
         """Enqueue inside this transaction (see ``Queue.enqueue``)."""
-        row = JobSpec(job_id, body, **options).to_row(self._file.now(), self._file.max_body_bytes)
-        added = await self._run_step(engine.enqueue_in_transaction, PRODUCT, row)
-        self.added += added
-        return added
+        row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
+        return (await self._inner.enqueue_rows([row]))[0]
 
 
-class Queue(AsyncFile):
-    """A durable job queue in one SQLite file. Open with ``await Queue.open(path)``."""
+class Queue:
+    """A durable job queue. Open with ``await Queue.open(path)`` (``async with`` closes it)."""
 
-    def __init__(
-        self, conn: aiosqlite.Connection, path: str, durability: Durability, clock: Clock, max_body_bytes: int
-    ) -> None:
-        super().__init__(conn, path, clock)
-        self.durability = durability
-        self.max_body_bytes = max_body_bytes
+    def __init__(self, store: QueueStore, clock: Clock = wall_clock_ms, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.store = store
+        self._clock = clock
+        self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
 
     @classmethod
     async def open(
         cls,
-        path: str,
+        path: str | os.PathLike[str],
         *,
-        durability: str = DEFAULT.name,
+        durability: str | None = "full",
         clock: Clock = wall_clock_ms,
         busy_timeout: float = 5.0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        read_only: bool = False,
     ) -> Queue:
-        """Open (creating and migrating if needed) a queue file. ``durability`` is ``full`` (WAL+FULL, the
-        default), ``full-delete`` (DELETE+EXTRA) or ``normal`` (WAL+NORMAL: may lose the last commits on
-        power loss)."""
-        level = LEVELS.get(durability)
-        if level is None:
-            raise ValueError(f"durability must be one of {sorted(LEVELS)}")
-        conn, file = await cls._connect(path, busy_timeout, lambda con: _open_and_migrate(con, level))
-        return cls(conn, file, level, clock, max_body_bytes)
+        """Open (creating and migrating if needed) a queue. For a SQLite file, ``durability`` is ``full``
+        (WAL+FULL, the default), ``full-delete`` (DELETE+EXTRA), ``normal`` (WAL+NORMAL: may lose the last
+        commits on power loss) or ``None`` (keep the file's journal mode). ``read_only`` opens an existing queue
+        that nothing may change (``StoreError`` if it is not one)."""
+        if not callable(clock):
+            raise TypeError("clock must be a callable returning epoch milliseconds")
+        check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
+        store = await open_queue_store(path, durability=durability, busy_timeout=busy_timeout, read_only=read_only)
+        return cls(store, clock, max_body_bytes)
+
+    @property
+    def path(self) -> str:
+        """Where the store lives."""
+        return self.store.location
+
+    async def close(self) -> None:
+        """Close the store (after the transaction in progress)."""
+        await self.store.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def now(self) -> int:
+        """The clock's current time in milliseconds, checked."""
+        return check_time(self._clock(), "clock()")
 
     # -- producers ------------------------------------------------------------------------------------
 
@@ -112,10 +123,8 @@ class Queue(AsyncFile):
     async def enqueue_many(self, jobs: Iterable[JobSpec]) -> list[bool]:
         """Add several jobs in one transaction: all or none."""
         now = self.now()
-        rows = [job.to_row(now, self.max_body_bytes) for job in jobs]
-        added: list[bool] = await self._run(engine.enqueue, PRODUCT, rows)
-        if any(added):
-            self._notify()
+        rows = [_spec(job).to_row(now, self.max_body_bytes) for job in jobs]
+        added = await self.store.enqueue(rows)
         if log.isEnabledFor(logging.DEBUG):
             for row, new in zip(rows, added, strict=True):
                 log.debug("job %s -> pending (enqueued)" if new else "job %s exists with the same body", row.id)
@@ -124,7 +133,12 @@ class Queue(AsyncFile):
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """``async with queue.transaction() as tx``: ``tx.execute`` the app's SQL and ``tx.enqueue`` jobs;
         all commit together, or all roll back if the block raises (or is cancelled)."""
-        return self._transaction(Transaction(self))
+        return self._transaction()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Transaction]:
+        async with self.store.transaction() as inner:
+            yield Transaction(self, inner)
 
     # -- workers --------------------------------------------------------------------------------------
 
@@ -142,11 +156,10 @@ class Queue(AsyncFile):
 
     async def finish_many(self, results: Sequence[tuple[Ticket, str, int]]) -> list[str | None]:
         """Record several outcomes in one commit, each fenced on its own (stale ones change nothing)."""
-        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in results]
+        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in _triples(results)]
         if not items:
             return []
-        statuses: list[str | None] = await self._run(lambda con: engine.finish(con, PRODUCT, items, self.now()))
-        return statuses
+        return await self.store.finish(items, self.now())
 
     async def settle_and_claim(
         self,
@@ -160,16 +173,11 @@ class Queue(AsyncFile):
         ``total`` over all of them, if given) in one commit: the worker pool's group commit."""
         check_identifier(owner, "owner")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
-        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in results]
-        scoped = [({"queue": check_identifier(q, "queue")}, check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
+        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in _triples(results)]
+        checked = [(check_identifier(q, "queue"), check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
         if total is not None:
             check_int(total, "total", 0, MAX_BATCH)
-        statuses, claimed = await self._run_held(
-            lambda con: engine.settle_and_claim_in_transaction(
-                con, PRODUCT, items, self.now(), owner, lease_ms, scoped, total
-            )
-        )
-        return statuses, [Ticket.from_row(row) for row in claimed]
+        return await self.store.settle_and_claim(items, self.now(), owner, lease_ms, checked, total)
 
     async def extend(self, ticket: Ticket, lease_ms: int = DEFAULT_LEASE_MS) -> Ticket | None:
         """Renew a held lease; the renewed ticket, or ``None`` if the lease is lost."""
@@ -178,8 +186,9 @@ class Queue(AsyncFile):
     async def extend_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Ticket | None]:
         """Renew several held leases in one commit; ``None`` for each one that is lost."""
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
+        tickets = [_ticket(ticket) for ticket in tickets]
         leases = [(ticket.id, ticket.fence) for ticket in tickets]
-        fences = await self._run(lambda con: engine.extend(con, PRODUCT, leases, self.now(), lease_ms))
+        fences = await self.store.extend(leases, self.now(), lease_ms)
         return [
             None if fence is None else replace(ticket, fence=fence)
             for ticket, fence in zip(tickets, fences, strict=True)
@@ -188,57 +197,144 @@ class Queue(AsyncFile):
     async def release_many(self, tickets: Sequence[Ticket]) -> list[bool]:
         """Give back leases on jobs this worker claimed but never started (they are ``pending`` again, the
         attempt not counted); ``False`` for each lease no longer held."""
-        leases = [(ticket.id, ticket.fence) for ticket in tickets]
-        released: list[bool] = await self._run(lambda con: engine.release(con, PRODUCT, leases, self.now()))
-        if any(released):
-            self._notify()
-        return released
+        leases = [(ticket.id, ticket.fence) for ticket in map(_ticket, tickets)]
+        return await self.store.release(leases, self.now())
 
     async def reconcile(self, ticket: Ticket) -> str | None:
         """After a finish whose outcome is unknown (cancelled while committing): the status it left, or
         ``None`` if it cannot be told from the row: the ticket still holds the lease (the finish did not land),
         or the job has since been claimed again under a newer token (finishing this ticket again is refused
         as stale either way)."""
+        ticket = _ticket(ticket)
         job = await self.get(ticket.id)
         if job is None or job.token != ticket.token:
             return None
         return None if job.status == "leased" and job.lease_until == ticket.lease_until else job.status
 
+    async def wait_for_rows(self, timeout: float) -> None:
+        """Return when new work may be ready, or after ``timeout`` seconds."""
+        await self.store.wait_for_work(timeout)
+
     # -- operators ------------------------------------------------------------------------------------
 
-    async def redrive(self, job_id: str, note: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> bool:
-        """Re-arm a dead job with a fresh budget and an audit row; ``ValueError`` if it is not dead."""
+    async def redrive(self, job_id: str, note: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> AuditEntry:
+        """Re-arm a dead job with a fresh budget; its audit row. ``ValueError`` if it is not dead."""
         check_identifier(job_id, "job_id")
         check_identifier(note, "note")
         check_int(ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
         now = self.now()
-        done: bool = await self._run(engine.redrive, PRODUCT, job_id, now, now + ttl_ms, note)
+        entry = await self.store.redrive(job_id, now, now + ttl_ms, note)
         log.info("job %s dead -> pending (redriven: %s)", job_id, note)
-        self._notify()
-        return done
+        return entry
 
-    async def cancel(self, job_id: str, note: str) -> bool:
-        """Park a pending job as dead (reason ``cancelled``), audited; ``ValueError`` if not pending."""
+    async def cancel(self, job_id: str, note: str) -> AuditEntry:
+        """Park a pending job as dead (reason ``cancelled``); its audit row. ``ValueError`` if not pending."""
         check_identifier(job_id, "job_id")
         check_identifier(note, "note")
-        done: bool = await self._run(engine.cancel, PRODUCT, job_id, self.now(), note)
+        entry = await self.store.cancel(job_id, self.now(), note)
         log.info("job %s pending -> dead (cancelled: %s)", job_id, note)
-        return done
+        return entry
 
     async def get(self, job_id: str) -> Job | None:
         """One job's stored record, or ``None``."""
-        check_identifier(job_id, "job_id")
-        row = await self._run(lambda con: con.execute(GET_JOB, (job_id,)).fetchone())
-        return None if row is None else Job.from_row(tuple(row))
+        return await self.store.get(check_identifier(job_id, "job_id"))
+
+    async def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        queue: str | None = None,
+        reason: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+        newest: bool = False,
+        body: bool = True,
+    ) -> list[Job]:
+        """Jobs filtered by status, queue and reason (``None``: any), oldest first after ``seq = after``, or
+        ``newest`` first; at most ``limit`` (1-1000)."""
+        if status is not None:
+            check_choice(status, "status", STATUSES)
+        if queue is not None:
+            check_identifier(queue, "queue")
+        if reason is not None:
+            check_identifier(reason, "reason")
+        check_int(after, "after", 0, 2**63 - 1)
+        check_int(limit, "limit", 1, MAX_BATCH + 1)
+        which = JobFilter(status, queue, reason, after, limit, _flag(newest, "newest"), _flag(body, "body"))
+        return await self.store.list_jobs(which)
+
+    async def history(self, job_id: str) -> list[AuditEntry]:
+        """One job's audit rows (redrives, cancels), oldest first."""
+        return await self.store.history(check_identifier(job_id, "job_id"))
+
+    async def audit_log(self, limit: int = 100) -> list[AuditEntry]:
+        """The newest audit rows of the whole queue, newest first."""
+        return await self.store.audit_log(check_int(limit, "limit", 1, MAX_BATCH))
 
     async def stats(self) -> Stats:
         """Counts by status and dead reason, oldest pending age, leases by owner."""
-        now = self.now()
-        result: Stats = await self._run(read_stats, PRODUCT, now)
-        return result
+        return await self.store.stats(self.now())
+
+    async def prunable(
+        self, older_than_ms: int, statuses: Sequence[str] = ("done", "dead"), limit: int = -1
+    ) -> tuple[dict[str, int], list[str]]:
+        """What ``prune`` would delete now: counts by status, and the first ``limit`` ids (``-1``: all)."""
+        return await self.store.prunable(self._cutoff(older_than_ms), _prune_statuses(statuses), limit)
+
+    async def prune(
+        self, older_than_ms: int, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
+    ) -> dict[str, Any]:
+        """Delete the done/dead jobs that ended longer than ``older_than_ms`` ago (audit rows stay)."""
+        return await self.store.prune(self._cutoff(older_than_ms), _prune_statuses(statuses), vacuum=vacuum)
+
+    async def backup(self, target: str, *, force: bool = False) -> dict[str, Any]:
+        """An online, checked copy of the store at ``target`` (stores with ``capabilities.backup``)."""
+        if not self.store.capabilities.backup:
+            raise NotImplementedError(f"{self.path} cannot be backed up by asyncq: use the database's own tools")
+        return await self.store.backup(target, force=_flag(force, "force"))
+
+    async def describe(self) -> dict[str, Any]:
+        """What the store is: its kind, schema version and settings."""
+        return await self.store.describe()
+
+    def _cutoff(self, older_than_ms: int) -> int:
+        return self.now() - check_int(older_than_ms, "older_than_ms", 0, MAX_TTL_MS * 100)
+
+
+def _flag(value: object, name: str) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def _prune_statuses(statuses: Sequence[str]) -> tuple[str, ...]:
+    checked = tuple(check_choice(status, "statuses", ("done", "dead")) for status in statuses)
+    if not checked:
+        raise ValueError("statuses must name done, dead or both")
+    return checked
+
+
+def _spec(job: object) -> JobSpec:
+    if type(job) is not JobSpec:
+        raise TypeError(f"enqueue_many takes JobSpec values, not {type(job).__name__}")
+    return job
+
+
+def _ticket(ticket: object) -> Ticket:
+    if type(ticket) is not Ticket:
+        raise TypeError(f"expected a Ticket from claim(), not {type(ticket).__name__}")
+    return ticket
+
+
+def _triples(results: Sequence[tuple[Ticket, str, int]]) -> Sequence[tuple[Ticket, str, int]]:
+    for result in results:
+        if type(result) is not tuple or len(result) != 3:
+            raise TypeError("results must be (ticket, outcome, delay_ms) tuples")
+    return results
 
 
 def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> Finish:
+    _ticket(ticket)
     check_choice(outcome, "outcome", OUTCOMES)
     check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
     return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held)

@@ -177,14 +177,26 @@ class Job:
     owner: str | None
     lease_until: int | None
     reason: str | None
-
-    COLUMNS = (
-        "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, "
-        "lease_until, reason"
-    )
+    #: How many times an operator redrove it (audit rows with action ``redrive``).
+    redrives: int = 0
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
+        """A job from its fields in declaration order, the body as its stored JSON text."""
         values = list(row)
         values[3] = json.loads(values[3])
         return cls(*values)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action on a job, as the audit log keeps it: ``redrive`` or ``cancel``, the token the job had,
+    when (``at_ms``), the operator's note, and for a cancel the reason it was parked with."""
+
+    seq: int
+    id: str
+    action: str
+    token: int
+    at_ms: int
+    note: str
+    reason: str | None

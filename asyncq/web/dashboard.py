@@ -31,12 +31,13 @@ from typing import Any
 from aiohttp import web
 
 from asyncq.core.clock import Clock, wall_clock_ms
+from asyncq.core.stats import Stats
 from asyncq.core.values import check_identifier
 from asyncq.inbox.receiver import serve
 from asyncq.queue import Queue
 from asyncq.store.sqlite.admin import CliError, list_jobs, probe_for_writing, reading, snapshot
 from asyncq.store.sqlite.schema import PRODUCT
-from asyncq.store.sqlite.stats import Stats, read_stats
+from asyncq.store.sqlite.stats import read_stats
 from asyncq.web.page import Sample, Snapshot, render_message, render_page
 
 log = logging.getLogger("asyncq.web.dashboard")

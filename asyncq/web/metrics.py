@@ -50,10 +50,11 @@ from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, PENDING, RETRY
+from asyncq.core.stats import Stats
 from asyncq.inbox.receiver import INBOX_KEY, Inbox
 from asyncq.store.sqlite.admin import CliError, connect_read_only
 from asyncq.store.sqlite.schema import PRODUCT
-from asyncq.store.sqlite.stats import Stats, read_stats
+from asyncq.store.sqlite.stats import read_stats
 
 log = logging.getLogger("asyncq.web.metrics")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from asyncq.store.sqlite.stats import Stats
+from asyncq.core.stats import Stats
 
 CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
 WIDTH, HEIGHT, LEFT, BOTTOM = 640, 180, 48, 22

@@ -50,60 +50,85 @@ def _commit(con: sqlite3.Connection) -> None:
 
 
 class AppTransaction:
-    """An open ``BEGIN IMMEDIATE`` on a file's connection, for the app's own SQL beside asyncq's rows."""
+    """An open ``BEGIN IMMEDIATE`` on a file's connection, for the app's own SQL beside asyncq's rows.
+
+    Usable only inside its block: afterwards every call raises ``RuntimeError`` (a statement would otherwise land
+    in whatever transaction another task has open, or autocommit). A statement that ends the transaction itself
+    (``COMMIT``, ``ROLLBACK``) is refused the same way, and the block is rolled back."""
 
     def __init__(self, owner: AsyncFile) -> None:
         self._file = owner
+        self._open = False
         #: How many rows asyncq added in this transaction (waiters are woken after the commit if any).
         self.added = 0
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         """Run one statement of the app's own and return its rows."""
-        return list(await self._file._conn.execute_fetchall(statement, parameters))
+        rows: list[Any] = await self._run_step(_execute_inside, statement, parameters)
+        return rows
 
     async def _run_step(self, fn: Callable[..., T], *args: Any) -> T:
         """Run an engine step inside this transaction, in the connection's thread."""
-        return await run_sync(self._file._conn, fn, *args)
+        if not self._open:
+            raise RuntimeError("this transaction's block has ended: open a new one with transaction()")
+        return await run_sync(self._file.conn, fn, *args)
+
+
+def _execute_inside(con: sqlite3.Connection, statement: str, parameters: Sequence[Any] | dict[str, Any]) -> list[Any]:
+    rows = con.execute(statement, parameters).fetchall()
+    if not con.in_transaction:
+        raise RuntimeError("the statement ended the transaction: let the block commit or roll back")
+    return rows
 
 
 TxT = TypeVar("TxT", bound=AppTransaction)
 
 
 class AsyncFile:
-    """One SQLite file behind one aiosqlite connection: the base of ``Queue`` and ``Outbox``.
+    """One SQLite file behind one aiosqlite connection: what every SQLite store of the product runs on.
 
-    Writes of one process queue on an ``asyncio.Lock`` and run whole in the connection's thread; time comes
-    from an injected clock; tasks waiting for new rows are woken in-process after a commit that added some.
+    Writes of one process queue on an ``asyncio.Lock`` and run whole in the connection's thread; tasks waiting for
+    new rows are woken in-process after a commit that added some. A task holding an app transaction that calls the
+    store again would wait for itself forever: that is refused at once with ``RuntimeError``.
     """
 
-    def __init__(self, conn: aiosqlite.Connection, path: str, clock: Callable[[], int]) -> None:
-        self._conn = conn
+    def __init__(self, conn: aiosqlite.Connection, path: str, clock: Callable[[], int] | None = None) -> None:
+        self.conn = conn
         self.path = path
         self._clock = clock
         self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[Any] | None = None  # the task inside ``transaction()``, if any
         self._waiters: set[asyncio.Event] = set()
         self._busy_ms: int | None = None  # the connection's busy timeout, read once
 
     @staticmethod
-    async def _connect(
-        path: object, busy_timeout: float, setup: Callable[[sqlite3.Connection], object]
-    ) -> tuple[aiosqlite.Connection, str]:
+    async def connect(
+        target: str, busy_timeout: float, setup: Callable[[sqlite3.Connection], object], *, uri: bool = False
+    ) -> aiosqlite.Connection:
         """Connect in autocommit mode and run ``setup`` in the connection's thread; closed if it fails."""
-        file = check_path(path)
-        # check_same_thread=False: ``_run_held`` runs statements on the loop's thread; the lock keeps every use
+        # check_same_thread=False: ``run_held`` runs statements on the loop's thread; the lock keeps every use
         # of the connection one at a time.
-        conn = await aiosqlite.connect(file, isolation_level=None, timeout=busy_timeout, check_same_thread=False)
+        conn = await aiosqlite.connect(
+            target, isolation_level=None, timeout=busy_timeout, check_same_thread=False, uri=uri
+        )
         try:
             await run_sync(conn, setup)
         except BaseException:
             await conn.close()
             raise
-        return conn, file
+        return conn
+
+    @staticmethod
+    async def _connect(
+        path: object, busy_timeout: float, setup: Callable[[sqlite3.Connection], object]
+    ) -> tuple[aiosqlite.Connection, str]:
+        file = check_path(path)
+        return await AsyncFile.connect(file, busy_timeout, setup), file
 
     async def close(self) -> None:
         """Close the connection (waits for the transaction in progress)."""
-        async with self._lock:
-            await self._conn.close()
+        async with self._locked():
+            await self.conn.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -112,14 +137,28 @@ class AsyncFile:
         await self.close()
 
     def now(self) -> int:
-        """The clock's current time in milliseconds, checked."""
+        """The clock's current time in milliseconds, checked (files opened with a clock)."""
+        assert self._clock is not None
         return check_time(self._clock(), "clock()")
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+    @asynccontextmanager
+    async def _locked(self) -> AsyncIterator[None]:
+        if self._holder is not None and self._holder is asyncio.current_task():
+            raise RuntimeError(
+                "this task holds an open transaction on the store: use the transaction's own methods inside its "
+                "block (the call would wait for the block to end, forever)"
+            )
         async with self._lock:
-            return await run_sync(self._conn, fn, *args)
+            yield
 
-    async def _run_held(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(sqlite3_connection, *args)`` in the connection's thread, after every call queued before it."""
+        async with self._locked():
+            return await run_sync(self.conn, fn, *args)
+
+    _run = run
+
+    async def run_held(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(sqlite3_connection, *args)`` inside one write transaction, called on this (the loop's) thread.
 
         ``fn`` runs with the write lock held, so its statements never wait for a lock (keep it to short
@@ -127,17 +166,17 @@ class AsyncFile:
         the lock is it sent to the connection's thread to wait there; ``COMMIT`` (the disk's wait) always runs
         in that thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
         transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
-        async with self._lock:
-            con: sqlite3.Connection = self._conn._conn
+        async with self._locked():
+            con: sqlite3.Connection = self.conn._conn
             try:
                 if not self._begin_without_waiting(con):
-                    await run_sync(self._conn, _begin)
+                    await run_sync(self.conn, _begin)
                 result = fn(con, *args)
                 with anyio.CancelScope(shield=True):
-                    await run_sync(self._conn, _commit)
+                    await run_sync(self.conn, _commit)
             except BaseException:
                 with anyio.CancelScope(shield=True):  # runs after a cancelled BEGIN, in the thread's order
-                    await run_sync(self._conn, _rollback_if_open)
+                    await run_sync(self.conn, _rollback_if_open)
                 raise
             return result
 
@@ -157,9 +196,12 @@ class AsyncFile:
         finally:
             con.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
+        """Wake the tasks of this process waiting for new rows."""
         for event in self._waiters:
             event.set()
+
+    _notify = notify
 
     async def wait_for_rows(self, timeout: float) -> None:
         """Return when this process commits new rows, or after ``timeout`` seconds; other processes' rows
@@ -173,20 +215,28 @@ class AsyncFile:
             self._waiters.discard(waiter)
 
     @asynccontextmanager
-    async def _transaction(self, tx: TxT) -> AsyncIterator[TxT]:
+    async def open_transaction(self, tx: TxT) -> AsyncIterator[TxT]:
         """All of ``tx``'s statements commit together, or all roll back if the block raises or is cancelled.
 
         A cancelled BEGIN or COMMIT still runs later in the connection's thread, so whether a transaction is
         open is decided there, after it, never from this thread before it has run."""
-        async with self._lock:
+        async with self._locked():
+            self._holder = asyncio.current_task()
             try:
-                await self._conn.execute("BEGIN IMMEDIATE")
+                await self.conn.execute("BEGIN IMMEDIATE")
+                tx._open = True
                 yield tx
+                tx._open = False
                 with anyio.CancelScope(shield=True):
-                    await self._conn.execute("COMMIT")
+                    await self.conn.execute("COMMIT")
             except BaseException:
+                tx._open = False
                 with anyio.CancelScope(shield=True):
-                    await run_sync(self._conn, _rollback_if_open)
+                    await run_sync(self.conn, _rollback_if_open)
                 raise
+            finally:
+                self._holder = None
         if tx.added:
-            self._notify()
+            self.notify()
+
+    _transaction = open_transaction

@@ -8,8 +8,8 @@ writes no index entry; ``asyncq prune`` bounds it. Samplers of very large files 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, field
 
+from asyncq.core.stats import Lease, Stats
 from asyncq.store.sqlite.schema import Layout
 
 COUNT_BY_STATUS = "SELECT status, count(*) FROM {jobs} GROUP BY status"
@@ -22,32 +22,6 @@ ATTEMPTS_HISTOGRAM = (
     "SELECT attempts, count(*) FROM {jobs} WHERE status IN ('pending', 'leased') GROUP BY attempts ORDER BY attempts"
 )
 EXPIRED_LEASES = "SELECT count(*) FROM {jobs} WHERE status = 'leased' AND lease_until <= :now"
-
-
-@dataclass(frozen=True)
-class Lease:
-    """Leases one owner holds, and the earliest of them to expire."""
-
-    owner: str
-    count: int
-    first_expiry_ms: int
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A snapshot of one queue file."""
-
-    now_ms: int
-    by_status: dict[str, int]
-    dead_by_reason: dict[str, int]
-    oldest_ready_age_ms: int | None
-    expired_leases: int
-    leases: list[Lease] = field(default_factory=list)
-    attempts: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.by_status.values())
 
 
 def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:

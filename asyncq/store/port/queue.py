@@ -1,0 +1,171 @@
+"""The queue store's port: what ``Queue`` (and through it the pool, the CLI, the dashboard and the metrics) asks
+of a store.
+
+What every store must guarantee (the conformance suite in ``tests/store/`` checks each):
+
+- **Atomic claim.** A claim sweeps unclaimable rows (deadline passed, attempts used up) to ``dead`` and leases
+  ready jobs, oldest first, in one transaction; no job is leased twice at once; each claim gives the job a new
+  token (``token + 1``) and counts an attempt.
+- **Compare-and-set finish.** A finish, extend or release lands only if id, owner, token, attempt and
+  ``lease_until`` all still match and the lease has not expired at ``now_ms``; a stale member of a batch changes
+  nothing while the rest land. Decisions are ``asyncq.core.lifecycle``'s, never the store's own.
+- **All or nothing.** Every call is one transaction: a failure rolls back all of it, and bad input is refused
+  (by the facade, before the store is called) with nothing changed.
+- **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
+- **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
+  or DELETE+EXTRA); a weaker level is opt-in and says so (``Capabilities.survives_power_loss``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Ticket
+from asyncq.core.lifecycle import Fence
+from asyncq.core.stats import Stats
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Where stores differ. ``backup``: an online copy of the whole store (``QueueStore.backup``);
+    ``app_sql``: ``StoreTransaction.execute`` runs the app's own statements; ``survives_power_loss``: the level
+    the store was opened at; ``read_only``: opened for reading (every write raises)."""
+
+    backup: bool
+    app_sql: bool
+    survives_power_loss: bool
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs ``list_jobs`` returns: ``None`` matches any. ``after`` is a ``seq`` (oldest first from just
+    past it); ``newest`` lists newest first instead (``after`` is then ignored)."""
+
+    status: str | None = None
+    queue: str | None = None
+    reason: str | None = None
+    after: int = 0
+    limit: int = 100
+    newest: bool = False
+    body: bool = True
+
+
+class StoreTransaction(Protocol):
+    """An open transaction of a store, in which the app's own statements and asyncq's rows commit together."""
+
+    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """Run one statement of the app's own and return its rows."""
+        ...
+
+    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[bool]:
+        """Insert jobs inside this transaction (``QueueStore.enqueue``'s rule for each)."""
+        ...
+
+
+class QueueStore(Protocol):
+    """A queue's storage. Every method is one transaction; arguments are already checked by the facade."""
+
+    #: Where the store lives, for messages (a file path, a URL without its password).
+    location: str
+    capabilities: Capabilities
+
+    # -- producers ----------------------------------------------------------------------------------------
+
+    async def enqueue(self, rows: Sequence[NewJob]) -> list[bool]:
+        """Insert ``rows`` all or none: ``True`` per new job, ``False`` where the id exists with the same payload
+        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[StoreTransaction]:
+        """A transaction for the app's statements and jobs: committed when the block ends, rolled back if it
+        raises or is cancelled."""
+        ...
+
+    # -- workers ------------------------------------------------------------------------------------------
+
+    async def settle_and_claim(
+        self,
+        finishes: Sequence[Finish],
+        now_ms: int,
+        owner: str,
+        lease_ms: int,
+        wants: Sequence[tuple[str, int]],
+        total: int | None,
+    ) -> tuple[list[str | None], list[Ticket]]:
+        """A pool's group commit: finish ``finishes`` (the new status each, ``None`` if stale), then claim up to
+        ``n`` jobs of each ``(queue, n)`` in ``wants`` (at most ``total`` in all), in one transaction."""
+        ...
+
+    async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
+        """Finish without claiming (``settle_and_claim`` with no wants)."""
+        ...
+
+    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
+        """Renew held leases to ``min(now + lease_ms, deadline)``; ``None`` for each lease no longer held."""
+        ...
+
+    async def release(self, leases: Sequence[tuple[str, Fence]], now_ms: int) -> list[bool]:
+        """Give back held leases of jobs never started (pending again, the attempt returned)."""
+        ...
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when new work may be ready (rows committed through this store), or after ``timeout`` s."""
+        ...
+
+    # -- operators ----------------------------------------------------------------------------------------
+
+    async def redrive(self, job_id: str, now_ms: int, deadline_ms: int, note: str) -> AuditEntry:
+        """Re-arm a dead job (attempts 0, deadline ``deadline_ms``) after writing its audit row, which is
+        returned; ``ValueError`` (nothing changes) if the job is missing or not dead."""
+        ...
+
+    async def cancel(self, job_id: str, now_ms: int, note: str) -> AuditEntry:
+        """Park a pending job as dead (reason ``cancelled``) with an audit row, which is returned;
+        ``ValueError`` if it is missing or not pending."""
+        ...
+
+    async def get(self, job_id: str) -> Job | None:
+        """One job's stored record (its redrive count included), or ``None``."""
+        ...
+
+    async def list_jobs(self, which: JobFilter) -> list[Job]:
+        """Jobs matching ``which``, in ``seq`` order (newest first if asked), at most ``which.limit``."""
+        ...
+
+    async def history(self, job_id: str) -> list[AuditEntry]:
+        """The audit rows of one job (redrives and cancels), oldest first."""
+        ...
+
+    async def audit_log(self, limit: int) -> list[AuditEntry]:
+        """The newest ``limit`` audit rows of the whole store, newest first."""
+        ...
+
+    async def stats(self, now_ms: int) -> Stats:
+        """Every figure of ``Stats`` in one read transaction."""
+        ...
+
+    async def prunable(self, cutoff_ms: int, statuses: Sequence[str], limit: int) -> tuple[dict[str, int], list[str]]:
+        """What ``prune`` would delete: counts by status of the jobs with a status in ``statuses`` that ended
+        before ``cutoff_ms``, and the first ``limit`` of their ids (``-1``: all)."""
+        ...
+
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool) -> dict[str, Any]:
+        """Delete those jobs (audit rows stay) and give the space back as the store can; what it did."""
+        ...
+
+    async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
+        """An online, checked copy of the whole store at ``target`` (``capabilities.backup`` stores only;
+        others raise ``NotImplementedError`` saying what to use instead)."""
+        ...
+
+    async def describe(self) -> dict[str, Any]:
+        """What the store is, for an operator: its kind, schema version and settings."""
+        ...
+
+    async def close(self) -> None:
+        """Close the store (after the transaction in progress)."""
+        ...

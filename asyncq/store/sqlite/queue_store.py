@@ -1,0 +1,211 @@
+"""``SqliteQueueStore``: the queue store's port on one SQLite file, over the engine's statements.
+
+Every call is one engine transaction run whole in the connection's thread (``asyncq.store.sqlite.aio``); the
+pool's group commit runs on the loop's thread once ``BEGIN IMMEDIATE`` holds the write lock (``_run_held``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import aiosqlite
+
+from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Ticket
+from asyncq.core.lifecycle import Fence
+from asyncq.core.stats import Stats
+from asyncq.errors import StoreError
+from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
+from asyncq.store.sqlite import admin, engine
+from asyncq.store.sqlite.aio import AppTransaction, AsyncFile, run_sync
+from asyncq.store.sqlite.connection import check_path, configure, write_transaction
+from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
+from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.stats import read_stats
+
+
+def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
+    prepare_new_file(con)
+    configure(con, level.journal_mode, level.synchronous)
+    with write_transaction(con):
+        migrate_in_transaction(con)
+
+
+def _check_reader(con: sqlite3.Connection, path: str) -> None:
+    admin.check_version(admin.inspect(con, path), writing=False)
+
+
+def _level(durability: str | None, path: str) -> Durability:
+    """The named level; ``None`` keeps an existing file's journal mode (a new file gets the default)."""
+    if durability is None:
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            return DEFAULT
+        with sqlite3.connect(admin.read_only_uri(path), uri=True) as con:
+            return LEVELS[admin.inspect(con, path, table=None).durability]
+    level = LEVELS.get(durability)
+    if level is None:
+        raise ValueError(f"durability must be one of {sorted(LEVELS)}")
+    return level
+
+
+class SqliteTransaction(AppTransaction):
+    """An open ``BEGIN IMMEDIATE`` on the store's connection: the app's SQL and its jobs commit together."""
+
+    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[bool]:
+        added = await self._run_step(engine.enqueue_rows_in_transaction, PRODUCT, rows)
+        self.added += sum(added)
+        return added
+
+
+class SqliteQueueStore:
+    """The queue store's port on one SQLite file (see ``asyncq.store.port.queue`` for each method's rule)."""
+
+    def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
+        self._file = file
+        self.location = file.path
+        self.level = level
+        self.capabilities = Capabilities(
+            backup=True, app_sql=True, survives_power_loss=level.survives_power_loss, read_only=read_only
+        )
+
+    @classmethod
+    async def open(
+        cls, path: object, *, durability: str | None = DEFAULT.name, busy_timeout: float = 5.0, read_only: bool = False
+    ) -> SqliteQueueStore:
+        """Open (creating and migrating unless ``read_only``) a queue file. ``read_only`` opens an existing
+        current queue with ``mode=ro``: nothing can create or change it; ``StoreError`` if it is not one."""
+        file = check_path(path)
+        if read_only:
+            uri = admin.read_only_uri(file)
+            check = functools.partial(_check_reader, path=file)
+            conn = await AsyncFile.connect(uri, busy_timeout, check, uri=True)
+            return cls(AsyncFile(conn, file), _level(None, file), read_only=True)
+        level = _level(durability, file)
+        conn = await AsyncFile.connect(file, busy_timeout, functools.partial(_open_and_migrate, level=level))
+        return cls(AsyncFile(conn, file), level, read_only=False)
+
+    # -- producers ----------------------------------------------------------------------------------------
+
+    async def enqueue(self, rows: Sequence[NewJob]) -> list[bool]:
+        added: list[bool] = await self._write(engine.enqueue, PRODUCT, rows)
+        if any(added):
+            self._file.notify()
+        return added
+
+    def transaction(self) -> AbstractAsyncContextManager[StoreTransaction]:
+        self._check_writable()
+        return self._file.open_transaction(SqliteTransaction(self._file))
+
+    # -- workers ------------------------------------------------------------------------------------------
+
+    async def settle_and_claim(
+        self,
+        finishes: Sequence[Finish],
+        now_ms: int,
+        owner: str,
+        lease_ms: int,
+        wants: Sequence[tuple[str, int]],
+        total: int | None,
+    ) -> tuple[list[str | None], list[Ticket]]:
+        self._check_writable()
+        scoped = [({"queue": queue}, n) for queue, n in wants]
+        statuses, claimed = await self._file.run_held(
+            engine.settle_and_claim_in_transaction, PRODUCT, finishes, now_ms, owner, lease_ms, scoped, total
+        )
+        return statuses, [Ticket.from_row(row) for row in claimed]
+
+    async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
+        statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms)
+        return statuses
+
+    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
+        fences: list[Fence | None] = await self._write(engine.extend, PRODUCT, leases, now_ms, lease_ms)
+        return fences
+
+    async def release(self, leases: Sequence[tuple[str, Fence]], now_ms: int) -> list[bool]:
+        released: list[bool] = await self._write(engine.release, PRODUCT, leases, now_ms)
+        if any(released):
+            self._file.notify()
+        return released
+
+    async def wait_for_work(self, timeout: float) -> None:
+        await self._file.wait_for_rows(timeout)
+
+    # -- operators ----------------------------------------------------------------------------------------
+
+    async def redrive(self, job_id: str, now_ms: int, deadline_ms: int, note: str) -> AuditEntry:
+        def redrive(con: sqlite3.Connection) -> AuditEntry:
+            engine.redrive(con, PRODUCT, job_id, now_ms, deadline_ms, note)
+            return admin.last_audit_of(con, job_id)
+
+        entry: AuditEntry = await self._write(redrive)
+        self._file.notify()
+        return entry
+
+    async def cancel(self, job_id: str, now_ms: int, note: str) -> AuditEntry:
+        def cancel(con: sqlite3.Connection) -> AuditEntry:
+            engine.cancel(con, PRODUCT, job_id, now_ms, note)
+            return admin.last_audit_of(con, job_id)
+
+        entry: AuditEntry = await self._write(cancel)
+        return entry
+
+    async def get(self, job_id: str) -> Job | None:
+        job: Job | None = await self._file.run(admin.get_job, job_id)
+        return job
+
+    async def list_jobs(self, which: JobFilter) -> list[Job]:
+        jobs: list[Job] = await self._file.run(admin.list_jobs, which)
+        return jobs
+
+    async def history(self, job_id: str) -> list[AuditEntry]:
+        entries: list[AuditEntry] = await self._file.run(admin.history, job_id)
+        return entries
+
+    async def audit_log(self, limit: int) -> list[AuditEntry]:
+        entries: list[AuditEntry] = await self._file.run(admin.audit_log, limit)
+        return entries
+
+    async def stats(self, now_ms: int) -> Stats:
+        stats: Stats = await self._file.run(read_stats, PRODUCT, now_ms)
+        return stats
+
+    async def prunable(self, cutoff_ms: int, statuses: Sequence[str], limit: int) -> tuple[dict[str, int], list[str]]:
+        found: tuple[dict[str, int], list[str]] = await self._file.run(
+            admin.prunable, admin.prune_params(cutoff_ms, statuses, limit)
+        )
+        return found
+
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool) -> dict[str, Any]:
+        params = admin.prune_params(cutoff_ms, statuses)
+        done: dict[str, Any] = await self._write(admin.prune, self.location, params, vacuum=vacuum)
+        return done | {"bytes_after": os.path.getsize(self.location)}
+
+    async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
+        done: dict[str, Any] = await self._file.run(admin.backup, self.location, target, force=force)
+        return done
+
+    async def describe(self) -> dict[str, Any]:
+        found: dict[str, Any] = await self._file.run(admin.describe, self.location)
+        return found | {"durability": self.level.name, "survives_power_loss": self.level.survives_power_loss}
+
+    async def close(self) -> None:
+        await self._file.close()
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self.capabilities.read_only:
+            raise StoreError(f"{self.location} was opened read-only")
+
+    async def _write(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self._check_writable()
+        return await self._file.run(functools.partial(fn, **kwargs) if kwargs else fn, *args)
+
+
+__all__ = ["SqliteQueueStore", "SqliteTransaction", "aiosqlite", "run_sync"]
