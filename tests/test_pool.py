@@ -98,7 +98,7 @@ async def test_a_handler_that_always_fails_ends_exhausted_after_max_attempts_and
     assert pool.counters.handler_errors == 3
     assert pool.counters.finished == {"pending": 2, "dead": 1}
 
-    assert await queue.redrive("job", "bug-fixed") is True
+    assert (await queue.redrive("job", "bug-fixed")).note == "bug-fixed"
     assert audit_rows(path) == [("job", "bug-fixed", "redrive")]
     pool.register("default", recording(deliveries, succeed))
     await burst(pool)
@@ -557,11 +557,12 @@ async def test_a_worker_whose_lease_was_lost_lives_on_and_runs_the_next_job(path
 
 
 class ThreadGate:
-    """A clock that, once armed, blocks the next call made from a thread other than the event loop's (the
-    queue connection's thread, inside a write call) until released."""
+    """A SQL function that, once armed, blocks the next call made from a thread other than the event loop's (the
+    queue connection's thread, inside a write call) until released; a temporary trigger calls it on every
+    update of a job row."""
 
-    def __init__(self, now: list[int]) -> None:
-        self.now, self.armed = now, False
+    def __init__(self) -> None:
+        self.armed = False
         self.entered, self.release = threading.Event(), threading.Event()
 
     def __call__(self) -> int:
@@ -569,19 +570,25 @@ class ThreadGate:
             self.armed = False
             self.entered.set()
             assert self.release.wait(10), "gate never released"
-        return self.now[0]
+        return 0
+
+    def install(self, queue: Queue) -> None:
+        con = queue.store._file.conn._conn  # type: ignore[attr-defined]  # the SQLite driver's connection
+        con.create_function("gate", 0, self)
+        con.execute("CREATE TEMP TRIGGER gate AFTER UPDATE ON asyncq_jobs BEGIN SELECT gate(); END")
 
 
 async def test_a_handler_finishing_while_its_lease_is_being_renewed_still_finishes(path: Path) -> None:
     now = [T0]
-    gate = ThreadGate(now)
+    gate = ThreadGate()
     started, release = asyncio.Event(), asyncio.Event()
 
     async def handler(body: Any, context: JobContext) -> None:
         started.set()
         await release.wait()
 
-    async with await Queue.open(path, clock=gate) as queue:
+    async with await Queue.open(path, clock=lambda: now[0]) as queue:
+        gate.install(queue)
         pool = Pool(queue, owner="w1", lease_ms=1_000, poll_min=30, poll_max=30)  # the batcher idles on events
         pool.register("default", handler)
         await queue.enqueue("job", {})

@@ -398,7 +398,7 @@ async def test_product_only_moves_are_the_listed_ones(tmp_path: Path) -> None:
         now += 500
         renewed = await queue.extend(ticket, lease_ms=5_000)
         assert renewed is not None and renewed.token == ticket.token and renewed.lease_until == now + 5_000
-        assert await queue.cancel("b", "ops") is True
+        assert (await queue.cancel("b", "ops")).action == "cancel"
         jobs = {job_id: await queue.get(job_id) for job_id in ("a", "b")}
         await queue.enqueue("c", {"qty": 1}, ttl_ms=60_000)
         (held,) = await queue.claim("w1", lease_ms=1_000)

@@ -179,6 +179,13 @@ class Job:
     reason: str | None
     #: How many times an operator redrove it (audit rows with action ``redrive``).
     redrives: int = 0
+    #: The error of each failed attempt, oldest first (``Queue.get`` reads them; listings leave them out).
+    errors: tuple[AttemptError, ...] = ()
+
+    @property
+    def last_error(self) -> AttemptError | None:
+        """The newest failed attempt's error, if any."""
+        return self.errors[-1] if self.errors else None
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
@@ -186,6 +193,17 @@ class Job:
         values = list(row)
         values[3] = json.loads(values[3])
         return cls(*values)
+
+
+@dataclass(frozen=True)
+class AttemptError:
+    """Why one attempt failed: the exception's type and message, and its traceback cut to a few KiB."""
+
+    attempt: int
+    at_ms: int
+    type: str
+    message: str
+    traceback: str
 
 
 @dataclass(frozen=True)
