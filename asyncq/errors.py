@@ -7,11 +7,13 @@
     ├── BadAck       an answer that is not evidence of completion
     │   └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
     └── StoreError   a store cannot be used as asked: missing, not a queue, a newer schema, read-only
+        └── StoreBusy    another writer held the store's lock past the busy timeout: nothing changed, try again
 
 A worker whose lease is taken away gets no error: the pool cancels its handler and drops its result.
 
 Bad input is a plain ``ValueError`` raised before any change, as the lab contracts require; a busy or
-locked database surfaces as ``sqlite3.OperationalError`` and is never turned into "nothing to do".
+locked database surfaces as ``StoreBusy`` (on SQLite also a ``sqlite3.OperationalError``) and is never turned
+into "nothing to do".
 """
 
 from __future__ import annotations
@@ -45,3 +47,8 @@ class BadAck(AsyncqError):
 class StoreError(AsyncqError):
     """A store cannot be used as asked: the file is missing or not a queue, its schema is newer than this
     asyncq's (or older, for a reader), or it was opened read-only. Nothing was changed."""
+
+
+class StoreBusy(StoreError):
+    """Another writer held the store's lock for longer than the busy timeout: the call changed nothing and may be
+    tried again (a worker pool does, with backoff). On SQLite it is also a ``sqlite3.OperationalError``."""

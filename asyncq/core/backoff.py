@@ -1,21 +1,70 @@
-"""Capped exponential backoff with a caller-supplied jitter ratio (no randomness, no sleeping here)."""
+"""Capped exponential backoff with a caller-supplied jitter ratio (no randomness, no sleeping in the rule), and
+the product's ``RetryPolicy`` that draws the jitter.
+
+``backoff_ms`` is the one rule; ``retry_delay`` is the lease lab's contract of it (its narrower bounds), and
+``RetryPolicy`` the product's (a cap up to ``MAX_RETRY_CAP_MS``, attempts up to ``MAX_ATTEMPTS``).
+"""
 
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from asyncq.core.limits import (
+    DEFAULT_RETRY_BASE_MS,
+    DEFAULT_RETRY_CAP_MS,
+    LAB_MAX_ATTEMPTS,
+    LAB_RETRY_MAX_MS,
+    MAX_ATTEMPTS,
+    MAX_RETRY_BASE_MS,
+    MAX_RETRY_CAP_MS,
+)
 from asyncq.core.values import check_int, check_ratio
+from asyncq.errors import Retryable
+
+
+def backoff_ms(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
+    """``floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter)``; arguments already checked."""
+    # 2**(attempt-1) for attempt up to 1000 is an exact int; min() keeps the product small before the float.
+    return math.floor(min(cap_ms, base_ms << (attempt - 1)) * jitter)
 
 
 def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
-    """``floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter)`` milliseconds.
+    """The lease lab's rule: ``floor(min(cap_ms, base_ms * 2**(attempt-1)) * jitter)`` milliseconds.
 
     ``attempt`` 1-16, ``base_ms`` 1-60000, ``cap_ms`` ``base_ms``-60000, ``jitter`` a finite int or float in
     0-1 (the caller draws it: full jitter with ``random.random()``, none with ``1``). Bad input: ``ValueError``.
     """
-    check_int(attempt, "attempt", 1, 16)
-    check_int(base_ms, "base_ms", 1, 60_000)
-    check_int(cap_ms, "cap_ms", base_ms, 60_000)
+    check_int(attempt, "attempt", 1, LAB_MAX_ATTEMPTS)
+    check_int(base_ms, "base_ms", 1, LAB_RETRY_MAX_MS)
+    check_int(cap_ms, "cap_ms", base_ms, LAB_RETRY_MAX_MS)
     check_ratio(jitter, "jitter")
-    scaled: int = math.floor(min(cap_ms, base_ms * 2 ** (attempt - 1)) * jitter)
-    return scaled
+    return backoff_ms(attempt, base_ms, cap_ms, jitter)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped, jittered exponential backoff for failed attempts (``backoff_ms``'s rule).
+
+    ``base_ms`` 1 ms-1 h, ``cap_ms`` ``base_ms``-7 days; ``jitter`` draws a ratio in 0-1 for each retry: random
+    by default (full jitter), injectable for tests. A bad policy is ``ValueError`` when it is built."""
+
+    base_ms: int = DEFAULT_RETRY_BASE_MS
+    cap_ms: int = DEFAULT_RETRY_CAP_MS
+    jitter: Callable[[], float] = random.random
+
+    def __post_init__(self) -> None:
+        check_int(self.base_ms, "base_ms", 1, MAX_RETRY_BASE_MS)
+        check_int(self.cap_ms, "cap_ms", self.base_ms, MAX_RETRY_CAP_MS)
+        if not callable(self.jitter):
+            raise ValueError("jitter must be a callable returning a ratio in 0-1")
+
+    def delay_ms(self, attempt: int, error: BaseException | None = None) -> int:
+        """The delay before the attempt after ``attempt`` (1 …); a ``Retryable(delay_ms=…)`` asks for one (e.g.
+        from ``Retry-After``), honoured up to the cap. A jitter outside 0-1 is ``ValueError``."""
+        if isinstance(error, Retryable) and error.delay_ms is not None:
+            return max(0, min(error.delay_ms, self.cap_ms))
+        ratio = check_ratio(self.jitter(), "jitter()")
+        return backoff_ms(min(max(attempt, 1), MAX_ATTEMPTS), self.base_ms, self.cap_ms, ratio)

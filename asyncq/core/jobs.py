@@ -13,6 +13,16 @@ from typing import Any, NamedTuple
 
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
+from asyncq.core.limits import (
+    DEFAULT_LEASE_MS,
+    DEFAULT_QUEUE,
+    DEFAULT_TTL_MS,
+    MAX_ATTEMPTS,
+    MAX_BATCH,
+    MAX_BODY_BYTES,
+    MAX_LEASE_MS,
+    MAX_TTL_MS,
+)
 from asyncq.core.values import check_identifier, check_int
 
 
@@ -56,14 +66,26 @@ class Finish(NamedTuple):
     held: Held | None = None
 
 
-DEFAULT_QUEUE = "default"
-MAX_BODY_BYTES = 64 * 1024
-MAX_ATTEMPTS = 1000
-MAX_TTL_MS = 365 * 24 * 3600 * 1000
-MAX_LEASE_MS = 24 * 3600 * 1000
-DEFAULT_TTL_MS = 24 * 3600 * 1000
-DEFAULT_LEASE_MS = 30_000
-MAX_BATCH = 1000
+__all__ = [
+    "DEFAULT_LEASE_MS",
+    "DEFAULT_QUEUE",
+    "DEFAULT_TTL_MS",
+    "MAX_ATTEMPTS",
+    "MAX_BATCH",
+    "MAX_BODY_BYTES",
+    "MAX_LEASE_MS",
+    "MAX_TTL_MS",
+    "AttemptError",
+    "AuditEntry",
+    "Claimed",
+    "Finish",
+    "Held",
+    "Job",
+    "JobSpec",
+    "NewJob",
+    "Ticket",
+    "body_text",
+]
 
 
 def body_text(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:

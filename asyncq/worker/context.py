@@ -1,16 +1,14 @@
-"""What a handler sees and how its failures are retried: the job context, the handler type, a transport
-turned into a handler, and the pool's retry policy (``retry_delay``'s rule with a jitter source)."""
+"""What a handler sees: the job context, the handler type, and a transport turned into a handler.
+``RetryPolicy`` (``asyncq.core.backoff``) is re-exported here for the pool's users."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncq.core.backoff import retry_delay
+from asyncq.core.backoff import RetryPolicy
 from asyncq.delivery.base import Transport
-from asyncq.errors import Retryable
 
 
 @dataclass(slots=True)
@@ -55,18 +53,4 @@ def deliver_with(transport: Transport) -> TransportHandler:
     return TransportHandler(transport)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Capped, jittered exponential backoff for failed attempts (``retry_delay``'s rule).
-
-    ``jitter`` draws a ratio in 0-1 for each retry: random by default, injectable for tests."""
-
-    base_ms: int = 1000
-    cap_ms: int = 60_000
-    jitter: Callable[[], float] = random.random
-
-    def delay_ms(self, attempt: int, error: BaseException | None) -> int:
-        """The delay before the next attempt; a ``Retryable(delay_ms=…)`` asks for one, capped."""
-        if isinstance(error, Retryable) and error.delay_ms is not None:
-            return max(0, min(error.delay_ms, self.cap_ms))
-        return retry_delay(min(attempt, 16), self.base_ms, self.cap_ms, self.jitter())
+__all__ = ["Handler", "JobContext", "RetryPolicy", "TransportHandler", "deliver_with"]

@@ -150,7 +150,7 @@ def get_job(con: sqlite3.Connection, job_id: str) -> Job | None:
 
 def list_jobs(con: sqlite3.Connection, which: JobFilter) -> list[Job]:
     """Jobs matching ``which``, oldest first from ``after`` (or newest first)."""
-    params = {"status": which.status, "queue": which.queue, "reason": which.reason}
+    params: dict[str, object] = {"status": which.status, "queue": which.queue, "reason": which.reason}
     params |= {"after": which.after, "limit": which.limit}
     rows = con.execute(LIST_NEWEST if which.newest else LIST_OLDEST, params).fetchall()
     return [_job(row, which.body) for row in rows]

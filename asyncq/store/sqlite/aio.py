@@ -25,15 +25,23 @@ import aiosqlite
 import anyio
 
 from asyncq.core.values import check_time
+from asyncq.store.sqlite.busy import as_busy
 from asyncq.store.sqlite.connection import check_path
 
 T = TypeVar("T")
 
 
 async def run_sync(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(sqlite3_connection, *args)`` in ``conn``'s thread, after everything queued before it."""
+    """Run ``fn(sqlite3_connection, *args)`` in ``conn``'s thread, after everything queued before it. A lock
+    held elsewhere past the busy timeout is ``SqliteBusy`` (a ``StoreBusy`` and a ``sqlite3.OperationalError``)."""
     raw: sqlite3.Connection = conn._conn  # aiosqlite keeps the sqlite3 connection private; reading it is safe
-    return cast(T, await conn._execute(fn, raw, *args))  # type: ignore[no-untyped-call]
+    try:
+        return cast(T, await conn._execute(fn, raw, *args))  # type: ignore[no-untyped-call]
+    except sqlite3.OperationalError as error:
+        busy = as_busy(error)
+        if busy is error:
+            raise
+        raise busy from None
 
 
 def _rollback_if_open(con: sqlite3.Connection) -> None:

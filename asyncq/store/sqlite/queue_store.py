@@ -13,15 +13,13 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import aiosqlite
-
 from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.sqlite import admin, engine
-from asyncq.store.sqlite.aio import AppTransaction, AsyncFile, run_sync
+from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
 from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
@@ -187,7 +185,7 @@ class SqliteQueueStore:
         return done | {"bytes_after": os.path.getsize(self.location)}
 
     async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
-        done: dict[str, Any] = await self._file.run(admin.backup, self.location, target, force=force)
+        done: dict[str, Any] = await self._file.run(functools.partial(admin.backup, force=force), self.location, target)
         return done
 
     async def describe(self) -> dict[str, Any]:
@@ -206,6 +204,3 @@ class SqliteQueueStore:
     async def _write(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._check_writable()
         return await self._file.run(functools.partial(fn, **kwargs) if kwargs else fn, *args)
-
-
-__all__ = ["SqliteQueueStore", "SqliteTransaction", "aiosqlite", "run_sync"]
