@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, Self
 
 from asyncq.core.clock import Clock, wall_clock_ms
+from asyncq.core.failures import ErrorText, error_text
 from asyncq.core.jobs import (
     DEFAULT_LEASE_MS,
     DEFAULT_QUEUE,
@@ -37,6 +38,9 @@ from asyncq.store.opening import open_queue_store
 from asyncq.store.port.queue import JobFilter, QueueStore, StoreTransaction
 
 log = logging.getLogger("asyncq.queue")
+
+#: A finished attempt: ``(ticket, outcome, delay_ms)``, or with the attempt's error as a fourth member.
+Result = tuple[Ticket, str, int] | tuple[Ticket, str, int, BaseException | ErrorText | None]
 
 
 class Transaction:
@@ -150,20 +154,24 @@ class Queue:
         _statuses, tickets = await self.settle_and_claim([], owner, [(queue, limit)], lease_ms)
         return tickets
 
-    async def finish(self, ticket: Ticket, outcome: str, delay_ms: int = 0) -> str | None:
-        """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale."""
-        return (await self.finish_many([(ticket, outcome, delay_ms)]))[0]
+    async def finish(
+        self, ticket: Ticket, outcome: str, delay_ms: int = 0, *, error: BaseException | None = None
+    ) -> str | None:
+        """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale. ``error``
+        (a failed attempt's exception) is kept with the job: ``Job.errors``."""
+        return (await self.finish_many([(ticket, outcome, delay_ms, error)]))[0]
 
-    async def finish_many(self, results: Sequence[tuple[Ticket, str, int]]) -> list[str | None]:
-        """Record several outcomes in one commit, each fenced on its own (stale ones change nothing)."""
-        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in _triples(results)]
+    async def finish_many(self, results: Sequence[Result]) -> list[str | None]:
+        """Record several outcomes (``(ticket, outcome, delay_ms)``, and optionally the attempt's error) in one
+        commit, each fenced on its own (stale ones change nothing)."""
+        items = [_finish_item(*result) for result in _results(results)]
         if not items:
             return []
         return await self.store.finish(items, self.now())
 
     async def settle_and_claim(
         self,
-        results: Sequence[tuple[Ticket, str, int]],
+        results: Sequence[Result],
         owner: str,
         wants: Sequence[tuple[str, int]],
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -173,7 +181,7 @@ class Queue:
         ``total`` over all of them, if given) in one commit: the worker pool's group commit."""
         check_identifier(owner, "owner")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
-        items = [_finish_item(ticket, outcome, delay_ms) for ticket, outcome, delay_ms in _triples(results)]
+        items = [_finish_item(*result) for result in _results(results)]
         checked = [(check_identifier(q, "queue"), check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
         if total is not None:
             check_int(total, "total", 0, MAX_BATCH)
@@ -249,9 +257,10 @@ class Queue:
         limit: int = 100,
         newest: bool = False,
         body: bool = True,
+        errors: bool = False,
     ) -> list[Job]:
         """Jobs filtered by status, queue and reason (``None``: any), oldest first after ``seq = after``, or
-        ``newest`` first; at most ``limit`` (1-1000)."""
+        ``newest`` first; at most ``limit`` (1-1001). ``errors`` fills each job's newest failed attempt's error."""
         if status is not None:
             check_choice(status, "status", STATUSES)
         if queue is not None:
@@ -260,7 +269,8 @@ class Queue:
             check_identifier(reason, "reason")
         check_int(after, "after", 0, 2**63 - 1)
         check_int(limit, "limit", 1, MAX_BATCH + 1)
-        which = JobFilter(status, queue, reason, after, limit, _flag(newest, "newest"), _flag(body, "body"))
+        flags = _flag(newest, "newest"), _flag(body, "body"), _flag(errors, "errors")
+        which = JobFilter(status, queue, reason, after, limit, *flags)
         return await self.store.list_jobs(which)
 
     async def history(self, job_id: str) -> list[AuditEntry]:
@@ -326,15 +336,19 @@ def _ticket(ticket: object) -> Ticket:
     return ticket
 
 
-def _triples(results: Sequence[tuple[Ticket, str, int]]) -> Sequence[tuple[Ticket, str, int]]:
+def _results(results: Sequence[Result]) -> Sequence[Result]:
     for result in results:
-        if type(result) is not tuple or len(result) != 3:
-            raise TypeError("results must be (ticket, outcome, delay_ms) tuples")
+        if type(result) is not tuple or len(result) not in (3, 4):
+            raise TypeError("results must be (ticket, outcome, delay_ms[, error]) tuples")
     return results
 
 
-def _finish_item(ticket: Ticket, outcome: str, delay_ms: int) -> Finish:
+def _finish_item(ticket: Ticket, outcome: str, delay_ms: int, error: BaseException | ErrorText | None = None) -> Finish:
     _ticket(ticket)
     check_choice(outcome, "outcome", OUTCOMES)
     check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
-    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held)
+    if isinstance(error, BaseException):
+        error = error_text(error)
+    elif error is not None and type(error) is not ErrorText:
+        raise TypeError(f"error must be an exception, not {type(error).__name__}")
+    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error)

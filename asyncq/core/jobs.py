@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from asyncq.core.jsontext import canonical_json
+from asyncq.core.failures import ErrorText
 from asyncq.core.lifecycle import Fence
 from asyncq.core.limits import (
     DEFAULT_LEASE_MS,
@@ -64,6 +65,8 @@ class Finish(NamedTuple):
     outcome: str
     delay_ms: int = 0
     held: Held | None = None
+    #: Why the attempt failed (``retry`` or ``permanent``): kept with the job when the finish lands.
+    error: ErrorText | None = None
 
 
 __all__ = [

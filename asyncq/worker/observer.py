@@ -16,6 +16,10 @@ class PoolCounters:
     leases_lost: int = 0
     handler_errors: int = 0
     commits: int = 0
+    #: Failures of the pool's own machinery (never a handler's): logged at ERROR, each one survived.
+    internal_errors: int = 0
+    #: Store calls that found another process holding the lock past the busy timeout (retried).
+    store_busy: int = 0
 
     def count_status(self, status: str | None) -> None:
         if status is None:
@@ -36,6 +40,8 @@ class PoolObserver(Protocol):
 
     def on_lease_lost(self) -> None: ...
 
+    def on_store_busy(self) -> None: ...
+
 
 class NoObserver:
     """The observer of a pool that was given none: it ignores everything."""
@@ -50,4 +56,7 @@ class NoObserver:
         pass
 
     def on_lease_lost(self) -> None:
+        pass
+
+    def on_store_busy(self) -> None:
         pass

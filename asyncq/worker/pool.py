@@ -28,13 +28,24 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from asyncq.core.backoff import RetryPolicy
+from asyncq.core.failures import ErrorText, classify, error_text
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, Ticket
 from asyncq.core.lifecycle import OK, PERMANENT, RETRY
+from asyncq.core.limits import (
+    DEFAULT_RETRY_BASE_MS,
+    MAX_CONCURRENCY,
+    MAX_JOB_TIMEOUT_SECONDS,
+    MAX_LEASE_MS,
+    MAX_POLL_SECONDS,
+    MIN_LEASE_MS,
+    MIN_POLL_SECONDS,
+)
 from asyncq.core.values import check_identifier, check_int, check_seconds
 from asyncq.delivery.base import JsonText
-from asyncq.errors import Permanent
+from asyncq.errors import StoreBusy
 from asyncq.queue import Queue
-from asyncq.worker.context import Handler, JobContext, RetryPolicy, TransportHandler, deliver_with
+from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with
 from asyncq.worker.observer import NoObserver, PoolCounters, PoolObserver
 
 # Pool is this module's; the rest are re-exported from where they live.
@@ -83,13 +94,20 @@ class Pool:
         linger: float | None = None,
         observer: PoolObserver | None = None,
     ) -> None:
+        if not isinstance(queue, Queue):
+            raise TypeError(f"Pool needs a Queue (await Queue.open(...)), not {type(queue).__name__}")
         self.queue = queue
-        self.concurrency = check_int(concurrency, "concurrency", 1, 1000)
+        self.concurrency = check_int(concurrency, "concurrency", 1, MAX_CONCURRENCY)
         self.owner = check_identifier(owner or f"pool-{random.getrandbits(48):012x}", "owner")
-        self.lease_ms = check_int(lease_ms, "lease_ms", 4, 24 * 3600 * 1000)
-        self.job_timeout = job_timeout
+        self.lease_ms = check_int(lease_ms, "lease_ms", MIN_LEASE_MS, MAX_LEASE_MS)
+        self.job_timeout = (
+            None if job_timeout is None else _bounded(job_timeout, "job_timeout", MAX_JOB_TIMEOUT_SECONDS)
+        )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         self.retry = retry or RetryPolicy()
-        self.poll_min, self.poll_max = poll_min, poll_max
+        self.poll_min = _bounded(poll_min, "poll_min", MAX_POLL_SECONDS, MIN_POLL_SECONDS)
+        self.poll_max = _bounded(poll_max, "poll_max", MAX_POLL_SECONDS, self.poll_min)
         # A commit waits for this many results (fewer when a slot starves or the oldest result has lingered).
         self.batch = max(self.concurrency, min(COMMIT_JOBS, COMMIT_ROUNDS * self.concurrency))
         # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit. By
@@ -106,7 +124,8 @@ class Pool:
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._handlers: dict[str, Handler] = {}
-        self._results: list[tuple[_InFlight, str, int]] = []  # the flight: its ticket may still be renewed
+        # (the flight, outcome, delay_ms, error): the flight's ticket may still be renewed until the commit
+        self._results: list[tuple[_InFlight, str, int, ErrorText | None]] = []
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._inflight: dict[tuple[str, int], _InFlight] = {}  # running, or claimed and waiting in _buffer
@@ -115,10 +134,14 @@ class Pool:
         self._wake = asyncio.Event()  # set when a job finishes, a slot frees or stop() is called
         self._workers: list[asyncio.Task[None]] = []
         self._idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
+        self._busy_wait = 0.0  # the pause before retrying a busy store (grows while it stays busy)
 
     def register(self, queue_name: str, handler: Handler) -> None:
-        """Run ``handler(body, context)`` for jobs of ``queue_name``."""
-        self._handlers[check_identifier(queue_name, "queue_name")] = handler
+        """Run ``handler(body, context)`` for jobs of ``queue_name`` (registering the name again replaces it)."""
+        check_identifier(queue_name, "queue_name")
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, not {type(handler).__name__}")
+        self._handlers[queue_name] = handler
 
     def handler(self, queue_name: str = DEFAULT_QUEUE) -> Callable[[Handler], Handler]:
         """Decorator form of ``register``."""
@@ -161,7 +184,12 @@ class Pool:
                 await self._release_buffer()
                 continue
             await self._gather_results()
-            claimed = await self._cycle(capacity=self._capacity())
+            try:
+                claimed = await self._cycle(capacity=self._capacity())
+            except StoreBusy as error:
+                await self._wait_out_busy_store(error)
+                continue
+            self._busy_wait = 0.0
             if claimed or self._results or self._stopping:
                 idle_wait = self.poll_min
                 continue
@@ -171,6 +199,17 @@ class Pool:
                 continue  # nothing to claim for now; the next finished job wakes the batcher
             await self._idle(idle_wait)
             idle_wait = min(idle_wait * 2, self.poll_max)
+
+    async def _wait_out_busy_store(self, error: StoreBusy) -> None:
+        """Another process held the store's lock past the busy timeout (a debugger, a VM pause, a stopped
+        process): nothing changed; keep every result, log, count, and try again after a growing pause."""
+        self._busy_wait = min(max(self._busy_wait * 2, self.poll_min), self.poll_max)
+        self.counters.store_busy += 1
+        self._observe("on_store_busy")
+        log.warning(
+            "store busy (%s): %d result(s) kept, trying again in %.3f s", error, len(self._results), self._busy_wait
+        )
+        await anyio.sleep(self._busy_wait)
 
     def _capacity(self) -> int:
         """How many jobs to claim now: free slots plus the prefetch buffer's room, at most a claim's limit
@@ -223,22 +262,27 @@ class Pool:
     async def _cycle(self, *, capacity: int) -> int:
         """Finish what is done and claim up to ``capacity`` jobs, in one commit; start what slots allow."""
         async with self._fences:  # read each ticket after any renewal in flight has replaced it
-            results = [(flight.ticket, outcome, delay) for flight, outcome, delay in self._results]
+            kept = self._results
+            results = [(flight.ticket, outcome, delay, error) for flight, outcome, delay, error in kept]
             self._results = []
             wants = self._rotated_wants(capacity) if capacity > 0 else []
             if not results and not wants:
                 return 0
-            statuses, tickets = await self.queue.settle_and_claim(
-                results, self.owner, wants, self.lease_ms, total=capacity
-            )
+            try:
+                statuses, tickets = await self.queue.settle_and_claim(
+                    results, self.owner, wants, self.lease_ms, total=capacity
+                )
+            except BaseException:
+                self._results = kept + self._results  # nothing landed: the next commit carries them
+                raise
         self.counters.commits += 1
         debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job
-        for (ticket, outcome, _delay), status in zip(results, statuses, strict=True):
+        for (ticket, outcome, _delay, _error), status in zip(results, statuses, strict=True):
             self._log_finish(ticket, status, debug)
-            self.observer.on_finished(outcome, status)
+            self._observe("on_finished", outcome, status)
         self.counters.claimed += len(tickets)
         if tickets:
-            self.observer.on_claimed(len(tickets))
+            self._observe("on_claimed", len(tickets))
         for ticket in tickets:
             if debug:
                 log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
@@ -273,7 +317,10 @@ class Pool:
                 flight.task = me
                 if not self._buffer:
                     self._wake_if_needed()  # that was the last buffered job: free slots may want a claim
-                await self._run_job(flight)
+                try:
+                    await self._run_job(flight)
+                except Exception as error:  # the pool's own machinery failed around this job: keep the worker
+                    self._machinery_failed(flight, error)
                 continue
             waiter = loop.create_future()
             self._idle_workers.append(waiter)
@@ -283,6 +330,26 @@ class Pool:
                 with contextlib.suppress(ValueError):
                     self._idle_workers.remove(waiter)
                 raise
+
+    def _machinery_failed(self, flight: _InFlight, error: Exception) -> None:
+        """Not the handler but the pool failed around a job: log it loudly, count it, and never leave the job
+        leased for its lease to run out: it is retried at once under its budget (or dropped if its lease was
+        lost). The worker goes on with the next job."""
+        self.counters.internal_errors += 1
+        log.error("internal error around job %s: %r", flight.ticket.id, error, exc_info=error)
+        self._inflight.pop(flight.key, None)
+        recorded = any(result[0] is flight for result in self._results)
+        if not flight.lost and not recorded:
+            self._results.append((flight, RETRY, DEFAULT_RETRY_BASE_MS, error_text(error)))
+        self._wake.set()
+
+    def _observe(self, event: str, *args: object) -> None:
+        """Tell the observer, which must never raise: if it does, log and count it, and carry on."""
+        try:
+            getattr(self.observer, event)(*args)
+        except Exception as error:
+            self.counters.internal_errors += 1
+            log.error("pool observer failed in %s: %r", event, error, exc_info=error)
 
     def _rotated_wants(self, free: int) -> list[tuple[str, int]]:
         names = list(self._handlers)
@@ -327,8 +394,14 @@ class Pool:
                 due = [f for f in self._inflight.values() if f.ticket.lease_until - now <= self.lease_ms // 2]
                 if not due:
                     continue
-                with anyio.CancelScope(shield=True):  # a renewal that lands is always recorded
-                    renewed = await self.queue.extend_many([flight.ticket for flight in due], self.lease_ms)
+                try:
+                    with anyio.CancelScope(shield=True):  # a renewal that lands is always recorded
+                        renewed = await self.queue.extend_many([flight.ticket for flight in due], self.lease_ms)
+                except StoreBusy as error:  # nothing renewed; the next quarter lease tries again
+                    self.counters.store_busy += 1
+                    self._observe("on_store_busy")
+                    log.warning("store busy (%s): %d lease(s) not renewed, trying again", error, len(due))
+                    continue
                 for flight, ticket in zip(due, renewed, strict=True):
                     if ticket is not None:
                         flight.ticket = ticket
@@ -348,7 +421,7 @@ class Pool:
 
     def _count_lost(self, flight: _InFlight) -> None:
         self.counters.leases_lost += 1
-        self.observer.on_lease_lost()
+        self._observe("on_lease_lost")
         log.warning("lease lost for job %s token %d: result discarded", flight.ticket.id, flight.ticket.token)
 
     async def _release_buffer(self) -> None:
@@ -385,6 +458,7 @@ class Pool:
         started = time.perf_counter()
         outcome: str | None = None  # stays None when the job ends without a result
         delay_ms = 0
+        failure: ErrorText | None = None
         try:
             handler = self._handlers[ticket.queue]
             # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
@@ -402,13 +476,8 @@ class Pool:
                 async with asyncio.timeout(self.job_timeout):
                     await running
             outcome = OK
-        except Permanent as error:
-            log.warning("job %s failed permanently: %r", ticket.id, error)
-            outcome = PERMANENT
-        except Exception as error:  # any other failure is retried under the policy and the budget
-            self.counters.handler_errors += 1
-            log.warning("job %s attempt %d failed: %r", ticket.id, ticket.attempt, error)
-            outcome, delay_ms = RETRY, self.retry.delay_ms(ticket.attempt, error)
+        except Exception as error:  # classified once for every worker of asyncq (asyncq.core.failures)
+            outcome, delay_ms, failure = self._failed(ticket, error)
         except asyncio.CancelledError:
             # The renewer cancelled this job's worker because the lease was lost: the worker lives on,
             # unless the pool itself is being cancelled too.
@@ -423,9 +492,25 @@ class Pool:
                 _uncancel()
             self._count_lost(flight)
         elif outcome is not None:  # always, here: without a result the job raised out above
-            self.observer.on_delivery(time.perf_counter() - started, outcome)
-            self._results.append((flight, outcome, delay_ms))
+            self._results.append((flight, outcome, delay_ms, failure))
+            self._observe("on_delivery", time.perf_counter() - started, outcome)
         self._wake_if_needed()
+
+    def _failed(self, ticket: Ticket, error: Exception) -> tuple[str, int, ErrorText]:
+        """A handler's failure as an outcome, a delay and the error kept with the job. A policy that fails here
+        (a jitter out of range) must not lose the job: its base delay is used, and the failure is logged."""
+        try:
+            outcome, delay_ms = classify(error, ticket.attempt, self.retry)
+        except Exception as policy_error:
+            self.counters.internal_errors += 1
+            log.error("retry policy failed for job %s: %r", ticket.id, policy_error, exc_info=policy_error)
+            outcome, delay_ms = RETRY, self.retry.base_ms
+        if outcome == PERMANENT:
+            log.warning("job %s failed permanently: %r", ticket.id, error)
+        else:
+            self.counters.handler_errors += 1
+            log.warning("job %s attempt %d failed: %r", ticket.id, ticket.attempt, error)
+        return outcome, delay_ms, error_text(error)
 
     def _wake_if_needed(self) -> None:
         """Wake the batcher only when a job's end can change its decision: the first waiting result starts
@@ -456,6 +541,14 @@ class Pool:
 
             group.start_soon(watch_signals)
             group.start_soon(work)
+
+
+def _bounded(value: object, name: str, high: float, low: float = 0.0) -> float:
+    """A duration in seconds: positive, finite, in ``low`` … ``high``."""
+    seconds = check_seconds(value, name)
+    if not low <= seconds <= high:
+        raise ValueError(f"{name} must be between {low} and {high} seconds, got {value!r}")
+    return seconds
 
 
 def _uncancel() -> int:

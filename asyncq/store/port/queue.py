@@ -52,6 +52,8 @@ class JobFilter:
     limit: int = 100
     newest: bool = False
     body: bool = True
+    #: Fill each job's ``errors`` with its newest failed attempt's error (``dead`` listings show it).
+    errors: bool = False
 
 
 class StoreTransaction(Protocol):

@@ -7,15 +7,16 @@ finished jobs past their retention, and SQLite's online backup.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from asyncq.core.jobs import AuditEntry, Job
+from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter
 from asyncq.store.sqlite.connection import check_path, write_transaction
@@ -41,6 +42,10 @@ HISTORY = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} WHERE id = :id ORDER BY seq"
 AUDIT_LOG = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} ORDER BY seq DESC LIMIT :limit"
 LAST_AUDIT_OF = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} WHERE id = :id ORDER BY seq DESC LIMIT 1"
 COUNT_BY_STATUS = f"SELECT status, count(*) FROM {_JOBS} GROUP BY status"
+ERRORS_OF = f"SELECT attempt, at_ms, type, message, traceback FROM {PRODUCT.errors} WHERE job_seq = ? ORDER BY seq"
+LAST_ERRORS = f"""SELECT e.job_seq, e.attempt, e.at_ms, e.type, e.message, e.traceback FROM {PRODUCT.errors} e
+WHERE e.seq IN (SELECT max(seq) FROM {PRODUCT.errors} WHERE job_seq IN (SELECT value FROM json_each(?))
+GROUP BY job_seq)"""
 
 # When a finished job ended. Finish and cancel stamp ``available_at = now``; the sweep stamps nothing, and a row
 # with reason deadline or exhausted does not say which of them parked it, so those are dated by their deadline:
@@ -50,6 +55,7 @@ _PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {
 PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP BY status"
 PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
 PRUNE = f"DELETE FROM {_JOBS} WHERE {_PRUNABLE}"
+PRUNE_ERRORS = f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN (SELECT seq FROM {_JOBS} WHERE {_PRUNABLE})"
 
 AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
 
@@ -138,22 +144,34 @@ def _job(row: Sequence[Any], body: bool = True) -> Job:
 
 
 def _without_body(job: Job) -> Job:
-    values = dict(job.__dict__, body=None)
-    return Job(**values)
+    return replace(job, body=None)
 
 
 def get_job(con: sqlite3.Connection, job_id: str) -> Job | None:
-    """One job with its redrive count, or ``None``."""
-    row = con.execute(GET_JOB, {"id": job_id}).fetchone()
-    return None if row is None else _job(row)
+    """One job with its redrive count and every failed attempt's error, or ``None`` (one snapshot)."""
+    with snapshot(con):
+        row = con.execute(GET_JOB, {"id": job_id}).fetchone()
+        errors = [] if row is None else con.execute(ERRORS_OF, (row[0],)).fetchall()
+    if row is None:
+        return None
+    return replace(_job(row), errors=tuple(AttemptError(*error) for error in errors))
 
 
 def list_jobs(con: sqlite3.Connection, which: JobFilter) -> list[Job]:
     """Jobs matching ``which``, oldest first from ``after`` (or newest first)."""
     params: dict[str, object] = {"status": which.status, "queue": which.queue, "reason": which.reason}
     params |= {"after": which.after, "limit": which.limit}
-    rows = con.execute(LIST_NEWEST if which.newest else LIST_OLDEST, params).fetchall()
-    return [_job(row, which.body) for row in rows]
+    with snapshot(con):
+        rows = con.execute(LIST_NEWEST if which.newest else LIST_OLDEST, params).fetchall()
+        last = _last_errors(con, [row[0] for row in rows]) if which.errors and rows else {}
+    jobs = [_job(row, which.body) for row in rows]
+    return [replace(job, errors=(last[job.seq],)) if job.seq in last else job for job in jobs]
+
+
+def _last_errors(con: sqlite3.Connection, seqs: list[int]) -> dict[int, AttemptError]:
+    """The newest error of each job in ``seqs`` that has one."""
+    rows = con.execute(LAST_ERRORS, (json.dumps(seqs),)).fetchall()
+    return {row[0]: AttemptError(*row[1:]) for row in rows}
 
 
 def history(con: sqlite3.Connection, job_id: str) -> list[AuditEntry]:
@@ -188,6 +206,7 @@ def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum:
     """Delete the prunable jobs in one transaction (audit rows stay), then give the space back."""
     size = os.path.getsize(path)
     with write_transaction(con):
+        con.execute(PRUNE_ERRORS, params)
         deleted = con.execute(PRUNE, params).rowcount
     free = int(con.execute("PRAGMA freelist_count").fetchone()[0])
     auto_vacuum = AUTO_VACUUM.get(int(con.execute("PRAGMA auto_vacuum").fetchone()[0]), "unknown")

@@ -249,7 +249,25 @@ def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish
         for position, row in chunk:
             if row.seq in landed:
                 statuses[position] = row.status
+    _keep_errors(
+        con,
+        layout,
+        [
+            (item, item.held.seq)
+            for item, status in zip(items, statuses, strict=True)
+            if status is not None and item.error is not None and item.held is not None
+        ],
+        now_ms,
+    )
     return statuses
+
+
+def _keep_errors(con: sqlite3.Connection, layout: Layout, failed: Sequence[tuple[Finish, int]], now_ms: int) -> None:
+    """Record the error of each landed finish in ``failed`` (``(item, job seq)``), where the layout keeps them."""
+    if layout.errors is None or not failed:
+        return
+    rows = [(seq, item.fence.attempt, now_ms, *item.error) for item, seq in failed if item.error is not None]
+    con.executemany(sql(layout, "KEEP_ERROR"), rows)
 
 
 def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishRow | None:
@@ -281,6 +299,8 @@ def _finish_one(
     row = _finish_row(item, seq, state, now_ms)
     if row is None or not con.execute(finish_rows(layout, 1), row).fetchall():
         return None
+    if item.error is not None:
+        _keep_errors(con, layout, [(item, seq)], now_ms)
     call_hook(fault, "after-finish")
     return row.status
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from asyncq.store.sqlite.schema import PRODUCT, PRODUCT_TABLES
+from asyncq.store.sqlite.schema import ERROR_TABLES, PRODUCT, PRODUCT_TABLES
 
 # Version 1's lifecycle indexes, kept word for word: version 2 replaces them with partial ones.
 _V1_INDEXES = (
@@ -26,6 +26,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX IF EXISTS asyncq_jobs_exhausted",
         *(statement for statement in PRODUCT.ddl if statement.startswith("CREATE INDEX")),
     ),
+    ERROR_TABLES,  # version 3: each failed attempt's error
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -59,6 +59,8 @@ class Layout:
     payload: tuple[str, ...]
     scope: str
     ddl: tuple[str, ...]
+    #: The table that keeps each failed attempt's error (the product's); ``None`` keeps none (the lab's).
+    errors: str | None = None
 
 
 LAB = Layout(
@@ -72,6 +74,7 @@ LAB = Layout(
 PRODUCT = Layout(
     jobs="asyncq_jobs",
     audit="asyncq_audit",
+    errors="asyncq_errors",
     payload=("queue", "body"),
     scope="AND queue = :queue",
     ddl=(
@@ -79,6 +82,15 @@ PRODUCT = Layout(
         *lifecycle_indexes("asyncq_jobs", "queue, "),
         "CREATE INDEX IF NOT EXISTS asyncq_audit_id ON asyncq_audit(id)",
     ),
+)
+
+# Each failed attempt's error, keyed by the job's ``seq`` (never reused, so a pruned id enqueued again starts
+# clean). Written in the finish's transaction; pruned with its job.
+ERROR_TABLES = (
+    """CREATE TABLE IF NOT EXISTS asyncq_errors (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_seq INTEGER NOT NULL,
+  attempt INTEGER NOT NULL, at_ms INTEGER NOT NULL, type TEXT NOT NULL, message TEXT NOT NULL,
+  traceback TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS asyncq_errors_job ON asyncq_errors(job_seq)",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one

@@ -124,6 +124,7 @@ def sql(layout: Layout, name: str) -> str:
         audit=layout.audit,
         payload=", ".join(layout.payload),
         scope=layout.scope,
+        errors=layout.errors,
     )
 
 
@@ -190,4 +191,9 @@ WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND a
   AND lease_until = :lease_until AND :now < lease_until
 """
 
-NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION, "RELEASE": RELEASE}
+# A failed attempt's error, kept in the finish's transaction (``Layout.errors``: the product's only).
+KEEP_ERROR = """
+INSERT INTO {errors} (job_seq, attempt, at_ms, type, message, traceback) VALUES (?, ?, ?, ?, ?, ?)
+"""
+
+NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION, "RELEASE": RELEASE, "KEEP_ERROR": KEEP_ERROR}
