@@ -32,8 +32,9 @@ from asyncq.core.jobs import (
     Ticket,
 )
 from asyncq.core.lifecycle import OUTCOMES, STATUSES
+from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats
-from asyncq.core.values import check_choice, check_identifier, check_int, check_time
+from asyncq.core.values import check_choice, check_duration, check_identifier, check_int, check_time
 from asyncq.store.opening import open_queue_store
 from asyncq.store.port.queue import JobFilter, QueueStore, StoreTransaction
 
@@ -87,6 +88,8 @@ class Queue:
         if not callable(clock):
             raise TypeError("clock must be a callable returning epoch milliseconds")
         check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
+        check_duration(busy_timeout, "busy_timeout", 0.0, MAX_BUSY_TIMEOUT_SECONDS)
+        _flag(read_only, "read_only")
         store = await open_queue_store(path, durability=durability, busy_timeout=busy_timeout, read_only=read_only)
         return cls(store, clock, max_body_bytes)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from asyncq.core.jsontext import canonical_json
 from asyncq.core.failures import ErrorText
+from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.limits import (
     DEFAULT_LEASE_MS,

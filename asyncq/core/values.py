@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Collection, Mapping
+from datetime import timedelta
 from typing import Any
 
 IDENTIFIER_MAX = 64
@@ -94,4 +95,17 @@ def check_seconds(value: object, name: str) -> float:
     assert isinstance(value, int | float)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return float(value)
+
+
+def check_duration(value: object, name: str, low: float, high: float) -> float:
+    """A duration in seconds in ``low`` … ``high`` (zero allowed if ``low`` is): an exact, finite ``int`` or
+    ``float`` (no bool), or a ``datetime.timedelta``."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if type(value) not in (int, float):
+        raise ValueError(f"{name} must be seconds as an int or float, not {type(value).__name__}")
+    assert isinstance(value, int | float)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high} seconds, got {value!r}")
     return float(value)

@@ -41,7 +41,7 @@ from asyncq.core.limits import (
     MIN_LEASE_MS,
     MIN_POLL_SECONDS,
 )
-from asyncq.core.values import check_identifier, check_int, check_seconds
+from asyncq.core.values import check_duration, check_identifier, check_int, check_seconds
 from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
 from asyncq.queue import Queue
@@ -101,13 +101,15 @@ class Pool:
         self.owner = check_identifier(owner or f"pool-{random.getrandbits(48):012x}", "owner")
         self.lease_ms = check_int(lease_ms, "lease_ms", MIN_LEASE_MS, MAX_LEASE_MS)
         self.job_timeout = (
-            None if job_timeout is None else _bounded(job_timeout, "job_timeout", MAX_JOB_TIMEOUT_SECONDS)
+            None
+            if job_timeout is None
+            else check_duration(job_timeout, "job_timeout", MIN_POLL_SECONDS, MAX_JOB_TIMEOUT_SECONDS)
         )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         self.retry = retry or RetryPolicy()
-        self.poll_min = _bounded(poll_min, "poll_min", MAX_POLL_SECONDS, MIN_POLL_SECONDS)
-        self.poll_max = _bounded(poll_max, "poll_max", MAX_POLL_SECONDS, self.poll_min)
+        self.poll_min = check_duration(poll_min, "poll_min", MIN_POLL_SECONDS, MAX_POLL_SECONDS)
+        self.poll_max = check_duration(poll_max, "poll_max", self.poll_min, MAX_POLL_SECONDS)
         # A commit waits for this many results (fewer when a slot starves or the oldest result has lingered).
         self.batch = max(self.concurrency, min(COMMIT_JOBS, COMMIT_ROUNDS * self.concurrency))
         # Claimed ahead, so a freed slot starts its next job at once instead of after the next commit. By
@@ -541,14 +543,6 @@ class Pool:
 
             group.start_soon(watch_signals)
             group.start_soon(work)
-
-
-def _bounded(value: object, name: str, high: float, low: float = 0.0) -> float:
-    """A duration in seconds: positive, finite, in ``low`` … ``high``."""
-    seconds = check_seconds(value, name)
-    if not low <= seconds <= high:
-        raise ValueError(f"{name} must be between {low} and {high} seconds, got {value!r}")
-    return seconds
 
 
 def _uncancel() -> int:

@@ -16,6 +16,7 @@ loop, and each hop cost 1-3 ms of the loop's time: a 1 ms cycle took 5 ms (docs/
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -82,7 +83,13 @@ class AppTransaction:
         return await run_sync(self._file.conn, fn, *args)
 
 
+# Statements that would end (or nest) the block's transaction; ``ROLLBACK TO`` a savepoint stays inside it.
+_ENDS_TRANSACTION = re.compile(r"\s*(BEGIN|COMMIT|END)\b|\s*ROLLBACK\s*(TRANSACTION\s*)?(;|$)", re.IGNORECASE)
+
+
 def _execute_inside(con: sqlite3.Connection, statement: str, parameters: Sequence[Any] | dict[str, Any]) -> list[Any]:
+    if _ENDS_TRANSACTION.match(statement):
+        raise RuntimeError("the block's transaction commits or rolls back when the block ends: no BEGIN/COMMIT in it")
     rows = con.execute(statement, parameters).fetchall()
     if not con.in_transaction:
         raise RuntimeError("the statement ended the transaction: let the block commit or roll back")
