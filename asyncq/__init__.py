@@ -6,7 +6,20 @@ Public names load lazily (PEP 562) so that ``import asyncq.lab.lease`` needs onl
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name loads on first use
+    from asyncq.core.backoff import RetryPolicy
+    from asyncq.core.jobs import Job, JobSpec, Ticket
+    from asyncq.delivery.fake import FakeTransport
+    from asyncq.delivery.http import HttpTransport
+    from asyncq.errors import AsyncqError, BadAck, Conflict, Permanent, Retryable
+    from asyncq.inbox import Inbox
+    from asyncq.outbox import Outbox, Relay
+    from asyncq.queue import Queue
+    from asyncq.store.sqlite.sync import enqueue_sync
+    from asyncq.worker.context import JobContext, deliver_with
+    from asyncq.worker.pool import Pool
 
 __all__ = [
     "AsyncqError",
@@ -45,7 +58,7 @@ _WHERE = {
     "Pool": "asyncq.worker.pool",
     "Queue": "asyncq.queue",
     "Relay": "asyncq.outbox",
-    "RetryPolicy": "asyncq.worker.context",
+    "RetryPolicy": "asyncq.core.backoff",
     "Retryable": "asyncq.errors",
     "Ticket": "asyncq.core.jobs",
     "deliver_with": "asyncq.worker.context",
@@ -53,13 +66,15 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'asyncq' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # hidden from mypy, so that a name asyncq does not have is an error there too
+
+    def __getattr__(name: str) -> Any:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'asyncq' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

@@ -8,25 +8,46 @@ that is not listed here. The SQL that carries the decisions out lives in ``async
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
-PENDING = "pending"
-LEASED = "leased"
-DONE = "done"
-DEAD = "dead"
-STATUSES = (PENDING, LEASED, DONE, DEAD)
+class Status(StrEnum):
+    """Where a job is in its life. Stored as these exact strings."""
 
-OK = "ok"
-RETRY = "retry"
-PERMANENT = "permanent"
-OUTCOMES = (OK, RETRY, PERMANENT)
+    PENDING = "pending"  # waiting: enqueued, retried, redriven or released (enters by enqueue, finish, redrive)
+    LEASED = "leased"  # claimed under a lease: a worker holds its fence (enters by claim; leaves by finish/sweep)
+    DONE = "done"  # finished ok: final (leaves only by prune)
+    DEAD = "dead"  # parked with a reason: leaves only by an operator's redrive (or prune)
 
-# Reasons stored with a row. ``retry`` marks a pending job that failed before; the others explain ``dead``.
-REASON_RETRY = "retry"
-REASON_DEADLINE = "deadline"
-REASON_EXHAUSTED = "exhausted"
-REASON_PERMANENT = "permanent"
-REASON_CANCELLED = "cancelled"
+
+class Outcome(StrEnum):
+    """What a worker reports for an attempt."""
+
+    OK = "ok"
+    RETRY = "retry"
+    PERMANENT = "permanent"
+
+
+class Reason(StrEnum):
+    """Why a job is where it is. ``retry`` marks a pending job that failed before; the others explain ``dead``."""
+
+    RETRY = "retry"
+    DEADLINE = "deadline"
+    EXHAUSTED = "exhausted"
+    PERMANENT = "permanent"
+    CANCELLED = "cancelled"
+
+
+# The members under their short names, as the engine and the labs use them (equal to the stored strings).
+PENDING, LEASED, DONE, DEAD = Status.PENDING, Status.LEASED, Status.DONE, Status.DEAD
+STATUSES = tuple(Status)
+OK, RETRY, PERMANENT = Outcome.OK, Outcome.RETRY, Outcome.PERMANENT
+OUTCOMES = tuple(Outcome)
+REASON_RETRY = Reason.RETRY
+REASON_DEADLINE = Reason.DEADLINE
+REASON_EXHAUSTED = Reason.EXHAUSTED
+REASON_PERMANENT = Reason.PERMANENT
+REASON_CANCELLED = Reason.CANCELLED
 DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED)
 
 
