@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(SOURCES)
 	$(VENV)/bin/ruff format --check $(SOURCES)
 	$(VENV)/bin/mypy --strict asyncq
+	$(VENV)/bin/lint-imports
 
 unit: $(STAMP) browser
 	$(PY) -m pytest -q -p no:cacheprovider
