@@ -30,10 +30,12 @@ class Conflict(AsyncqError):
 class Retryable(AsyncqError):
     """The attempt failed in a way another attempt may fix; the job goes back to pending."""
 
-    def __init__(self, *args: object, delay_ms: int | None = None) -> None:
+    def __init__(self, *args: object, delay: float | None = None, delay_ms: int | None = None) -> None:
         super().__init__(*args)
-        #: A delay the caller asks for (e.g. from ``Retry-After``); ``None`` means the policy decides.
-        self.delay_ms = delay_ms
+        if delay is not None and delay_ms is not None:
+            raise TypeError("give delay (seconds) or delay_ms, not both")
+        #: A delay the caller asks for (e.g. from ``Retry-After``), in ms; ``None`` means the policy decides.
+        self.delay_ms = delay_ms if delay is None else round(delay * 1000)
 
 
 class Permanent(AsyncqError):

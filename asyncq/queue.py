@@ -34,7 +34,15 @@ from asyncq.core.jobs import (
 from asyncq.core.lifecycle import OUTCOMES, STATUSES
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats
-from asyncq.core.values import check_choice, check_duration, check_identifier, check_int, check_time
+from asyncq.core.values import (
+    Duration,
+    check_choice,
+    check_duration,
+    check_identifier,
+    check_int,
+    check_time,
+    duration_ms,
+)
 from asyncq.store.opening import open_queue_store
 from asyncq.store.port.queue import JobFilter, QueueStore, StoreTransaction
 
@@ -121,11 +129,15 @@ class Queue:
         *,
         queue: str = DEFAULT_QUEUE,
         max_attempts: int = 3,
-        ttl_ms: int = DEFAULT_TTL_MS,
-        delay_ms: int = 0,
+        ttl: Duration | None = None,
+        delay: Duration | None = None,
+        ttl_ms: int | None = None,
+        delay_ms: int | None = None,
     ) -> bool:
-        """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body."""
-        return (await self.enqueue_many([JobSpec(job_id, body, queue, max_attempts, ttl_ms, delay_ms)]))[0]
+        """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body. ``ttl``
+        (default a day) and ``delay`` are seconds or a ``timedelta`` (``ttl_ms``/``delay_ms``: deprecated)."""
+        spec = JobSpec(job_id, body, queue, max_attempts, ttl, delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+        return (await self.enqueue_many([spec]))[0]
 
     async def enqueue_many(self, jobs: Iterable[JobSpec]) -> list[bool]:
         """Add several jobs in one transaction: all or none."""
@@ -150,23 +162,39 @@ class Queue:
     # -- workers --------------------------------------------------------------------------------------
 
     async def claim(
-        self, owner: str, *, queue: str = DEFAULT_QUEUE, limit: int = 1, lease_ms: int = DEFAULT_LEASE_MS
+        self,
+        owner: str,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        limit: int = 1,
+        lease: Duration | None = None,
+        lease_ms: int | None = None,
     ) -> list[Ticket]:
-        """Lease up to ``limit`` ready jobs of ``queue`` in one transaction, each with its own token."""
+        """Lease up to ``limit`` ready jobs of ``queue`` in one transaction, each with its own token; ``lease`` in
+        seconds (default 30; ``lease_ms``: deprecated)."""
         check_int(limit, "limit", 1, MAX_BATCH)
+        lease_ms = duration_ms(lease, "lease", lease_ms, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
         _statuses, tickets = await self.settle_and_claim([], owner, [(queue, limit)], lease_ms)
         return tickets
 
     async def finish(
-        self, ticket: Ticket, outcome: str, delay_ms: int = 0, *, error: BaseException | None = None
+        self,
+        ticket: Ticket,
+        outcome: str,
+        delay: Duration | None = None,
+        *,
+        error: BaseException | None = None,
+        delay_ms: int | None = None,
     ) -> str | None:
-        """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale. ``error``
-        (a failed attempt's exception) is kept with the job: ``Job.errors``."""
+        """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale. ``delay``
+        (seconds) is the wait before a retry; ``error`` (a failed attempt's exception) is kept with the job."""
+        delay_ms = duration_ms(delay, "delay", delay_ms, "delay_ms", 0, 0, MAX_TTL_MS)
         return (await self.finish_many([(ticket, outcome, delay_ms, error)]))[0]
 
     async def finish_many(self, results: Sequence[Result]) -> list[str | None]:
         """Record several outcomes (``(ticket, outcome, delay_ms)``, and optionally the attempt's error) in one
-        commit, each fenced on its own (stale ones change nothing)."""
+        commit, each fenced on its own (stale ones change nothing). The batch API takes the store's unit,
+        milliseconds, like ``settle_and_claim``: it is what a worker pool sends."""
         items = [_finish_item(*result) for result in _results(results)]
         if not items:
             return []
@@ -190,12 +218,15 @@ class Queue:
             check_int(total, "total", 0, MAX_BATCH)
         return await self.store.settle_and_claim(items, self.now(), owner, lease_ms, checked, total)
 
-    async def extend(self, ticket: Ticket, lease_ms: int = DEFAULT_LEASE_MS) -> Ticket | None:
-        """Renew a held lease; the renewed ticket, or ``None`` if the lease is lost."""
+    async def extend(
+        self, ticket: Ticket, lease: Duration | None = None, *, lease_ms: int | None = None
+    ) -> Ticket | None:
+        """Renew a held lease by ``lease`` seconds (default 30); the renewed ticket, or ``None`` if it is lost."""
+        lease_ms = duration_ms(lease, "lease", lease_ms, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
         return (await self.extend_many([ticket], lease_ms))[0]
 
     async def extend_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Ticket | None]:
-        """Renew several held leases in one commit; ``None`` for each one that is lost."""
+        """Renew several held leases in one commit; ``None`` for each one that is lost (the batch API: ms)."""
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         tickets = [_ticket(ticket) for ticket in tickets]
         leases = [(ticket.id, ticket.fence) for ticket in tickets]
@@ -228,11 +259,14 @@ class Queue:
 
     # -- operators ------------------------------------------------------------------------------------
 
-    async def redrive(self, job_id: str, note: str, *, ttl_ms: int = DEFAULT_TTL_MS) -> AuditEntry:
-        """Re-arm a dead job with a fresh budget; its audit row. ``ValueError`` if it is not dead."""
+    async def redrive(
+        self, job_id: str, note: str, *, ttl: Duration | None = None, ttl_ms: int | None = None
+    ) -> AuditEntry:
+        """Re-arm a dead job with a fresh budget (a deadline ``ttl`` seconds away, default a day); its audit row.
+        ``ValueError`` if it is not dead."""
         check_identifier(job_id, "job_id")
         check_identifier(note, "note")
-        check_int(ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
+        ttl_ms = duration_ms(ttl, "ttl", ttl_ms, "ttl_ms", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         now = self.now()
         entry = await self.store.redrive(job_id, now, now + ttl_ms, note)
         log.info("job %s dead -> pending (redriven: %s)", job_id, note)
@@ -289,16 +323,18 @@ class Queue:
         return await self.store.stats(self.now())
 
     async def prunable(
-        self, older_than_ms: int, statuses: Sequence[str] = ("done", "dead"), limit: int = -1
+        self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), limit: int = -1
     ) -> tuple[dict[str, int], list[str]]:
         """What ``prune`` would delete now: counts by status, and the first ``limit`` ids (``-1``: all)."""
-        return await self.store.prunable(self._cutoff(older_than_ms), _prune_statuses(statuses), limit)
+        check_int(limit, "limit", -1, 2**31)
+        return await self.store.prunable(self._cutoff(older_than), _prune_statuses(statuses), limit)
 
     async def prune(
-        self, older_than_ms: int, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
+        self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
     ) -> dict[str, Any]:
-        """Delete the done/dead jobs that ended longer than ``older_than_ms`` ago (audit rows stay)."""
-        return await self.store.prune(self._cutoff(older_than_ms), _prune_statuses(statuses), vacuum=vacuum)
+        """Delete the done/dead jobs that ended longer than ``older_than`` seconds ago (audit rows stay)."""
+        cutoff = self._cutoff(older_than)
+        return await self.store.prune(cutoff, _prune_statuses(statuses), vacuum=_flag(vacuum, "vacuum"))
 
     async def backup(self, target: str, *, force: bool = False) -> dict[str, Any]:
         """An online, checked copy of the store at ``target`` (stores with ``capabilities.backup``)."""
@@ -310,8 +346,8 @@ class Queue:
         """What the store is: its kind, schema version and settings."""
         return await self.store.describe()
 
-    def _cutoff(self, older_than_ms: int) -> int:
-        return self.now() - check_int(older_than_ms, "older_than_ms", 0, MAX_TTL_MS * 100)
+    def _cutoff(self, older_than: Duration) -> int:
+        return self.now() - duration_ms(older_than, "older_than", None, "", 0, 0, MAX_TTL_MS * 100)
 
 
 def _flag(value: object, name: str) -> bool:

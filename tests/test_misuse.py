@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sqlite3
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,7 @@ def test_a_bad_retry_policy_is_refused_when_built(kwargs: dict[str, Any]) -> Non
 
 
 def test_a_retry_policy_takes_the_products_ranges() -> None:
-    policy = RetryPolicy(base_ms=1_000, cap_ms=86_400_000, jitter=lambda: 1.0)
+    policy = RetryPolicy(base=1, cap=timedelta(days=1), jitter=lambda: 1.0)
     assert policy.delay_ms(1) == 1_000 and policy.delay_ms(10) == 512_000
     assert policy.delay_ms(1000) == 86_400_000  # the product's maximum attempts, capped at a day
 
@@ -188,3 +189,24 @@ def test_enqueue_sync_checks_its_time_before_any_change(tmp_path: Path, now_ms: 
         assert con.execute("SELECT name FROM sqlite_master").fetchall() == []  # not even the tables
     finally:
         con.close()
+
+
+def test_durations_are_seconds_and_the_old_millisecond_names_still_work_with_a_warning() -> None:
+    assert RetryPolicy(base=0.25, cap=2).cap_ms == 2_000 and RetryPolicy(base=0.25).base_ms == 250
+    with pytest.warns(DeprecationWarning, match="cap_ms is deprecated: give cap in seconds"):
+        assert RetryPolicy(cap_ms=300_000) == RetryPolicy(cap=300)
+    spec, old = JobSpec("a", {}, ttl=60, delay=timedelta(seconds=5)), JobSpec("a", {}, ttl_ms=60_000, delay_ms=5_000)
+    with pytest.warns(DeprecationWarning, match="ttl_ms"):
+        assert old.to_row(1_000) == spec.to_row(1_000)
+    assert spec.to_row(1_000)[3:] == (6_000, 61_000)  # available_at, deadline
+
+
+async def test_the_queue_takes_seconds(queue: Queue, path: Path) -> None:
+    await queue.enqueue("job", {}, ttl=120.0, delay=0)
+    [ticket] = await queue.claim("w1", lease=2.5)
+    assert ticket.lease_until - ticket.deadline + 120_000 == 2_500  # the lease ran from the same clock reading
+    with pytest.warns(DeprecationWarning, match="lease_ms"):
+        renewed = await queue.extend(ticket, lease_ms=5_000)
+    assert renewed is not None
+    with pytest.raises(TypeError, match="not both"):
+        await queue.extend(renewed, 1.0, lease_ms=1_000)

@@ -46,7 +46,7 @@ async def test_a_product_retry_cap_of_300_s_retries_then_ends_exhausted(path: Pa
     clock = [T0]
     async with await Queue.open(path, clock=lambda: clock[0]) as queue:
         await queue.enqueue("job", {}, max_attempts=3)
-        pool = Pool(queue, concurrency=2, retry=RetryPolicy(cap_ms=300_000, jitter=lambda: 1.0))
+        pool = Pool(queue, concurrency=2, retry=RetryPolicy(cap=300.0, jitter=lambda: 1.0))
         pool.register("default", boom)
 
         await burst(pool)  # attempt 1 fails; the retry waits 1 s (base), so burst ends with the job pending
@@ -74,7 +74,7 @@ async def test_burst_returns_only_once_the_queue_is_drained(path: Path) -> None:
     async with await Queue.open(path) as queue:
         for n in range(20):
             await queue.enqueue(f"j{n}", {}, max_attempts=4)
-        pool = Pool(queue, concurrency=3, retry=RetryPolicy(cap_ms=300_000, jitter=lambda: 0.0))
+        pool = Pool(queue, concurrency=3, retry=RetryPolicy(cap=300, jitter=lambda: 0.0))
         pool.register("default", boom)
         await burst(pool)
         stats = await queue.stats()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncq.core.limits import (
     DEFAULT_RETRY_BASE_MS,
@@ -21,7 +21,7 @@ from asyncq.core.limits import (
     MAX_RETRY_BASE_MS,
     MAX_RETRY_CAP_MS,
 )
-from asyncq.core.values import check_int, check_ratio
+from asyncq.core.values import Duration, check_int, check_ratio, duration_ms
 from asyncq.errors import Retryable
 
 
@@ -48,18 +48,25 @@ def retry_delay(attempt: int, base_ms: int, cap_ms: int, jitter: float) -> int:
 class RetryPolicy:
     """Capped, jittered exponential backoff for failed attempts (``backoff_ms``'s rule).
 
-    ``base_ms`` 1 ms-1 h, ``cap_ms`` ``base_ms``-7 days; ``jitter`` draws a ratio in 0-1 for each retry: random
-    by default (full jitter), injectable for tests. A bad policy is ``ValueError`` when it is built."""
+    ``base`` (default 1 s, at most an hour) and ``cap`` (default 60 s, ``base`` to 7 days) are seconds or a
+    ``timedelta``; ``base_ms``/``cap_ms`` are their deprecated forms and, after construction, the resolved values in
+    milliseconds. ``jitter`` draws a ratio in 0-1 for each retry: random by default (full jitter), injectable for
+    tests. A bad policy is ``ValueError`` when it is built."""
 
-    base_ms: int = DEFAULT_RETRY_BASE_MS
-    cap_ms: int = DEFAULT_RETRY_CAP_MS
+    base: Duration | None = None
+    cap: Duration | None = None
     jitter: Callable[[], float] = random.random
+    base_ms: int = field(default=None, kw_only=True)  # type: ignore[assignment]  # resolved in __post_init__
+    cap_ms: int = field(default=None, kw_only=True)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        check_int(self.base_ms, "base_ms", 1, MAX_RETRY_BASE_MS)
-        check_int(self.cap_ms, "cap_ms", self.base_ms, MAX_RETRY_CAP_MS)
+        base = duration_ms(self.base, "base", self.base_ms, "base_ms", DEFAULT_RETRY_BASE_MS, 1, MAX_RETRY_BASE_MS)
+        cap_default = max(DEFAULT_RETRY_CAP_MS, base)
+        cap = duration_ms(self.cap, "cap", self.cap_ms, "cap_ms", cap_default, base, MAX_RETRY_CAP_MS)
         if not callable(self.jitter):
             raise ValueError("jitter must be a callable returning a ratio in 0-1")
+        for name, value in (("base", base / 1000), ("cap", cap / 1000), ("base_ms", base), ("cap_ms", cap)):
+            object.__setattr__(self, name, value)  # one form whichever was given: equal policies compare equal
 
     def delay_ms(self, attempt: int, error: BaseException | None = None) -> int:
         """The delay before the attempt after ``attempt`` (1 …); a ``Retryable(delay_ms=…)`` asks for one (e.g.

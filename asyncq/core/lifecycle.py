@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
+
 class Status(StrEnum):
     """Where a job is in its life. Stored as these exact strings."""
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any
 
 IDENTIFIER_MAX = 64
@@ -61,9 +63,9 @@ def check_exact_dict(value: object, name: str, keys: Collection[str]) -> dict[st
 
 
 def check_choice(value: object, name: str, choices: Collection[str]) -> str:
-    """Return ``value`` if it is an exact ``str`` among ``choices``."""
-    if type(value) is not str or value not in choices:
-        raise ValueError(f"{name} must be one of {sorted(choices)}")
+    """Return ``value`` if it is an exact ``str`` (or a member of one of asyncq's ``StrEnum``s) among ``choices``."""
+    if (type(value) is not str and not isinstance(value, StrEnum)) or value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(map(str, choices))}")
     return value
 
 
@@ -109,3 +111,23 @@ def check_duration(value: object, name: str, low: float, high: float) -> float:
     if not math.isfinite(value) or not low <= value <= high:
         raise ValueError(f"{name} must be between {low} and {high} seconds, got {value!r}")
     return float(value)
+
+
+#: A duration on the public API: seconds (``int`` or ``float``) or a ``datetime.timedelta``.
+Duration = int | float | timedelta
+
+
+def duration_ms(
+    value: object, name: str, old: object, old_name: str, default_ms: int, low_ms: int, high_ms: int
+) -> int:
+    """Milliseconds from a duration given in seconds as ``name`` (or a ``timedelta``), or, deprecated, in
+    milliseconds as ``old_name``; ``default_ms`` when neither is given. Both given is ``TypeError``."""
+    if old is not None:
+        if value is not None:
+            raise TypeError(f"give {name} (seconds) or {old_name}, not both")
+        warnings.warn(f"{old_name} is deprecated: give {name} in seconds", DeprecationWarning, stacklevel=3)
+        return check_int(old, old_name, low_ms, high_ms)
+    if value is None:
+        return default_ms
+    seconds = check_duration(value, name, low_ms / 1000, high_ms / 1000)
+    return check_int(round(seconds * 1000), name + " in ms", low_ms, high_ms)

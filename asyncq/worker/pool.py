@@ -41,7 +41,7 @@ from asyncq.core.limits import (
     MIN_LEASE_MS,
     MIN_POLL_SECONDS,
 )
-from asyncq.core.values import check_duration, check_identifier, check_int, check_seconds
+from asyncq.core.values import Duration, check_duration, check_identifier, check_int, check_seconds, duration_ms
 from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
 from asyncq.queue import Queue
@@ -85,7 +85,7 @@ class Pool:
         *,
         concurrency: int = 16,
         owner: str | None = None,
-        lease_ms: int = DEFAULT_LEASE_MS,
+        lease: Duration | None = None,
         job_timeout: float | None = None,
         retry: RetryPolicy | None = None,
         poll_min: float = 0.05,
@@ -93,13 +93,16 @@ class Pool:
         prefetch: int | None = None,
         linger: float | None = None,
         observer: PoolObserver | None = None,
+        lease_ms: int | None = None,
     ) -> None:
+        """``lease`` (default 30 s), ``job_timeout``, ``poll_min``/``poll_max`` (an idle pool's poll interval) and
+        ``linger`` (how long a result waits to share a commit) are seconds; ``lease_ms`` is deprecated."""
         if not isinstance(queue, Queue):
             raise TypeError(f"Pool needs a Queue (await Queue.open(...)), not {type(queue).__name__}")
         self.queue = queue
         self.concurrency = check_int(concurrency, "concurrency", 1, MAX_CONCURRENCY)
         self.owner = check_identifier(owner or f"pool-{random.getrandbits(48):012x}", "owner")
-        self.lease_ms = check_int(lease_ms, "lease_ms", MIN_LEASE_MS, MAX_LEASE_MS)
+        self.lease_ms = duration_ms(lease, "lease", lease_ms, "lease_ms", DEFAULT_LEASE_MS, MIN_LEASE_MS, MAX_LEASE_MS)
         self.job_timeout = (
             None
             if job_timeout is None

@@ -10,8 +10,8 @@ import sqlite3
 from typing import Any
 
 from asyncq.core.clock import wall_clock_ms
-from asyncq.core.jobs import DEFAULT_QUEUE, DEFAULT_TTL_MS, MAX_BODY_BYTES, JobSpec, NewJob
-from asyncq.core.values import check_time
+from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BODY_BYTES, JobSpec, NewJob
+from asyncq.core.values import Duration, check_time
 from asyncq.store.sqlite import engine
 from asyncq.store.sqlite.connection import write_transaction
 from asyncq.store.sqlite.migrations import is_current, migrate_in_transaction
@@ -25,16 +25,19 @@ def enqueue_sync(
     *,
     queue: str = DEFAULT_QUEUE,
     max_attempts: int = 3,
-    ttl_ms: int = DEFAULT_TTL_MS,
-    delay_ms: int = 0,
+    ttl: Duration | None = None,
+    delay: Duration | None = None,
     now_ms: int | None = None,
+    ttl_ms: int | None = None,
+    delay_ms: int | None = None,
 ) -> bool:
     """Add a job through the caller's connection: ``True`` if inserted, ``False`` if the same id and
     body exist, ``Conflict`` for another body. Creates asyncq's tables in that transaction if needed."""
     now = wall_clock_ms() if now_ms is None else check_time(now_ms)
     if not isinstance(con, sqlite3.Connection):
         raise TypeError(f"enqueue_sync takes a sqlite3.Connection, not {type(con).__name__}")
-    row = JobSpec(job_id, body, queue, max_attempts, ttl_ms, delay_ms).to_row(now, MAX_BODY_BYTES)
+    spec = JobSpec(job_id, body, queue, max_attempts, ttl, delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+    row = spec.to_row(now, MAX_BODY_BYTES)
     if con.in_transaction:
         return _enqueue(con, row)
     with write_transaction(con):
