@@ -1,4 +1,4 @@
-"""The lease lab contract (``shared/specs/lease-lab.md``), one test per rule, on real SQLite files."""
+"""The lease lab contract (``docs/lease-lab.md``), one test per rule, on real SQLite files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The outbox lab's stores and dispatch loop (``shared/specs/outbox-lab.md``), on real SQLite files.
+"""The outbox lab's stores and dispatch loop (``docs/outbox-lab.md``), on real SQLite files.
 
 Every refusal is checked the same way: ``ValueError``, every table unchanged, the inputs unchanged, and no
 transaction left open on the borrowed connection.

@@ -1,4 +1,4 @@
-"""The lease lab contract (``shared/specs/lease-lab.md``), exactly, over asyncq's shared lifecycle.
+"""The lease lab contract (``docs/lease-lab.md``), exactly, over asyncq's shared lifecycle.
 
 This module only validates and adapts: the transitions, statements and transaction handling are
 ``asyncq.store.sqlite.engine``'s, the same ones the async ``Queue`` runs. It needs only the standard library.
