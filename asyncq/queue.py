@@ -29,6 +29,7 @@ from asyncq.core.jobs import (
     Finish,
     Job,
     JobSpec,
+    Settled,
     Ticket,
 )
 from asyncq.core.lifecycle import OUTCOMES, STATUSES
@@ -209,14 +210,36 @@ class Queue:
         total: int | None = None,
     ) -> tuple[list[str | None], list[Ticket]]:
         """Finish ``results`` and claim up to ``n`` jobs for each ``(queue, n)`` of ``wants`` (and at most
-        ``total`` over all of them, if given) in one commit: the worker pool's group commit."""
+        ``total`` over all of them, if given) in one commit, every claimed job's attempt counted."""
+        settled = await self.commit_cycle(results, owner, wants, lease_ms, total)
+        return settled.statuses, settled.tickets
+
+    async def commit_cycle(
+        self,
+        results: Sequence[Result],
+        owner: str,
+        wants: Sequence[tuple[str, int]],
+        lease_ms: int = DEFAULT_LEASE_MS,
+        total: int | None = None,
+        *,
+        start_now: int | None = None,
+        started: Sequence[Ticket] = (),
+    ) -> Settled:
+        """The worker pool's group commit: ``settle_and_claim``, where only the first ``start_now`` claimed jobs
+        (those for free slots) count an attempt at once, and the jobs claimed ahead that handlers have
+        ``started`` since count theirs now (``QueueStore.settle_and_claim``)."""
         check_identifier(owner, "owner")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         items = [_finish_item(*result) for result in _results(results)]
         checked = [(check_identifier(q, "queue"), check_int(n, "n", 0, MAX_BATCH)) for q, n in wants]
         if total is not None:
             check_int(total, "total", 0, MAX_BATCH)
-        return await self.store.settle_and_claim(items, self.now(), owner, lease_ms, checked, total)
+        if start_now is not None:
+            check_int(start_now, "start_now", 0, MAX_BATCH)
+        begun = [_ticket(ticket) for ticket in started]
+        return await self.store.settle_and_claim(
+            items, self.now(), owner, lease_ms, checked, total, start_now=start_now, started=begun
+        )
 
     async def extend(
         self, ticket: Ticket, lease: Duration | None = None, *, lease_ms: int | None = None
@@ -239,8 +262,9 @@ class Queue:
     async def release_many(self, tickets: Sequence[Ticket]) -> list[bool]:
         """Give back leases on jobs this worker claimed but never started (they are ``pending`` again, the
         attempt not counted); ``False`` for each lease no longer held."""
-        leases = [(ticket.id, ticket.fence) for ticket in map(_ticket, tickets)]
-        return await self.store.release(leases, self.now())
+        checked = [_ticket(ticket) for ticket in tickets]
+        leases = [(ticket.id, ticket.fence) for ticket in checked]
+        return await self.store.release(leases, self.now(), [ticket.counted for ticket in checked])
 
     async def reconcile(self, ticket: Ticket) -> str | None:
         """After a finish whose outcome is unknown (cancelled while committing): the status it left, or
@@ -390,4 +414,4 @@ def _finish_item(ticket: Ticket, outcome: str, delay_ms: int, error: BaseExcepti
         error = error_text(error)
     elif error is not None and type(error) is not ErrorText:
         raise TypeError(f"error must be an exception, not {type(error).__name__}")
-    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error)
+    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted)

@@ -10,6 +10,7 @@ is put first on ``sys.path``.
 The handler is the job's "effect", kept in a SQLite file of its own (not the queue's):
 
 - ``started``: one row each time a handler starts, ``(id, token, owner)``;
+- a job whose body is ``{"poison": true}`` SIGKILLs the worker process as soon as its start is recorded;
 - ``applied``: one row per job id (the primary key) with a ``count`` of applications. The handler waits
   ``--handler-seconds``, then upserts ``count = count + 1``. A job applied twice (its effect committed, its
   finish lost with the process) shows ``count = 2`` instead of a second row: the duplicate is absorbed and
@@ -22,6 +23,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 import sqlite3
 import sys
 import time
@@ -76,6 +79,8 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 
     async def apply(body: Any, context: JobContext) -> None:
         effects.execute(RECORD_START, (context.id, context.token, args.owner, time.time()))
+        if isinstance(body, dict) and body.get("poison"):  # a job that kills its worker every time it runs
+            os.kill(os.getpid(), signal.SIGKILL)
         if args.handler_seconds:
             await asyncio.sleep(args.handler_seconds)  # the job's own work
         effects.execute(RECORD_APPLIED, (context.id, context.token, args.owner, time.time()))

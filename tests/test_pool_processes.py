@@ -109,11 +109,12 @@ def count(path: Path, statement: str) -> int:
     return int(query(path, statement)[0][0])
 
 
-def enqueue(db: Path, n: int) -> None:
+def enqueue(db: Path, n: int, max_attempts: int = 3) -> None:
     async def add() -> None:
         async with await Queue.open(db) as queue:
             for start in range(0, n, 1000):
-                await queue.enqueue_many(JobSpec(f"job-{i:05d}", {"i": i}) for i in range(start, min(n, start + 1000)))
+                ids = range(start, min(n, start + 1000))
+                await queue.enqueue_many(JobSpec(f"job-{i:05d}", {"i": i}, max_attempts=max_attempts) for i in ids)
 
     asyncio.run(add())
 
@@ -213,7 +214,66 @@ def test_two_processes_drain_5000_jobs_exactly_once_while_one_is_sigkilled(
     assert max(count for (count,) in query(workers.effects, "SELECT count FROM applied")) <= 2
 
     assert query(workers.db, "SELECT status, count(*) FROM asyncq_jobs GROUP BY 1") == [("done", total)]
+    # A kill spends at most one attempt of each job whose handler had started (none if it started after the
+    # victim's last commit: its attempt was still to be counted), and none of the jobs the victim had only
+    # claimed ahead (its buffer): only the victim's started-and-unfinished jobs may have run a second attempt.
     reclaimed = {row[0] for row in query(workers.db, "SELECT id FROM asyncq_jobs WHERE attempts > 1")}
-    assert reclaimed == orphaned  # exactly the victim's jobs ran a second time, each once more
+    started_by_victim = {row[0] for row in query(workers.effects, "SELECT id FROM started WHERE owner = 'victim'")}
+    assert reclaimed <= orphaned & started_by_victim
+    assert orphaned - started_by_victim, "the victim had no job claimed ahead: the buffer's case was not tried"
     assert count(workers.db, "SELECT max(attempts) FROM asyncq_jobs") == 2
     assert counters["stale_finishes"] == counters["leases_lost"] == 0
+
+
+# --- attempts a kill may spend ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_kill_spends_no_attempt_of_the_jobs_a_worker_only_claimed_ahead(workers: Workers) -> None:
+    """One attempt each (max_attempts 1): before the fix, every job in the victim's buffer (claimed ahead, never
+    started) lost its only attempt to the kill and ended dead/exhausted without a handler ever running it. Now only
+    a job in one of the victim's slots (started, or claimed for a free slot an instant before) can have spent it."""
+    enqueue(workers.db, 300, max_attempts=1)
+    victim = workers.start("victim", concurrency=2, lease_ms=500, handler_seconds=0.05, poll_max=0.05)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM applied") >= 6, 30, "6 effects")
+    victim.kill()
+    assert victim.wait(timeout=10) == -signal.SIGKILL
+    held = dict(query(workers.db, "SELECT id, attempts FROM asyncq_jobs WHERE owner = 'victim'"))
+    counted = {job_id for job_id, attempts in held.items() if attempts == 1}
+    assert len(held) > 2, "the victim held no more than its running jobs: nothing was claimed ahead"
+    assert len(counted) <= 2  # its two slots; the buffer's jobs had no attempt counted
+    survivor = workers.start("survivor", concurrency=8, lease_ms=500, poll_max=0.05)
+    live = "SELECT count(*) FROM asyncq_jobs WHERE status IN ('pending', 'leased')"
+    workers.wait_until(lambda: count(workers.db, live) == 0, 60, "every job finished")
+    assert workers.stop(survivor, timeout=10)[0] == 0, workers.stderr()
+
+    dead = {row[0] for row in query(workers.db, "SELECT id FROM asyncq_jobs WHERE status = 'dead'")}
+    assert dead <= counted
+    assert count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'") == 300 - len(dead)
+
+
+@pytest.mark.timeout(90)
+def test_a_job_that_kills_its_worker_every_time_still_ends_dead_after_its_attempts(workers: Workers) -> None:
+    asyncio.run(_enqueue_poison(workers.db))  # the oldest job: each restarted worker starts it in a free slot
+    enqueue(workers.db, 5)
+    status = "SELECT status FROM asyncq_jobs WHERE id = 'poison'"
+    for restart in range(8):
+        worker = workers.start(f"w{restart}", concurrency=4, lease_ms=300, poll_max=0.05)
+        deadline = time.monotonic() + 30
+        while worker.poll() is None and query(workers.db, status) != [("dead",)]:
+            assert time.monotonic() < deadline, workers.stderr()
+            time.sleep(0.01)
+        workers.procs.remove(worker)
+        if worker.returncode is None:  # the poison pill was swept dead: this worker lives on
+            worker.kill()
+            worker.wait(timeout=10)
+            break
+        assert worker.returncode == -signal.SIGKILL  # the poison pill killed it
+    poison = query(workers.db, "SELECT status, reason, attempts FROM asyncq_jobs WHERE id = 'poison'")
+    assert poison == [("dead", "exhausted", 3)]
+    assert count(workers.effects, "SELECT count(*) FROM started WHERE id = 'poison'") == 3
+
+
+async def _enqueue_poison(db: Path) -> None:
+    async with await Queue.open(db) as queue:
+        await queue.enqueue("poison", {"poison": True}, max_attempts=3, ttl=600)

@@ -68,6 +68,8 @@ class Finish(NamedTuple):
     held: Held | None = None
     #: Why the attempt failed (``retry`` or ``permanent``): kept with the job when the finish lands.
     error: ErrorText | None = None
+    #: ``False`` for a job claimed ahead whose attempt is not counted yet: the finish counts it.
+    counted: bool = True
 
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "Job",
     "JobSpec",
     "NewJob",
+    "Settled",
     "Ticket",
     "body_text",
 ]
@@ -152,6 +155,9 @@ class Ticket:
     deadline: int
     max_attempts: int
     seq: int = field(repr=False)
+    #: ``False`` while a job claimed ahead (into a pool's buffer) has not been started: its attempt is counted
+    #: when a handler starts it, so a worker killed with jobs in its buffer spends none of their attempts.
+    counted: bool = True
 
     @cached_property
     def body(self) -> Any:
@@ -164,14 +170,15 @@ class Ticket:
 
     @property
     def attempt(self) -> int:
-        return self.fence.attempt
+        """The attempt this is (a job claimed ahead: the one it becomes when started)."""
+        return self.fence.attempt if self.counted else self.fence.attempt + 1
 
     @property
     def lease_until(self) -> int:
         return self.fence.lease_until
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...]) -> Ticket:
+    def from_row(cls, row: tuple[Any, ...], counted: bool = True) -> Ticket:
         """The ticket of a row the product's CLAIM returned (``engine.claim_rows_in_transaction``), built in one
         step: a group commit builds one per claimed job."""
         seq, job_id, queue, body_json, owner, token, attempts, lease_until, deadline, max_attempts = row
@@ -186,6 +193,7 @@ class Ticket:
             deadline=deadline,
             max_attempts=max_attempts,
             seq=seq,
+            counted=counted,
         )
         return ticket
 
@@ -193,6 +201,16 @@ class Ticket:
     def held(self) -> Held:
         """The claim's snapshot a finish is decided on (see ``Held``)."""
         return Held(self.seq, self.max_attempts, self.deadline)
+
+
+class Settled(NamedTuple):
+    """What a pool's group commit did: the new status of each finish (``None``: stale), the tickets claimed
+    (those that start at once first, then those claimed ahead), and for each started job claimed ahead whether
+    its attempt was counted (``False``: its lease is no longer held)."""
+
+    statuses: list[str | None]
+    tickets: list[Ticket]
+    started: list[bool]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import signal
@@ -140,6 +141,7 @@ class Pool:
         self._workers: list[asyncio.Task[None]] = []
         self._idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
         self._busy_wait = 0.0  # the pause before retrying a busy store (grows while it stays busy)
+        self._started_ahead: list[_InFlight] = []  # started since the last commit, their attempts not counted yet
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name`` (registering the name again replaces it)."""
@@ -270,16 +272,26 @@ class Pool:
             kept = self._results
             results = [(flight.ticket, outcome, delay, error) for flight, outcome, delay, error in kept]
             self._results = []
+            started = self._take_started_ahead()
             wants = self._rotated_wants(capacity) if capacity > 0 else []
-            if not results and not wants:
+            if not results and not wants and not started:
                 return 0
+            free_now = max(0, self.concurrency - self.running - len(self._buffer))
             try:
-                statuses, tickets = await self.queue.settle_and_claim(
-                    results, self.owner, wants, self.lease_ms, total=capacity
+                statuses, tickets, counted = await self.queue.commit_cycle(
+                    results,
+                    self.owner,
+                    wants,
+                    self.lease_ms,
+                    capacity,
+                    start_now=free_now,
+                    started=[flight.ticket for flight in started],
                 )
             except BaseException:
                 self._results = kept + self._results  # nothing landed: the next commit carries them
+                self._started_ahead = started + self._started_ahead
                 raise
+            self._counted(started, counted)
         self.counters.commits += 1
         debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job
         for (ticket, outcome, _delay, _error), status in zip(results, statuses, strict=True):
@@ -320,6 +332,8 @@ class Pool:
             if self._buffer and not self._stopping:
                 flight = self._buffer.popleft()
                 flight.task = me
+                if not flight.ticket.counted:  # claimed ahead: its attempt is counted in the next commit
+                    self._started_ahead.append(flight)
                 if not self._buffer:
                     self._wake_if_needed()  # that was the last buffered job: free slots may want a claim
                 try:
@@ -335,6 +349,20 @@ class Pool:
                 with contextlib.suppress(ValueError):
                     self._idle_workers.remove(waiter)
                 raise
+
+    def _take_started_ahead(self) -> list[_InFlight]:
+        """The jobs claimed ahead whose handlers started since the last commit and are still running: their
+        attempts are counted in this commit (a job that already ended has its attempt counted by its finish)."""
+        started = [flight for flight in self._started_ahead if self._inflight.get(flight.key) is flight]
+        self._started_ahead = []
+        return started
+
+    def _counted(self, started: list[_InFlight], counted: list[bool]) -> None:
+        for flight, landed in zip(started, counted, strict=True):
+            if landed:
+                ticket = flight.ticket
+                fence = ticket.fence._replace(attempt=ticket.fence.attempt + 1)
+                flight.ticket = dataclasses.replace(ticket, fence=fence, counted=True)
 
     def _machinery_failed(self, flight: _InFlight, error: Exception) -> None:
         """Not the handler but the pool failed around a job: log it loudly, count it, and never leave the job

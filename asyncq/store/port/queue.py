@@ -23,7 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Ticket
+from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import Stats
 
@@ -97,9 +97,15 @@ class QueueStore(Protocol):
         lease_ms: int,
         wants: Sequence[tuple[str, int]],
         total: int | None,
-    ) -> tuple[list[str | None], list[Ticket]]:
-        """A pool's group commit: finish ``finishes`` (the new status each, ``None`` if stale), then claim up to
-        ``n`` jobs of each ``(queue, n)`` in ``wants`` (at most ``total`` in all), in one transaction."""
+        *,
+        start_now: int | None = None,
+        started: Sequence[Ticket] = (),
+    ) -> Settled:
+        """A pool's group commit, one transaction: count the attempt of each job claimed ahead that a handler
+        has ``started`` (fenced on its lease), finish ``finishes`` (the new status each, ``None`` if stale), then
+        claim up to ``n`` jobs of each ``(queue, n)`` in ``wants`` (at most ``total`` in all). The first
+        ``start_now`` claimed (all, if ``None``) count an attempt now; the rest are claimed ahead, uncounted
+        (``Ticket.counted`` is ``False``), so that a worker killed with them in its buffer spends none."""
         ...
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
@@ -110,8 +116,11 @@ class QueueStore(Protocol):
         """Renew held leases to ``min(now + lease_ms, deadline)``; ``None`` for each lease no longer held."""
         ...
 
-    async def release(self, leases: Sequence[tuple[str, Fence]], now_ms: int) -> list[bool]:
-        """Give back held leases of jobs never started (pending again, the attempt returned)."""
+    async def release(
+        self, leases: Sequence[tuple[str, Fence]], now_ms: int, counted: Sequence[bool] | None = None
+    ) -> list[bool]:
+        """Give back held leases of jobs never started (pending again, an attempt counted at claim returned:
+        ``counted`` says which, all by default)."""
         ...
 
     async def wait_for_work(self, timeout: float) -> None:

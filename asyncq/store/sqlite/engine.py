@@ -23,6 +23,7 @@ from asyncq.store.sqlite.statements import (
     IN_LIST_MAX,
     INSERT_ROWS_MAX,
     FinishRow,
+    activate_rows,
     finish_rows,
     insert_rows,
     padded,
@@ -115,11 +116,13 @@ def claim_rows_in_transaction(
     *,
     limit: int = 1,
     scope: dict[str, Any] | None = None,
+    count: bool = True,
 ) -> list[tuple[Any, ...]]:
     """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the CLAIM
     statement returns them, oldest first (``seq, id, payload…, owner, token, attempts, lease_until, deadline,
-    max_attempts``)."""
-    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, **(scope or {})}
+    max_attempts``). ``count=False`` claims ahead: the attempt is counted when a handler starts the job."""
+    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
+    params |= scope or {}
     con.execute(sql(layout, "SWEEP_DEADLINE"), params)
     con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
     return sorted(con.execute(sql(layout, "CLAIM"), params).fetchall())
@@ -266,13 +269,22 @@ def _keep_errors(con: sqlite3.Connection, layout: Layout, failed: Sequence[tuple
     """Record the error of each landed finish in ``failed`` (``(item, job seq)``), where the layout keeps them."""
     if layout.errors is None or not failed:
         return
-    rows = [(seq, item.fence.attempt, now_ms, *item.error) for item, seq in failed if item.error is not None]
+    rows = [
+        (seq, item.fence.attempt + (not item.counted), now_ms, *item.error)
+        for item, seq in failed
+        if item.error is not None
+    ]
     con.executemany(sql(layout, "KEEP_ERROR"), rows)
 
 
 def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishRow | None:
-    """The decision on ``state`` as a row of the finish's compare-and-set, or ``None`` if stale."""
-    change = decide_finish(state, item.fence, item.outcome, now_ms, item.delay_ms)
+    """The decision on ``state`` as a row of the finish's compare-and-set, or ``None`` if stale. A job claimed
+    ahead whose attempt was not counted yet is decided as the attempt it is (one more), and the row counts it."""
+    fence, decided = item.fence, state
+    if not item.counted:
+        fence = fence._replace(attempt=fence.attempt + 1)
+        decided = state._replace(attempts=state.attempts + 1)
+    change = decide_finish(decided, fence, item.outcome, now_ms, item.delay_ms)
     if change is None:
         return None
     return FinishRow(
@@ -287,6 +299,7 @@ def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishR
         change.status,
         change.reason,
         change.available_at,
+        decided.attempts,
     )
 
 
@@ -320,14 +333,21 @@ def extend(
     return renewed
 
 
-def release(con: sqlite3.Connection, layout: Layout, leases: Sequence[tuple[str, Fence]], now_ms: int) -> list[bool]:
-    """Give back held leases of jobs never started: ``pending`` again, the attempt returned; ``False`` for a
-    lease no longer held (nothing changes for it)."""
+def release(
+    con: sqlite3.Connection,
+    layout: Layout,
+    leases: Sequence[tuple[str, Fence]],
+    now_ms: int,
+    counted: Sequence[bool] | None = None,
+) -> list[bool]:
+    """Give back held leases of jobs never started: ``pending`` again, the attempt returned (where the claim
+    counted one: ``counted``, all by default); ``False`` for a lease no longer held (nothing changes for it)."""
     released: list[bool] = []
+    refunds = [True] * len(leases) if counted is None else counted
     with write_transaction(con):
-        for job_id, fence in leases:
+        for (job_id, fence), refund in zip(leases, refunds, strict=True):
             params = {"id": job_id, "now": now_ms, "owner": fence.owner, "token": fence.token}
-            params |= {"attempt": fence.attempt, "lease_until": fence.lease_until}
+            params |= {"attempt": fence.attempt, "lease_until": fence.lease_until, "refund": int(refund)}
             released.append(con.execute(sql(layout, "RELEASE"), params).rowcount == 1)
     return released
 
@@ -379,16 +399,56 @@ def settle_and_claim_in_transaction(
     lease_ms: int,
     wants: Sequence[tuple[dict[str, Any], int]],
     total: int | None = None,
-) -> tuple[list[str | None], list[tuple[Any, ...]]]:
-    """A worker pool's group commit, inside a transaction the caller holds: finish ``items`` and claim up to
-    ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (one commit for many jobs, each still fenced on its
-    own). ``total``, if given, caps the jobs claimed over all of ``wants`` together. The claimed jobs are
-    rows as ``claim_rows_in_transaction`` returns them: the caller builds its own tickets in one step."""
-    claimed: list[tuple[Any, ...]] = []
+    start_now: int | None = None,
+    started: Sequence[tuple[int, str, Fence]] = (),
+) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool]]:
+    """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
+    claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
+    ``items``, and claim up to ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (at most ``total`` over
+    all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
+    now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
+    them were counted, and the activations."""
+    activated = _activate(con, layout, started) if started else []
     statuses = finish_in_transaction(con, layout, items, now_ms)
+    counted_rows = _claim_wants(
+        con, layout, owner, now_ms, lease_ms, wants, start_now if start_now is not None else total, True
+    )
+    claimed = list(counted_rows)
+    if start_now is not None:
+        rest = None if total is None else total - len(claimed)
+        claimed += _claim_wants(con, layout, owner, now_ms, lease_ms, wants, rest, False)
+    return statuses, claimed, len(counted_rows), activated
+
+
+def _claim_wants(
+    con: sqlite3.Connection,
+    layout: Layout,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    wants: Sequence[tuple[dict[str, Any], int]],
+    total: int | None,
+    count: bool,
+) -> list[tuple[Any, ...]]:
+    claimed: list[tuple[Any, ...]] = []
     for scope, limit in wants:
         if total is not None:
             limit = min(limit, total - len(claimed))
         if limit > 0:
-            claimed += claim_rows_in_transaction(con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope)
-    return statuses, claimed
+            claimed += claim_rows_in_transaction(
+                con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope, count=count
+            )
+    return claimed
+
+
+def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:
+    """Count the attempt of each started job claimed ahead, fenced on its lease; ``True`` where it landed."""
+    landed: set[int] = set()
+    for begin in range(0, len(started), IN_LIST_MAX):
+        chunk = [
+            (seq, job_id, f.token, f.owner, f.attempt, f.lease_until)
+            for seq, job_id, f in started[begin : begin + IN_LIST_MAX]
+        ]
+        values = [value for row in padded(chunk) for value in row]
+        landed.update(seq for (seq,) in con.execute(activate_rows(layout, len(chunk)), values))
+    return [seq in landed for seq, _id, _fence in started]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Ticket
+from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
@@ -109,13 +109,27 @@ class SqliteQueueStore:
         lease_ms: int,
         wants: Sequence[tuple[str, int]],
         total: int | None,
-    ) -> tuple[list[str | None], list[Ticket]]:
+        *,
+        start_now: int | None = None,
+        started: Sequence[Ticket] = (),
+    ) -> Settled:
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
-        statuses, claimed = await self._file.run_held(
-            engine.settle_and_claim_in_transaction, PRODUCT, finishes, now_ms, owner, lease_ms, scoped, total
+        begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
+        statuses, claimed, counted, activated = await self._file.run_held(
+            engine.settle_and_claim_in_transaction,
+            PRODUCT,
+            finishes,
+            now_ms,
+            owner,
+            lease_ms,
+            scoped,
+            total,
+            start_now,
+            begun,
         )
-        return statuses, [Ticket.from_row(row) for row in claimed]
+        tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
+        return Settled(statuses, tickets, activated)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms)
@@ -125,8 +139,10 @@ class SqliteQueueStore:
         fences: list[Fence | None] = await self._write(engine.extend, PRODUCT, leases, now_ms, lease_ms)
         return fences
 
-    async def release(self, leases: Sequence[tuple[str, Fence]], now_ms: int) -> list[bool]:
-        released: list[bool] = await self._write(engine.release, PRODUCT, leases, now_ms)
+    async def release(
+        self, leases: Sequence[tuple[str, Fence]], now_ms: int, counted: Sequence[bool] | None = None
+    ) -> list[bool]:
+        released: list[bool] = await self._write(engine.release, PRODUCT, leases, now_ms, counted)
         if any(released):
             self._file.notify()
         return released

@@ -26,10 +26,12 @@ WHERE status IN ('pending', 'leased') AND attempts >= max_attempts
   AND (status = 'pending' OR lease_until <= :now)
 """
 
-# Oldest first by seq among ready rows: pending and available, or leased with an expired lease.
+# Oldest first by seq among ready rows: pending and available, or leased with an expired lease. ``:count`` is 1:
+# the claim counts an attempt; a pool's claim ahead (jobs for its buffer, not started yet) passes 0, and the
+# attempt is counted when a handler starts the job (ACTIVATE_ROWS, or the finish's ``new attempts``).
 CLAIM = """
 UPDATE {jobs}
-SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = :owner,
+SET status = 'leased', attempts = attempts + :count, token = token + 1, owner = :owner,
     lease_until = min(:now + :lease_ms, deadline), reason = NULL
 WHERE seq IN (
   SELECT seq FROM (
@@ -46,7 +48,7 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 # it read), for one row or many in one statement. ``{rows}`` is a list of ``(?, …)`` rows (see
 # ``finish_rows``), each a ``FinishRow``; RETURNING names the rows that landed.
 FINISH_ROWS = """
-UPDATE {jobs} SET status = v.column9, reason = v.column10, available_at = v.column11,
+UPDATE {jobs} SET status = v.column9, reason = v.column10, available_at = v.column11, attempts = v.column12,
     owner = NULL, lease_until = NULL
 FROM (VALUES {rows}) AS v
 WHERE {jobs}.seq = v.column1 AND {jobs}.id = v.column2 AND {jobs}.status = 'leased'
@@ -71,6 +73,7 @@ class FinishRow(NamedTuple):
     status: str
     reason: str | None
     available_at: int
+    new_attempts: int  # ``attempts`` itself, or one more for a job claimed ahead whose attempt was not counted yet
 
 
 # ``{ids}`` is a list of ``?`` (see ``select_by_ids``).
@@ -148,6 +151,13 @@ def finish_rows(layout: Layout, count: int) -> str:
     return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * _in_list_size(count)))
 
 
+@cache
+def activate_rows(layout: Layout, count: int) -> str:
+    """``ACTIVATE_ROWS`` for ``count`` rows (1 … ``IN_LIST_MAX``), rounded up like ``select_by_ids``."""
+    row = "(" + ", ".join("?" * 6) + ")"
+    return ACTIVATE_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * _in_list_size(count)))
+
+
 INSERT_ROWS_MAX = 256
 
 
@@ -182,10 +192,11 @@ AUDIT_ACTION = """
 INSERT INTO {audit} (id, token, at_ms, note, action, reason) VALUES (:id, :token, :now, :note, :action, :reason)
 """
 
-# A pool gives back a job it claimed ahead but never started (graceful stop): fenced like a finish, and the
-# attempt it never made is returned to the budget. The token stays; the next claim issues a new one.
+# A pool gives back a job it claimed but never started (graceful stop): fenced like a finish, and an attempt
+# counted at claim (``:refund`` 1; 0 for a job claimed ahead, never counted) is returned to the budget. The token
+# stays; the next claim issues a new one.
 RELEASE = """
-UPDATE {jobs} SET status = 'pending', attempts = attempts - 1, available_at = :now, owner = NULL,
+UPDATE {jobs} SET status = 'pending', attempts = attempts - :refund, available_at = :now, owner = NULL,
     lease_until = NULL, reason = NULL
 WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND attempts = :attempt
   AND lease_until = :lease_until AND :now < lease_until
@@ -194,6 +205,16 @@ WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND a
 # A failed attempt's error, kept in the finish's transaction (``Layout.errors``: the product's only).
 KEEP_ERROR = """
 INSERT INTO {errors} (job_seq, attempt, at_ms, type, message, traceback) VALUES (?, ?, ?, ?, ?, ?)
+"""
+
+# A handler started a job claimed ahead: its attempt is counted now, fenced on the whole lease. ``{rows}`` is a list
+# of ``(seq, id, token, owner, attempts, lease_until)`` rows (see ``activate_rows``); RETURNING names those counted.
+ACTIVATE_ROWS = """
+UPDATE {jobs} SET attempts = attempts + 1
+FROM (VALUES {rows}) AS v
+WHERE {jobs}.seq = v.column1 AND {jobs}.id = v.column2 AND {jobs}.status = 'leased' AND {jobs}.token = v.column3
+  AND {jobs}.owner = v.column4 AND {jobs}.attempts = v.column5 AND {jobs}.lease_until = v.column6
+RETURNING {jobs}.seq
 """
 
 NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION, "RELEASE": RELEASE, "KEEP_ERROR": KEEP_ERROR}
