@@ -29,7 +29,7 @@ def register(path: Path, *names: str) -> list[str]:
 
 
 def unsent(path: Path) -> list[str]:
-    return [row.message_id for row in store.call(path, store.unsent, 100)]
+    return [row.message_id for row in store.read(path, store.unsent, 100)]
 
 
 def test_a_fresh_store_holds_mina_patel_and_ids_follow_in_order(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_a_fresh_store_holds_mina_patel_and_ids_follow_in_order(tmp_path: Path) 
         assert store.ticket(db, 1).name == "Mina Patel"
     finally:
         db.close()
-    bodies = [json.loads(row.body) for row in store.call(path, store.unsent, 10)]
+    bodies = [json.loads(row.body) for row in store.read(path, store.unsent, 10)]
     assert bodies == [{"id": "R-0002", "name": "Same name"}, {"id": "R-0003", "name": "Same name"}]
 
 
