@@ -90,7 +90,13 @@ async def main(args: argparse.Namespace) -> None:
     await consumer.start()
     print(f"Consuming {settings.queue} (prefetch={args.prefetch}, concurrency={args.concurrency})", flush=True)
     await consumer.run()
-    print(f"Stopped: {consumer.stats}; already ticketed by handler.py: {desk.already_ticketed}", flush=True)
+    stats = consumer.stats
+    print(
+        f"Stopped: {stats.delivered} delivered ({stats.redelivered} redelivered), "
+        f"{stats.completed - desk.already_ticketed} tickets issued, {desk.already_ticketed} already ticketed, "
+        f"{stats.duplicates} duplicates acknowledged, {stats.parked} parked, {stats.requeued} requeued",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
