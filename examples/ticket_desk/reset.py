@@ -50,30 +50,17 @@ def reset_store(db_path: Path) -> Path | None:
     kept = backup_path(db_path) if db_path.exists() else None
     db = store.connect(db_path)
     try:
-        if kept is not None:
-            keep_copy(db, kept)
-        try:
-            store.reset(db)
-        except sqlite3.OperationalError as exc:
-            if not store.is_busy(exc):
-                raise
-            raise Refused(
-                "a worker holds the store's write transaction (paused inside it?); press Ctrl+C in its"
-                " terminal and run reset again; nothing was changed"
-            ) from exc
+        store.reset(db, kept)
+    except sqlite3.OperationalError as exc:
+        if not store.is_busy(exc):
+            raise
+        raise Refused(
+            "a worker holds the store's write transaction (paused inside it?); press Ctrl+C in its"
+            " terminal and run reset again; nothing was changed"
+        ) from exc
     finally:
         db.close()
     return kept
-
-
-def keep_copy(db: sqlite3.Connection, destination: Path) -> None:
-    """An online copy of the committed rows (SQLite's backup), replacing an older copy."""
-    destination.unlink(missing_ok=True)
-    copy = sqlite3.connect(destination)
-    try:
-        db.backup(copy)
-    finally:
-        copy.close()
 
 
 def place_starting_handler(folder: Path) -> Path | None:

@@ -148,12 +148,15 @@ def _create(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA user_version = 1")
 
 
-def reset(db: sqlite3.Connection) -> None:
+def reset(db: sqlite3.Connection, keep_copy_at: Path | None = None) -> None:
     """Make the store fresh again in one transaction: every table dropped (asyncq's consumer tables too),
-    then the schema and Mina Patel's registration and ticket. The file stays, so a running site keeps
-    working; a writer holding the file makes this fail after :data:`BUSY_TIMEOUT` with nothing changed."""
+    then the schema and Mina Patel's registration and ticket. With ``keep_copy_at``, the committed rows
+    are first copied there (SQLite's online backup). The file stays, so a running site keeps working. A
+    writer holding the file makes this fail after :data:`BUSY_TIMEOUT` with nothing changed or copied."""
     db.execute("BEGIN IMMEDIATE")
     try:
+        if keep_copy_at is not None:
+            _copy_committed(db, keep_copy_at)
         tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
         for (table,) in tables.fetchall():
             quoted = table.replace('"', '""')
@@ -165,6 +168,19 @@ def reset(db: sqlite3.Connection) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _copy_committed(db: sqlite3.Connection, destination: Path) -> None:
+    """Copy the store's committed rows to ``destination`` (replacing it) through a second connection: the
+    caller's write transaction has changed nothing yet, so the copy is exactly the store before."""
+    source = sqlite3.connect(db.execute("PRAGMA database_list").fetchone()[2])
+    destination.unlink(missing_ok=True)
+    copy = sqlite3.connect(destination)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+        source.close()
 
 
 def register(db: sqlite3.Connection, name: str) -> str:
