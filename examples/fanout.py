@@ -88,12 +88,14 @@ async def enqueue_all(db: Path, jobs: int) -> None:
             await queue.enqueue_many(batch)
 
 
-def progress(done: int, total: int, pending: int, started: float) -> None:
+def progress(done: int, total: int, pending: int, started: float, note: str = "") -> None:
     """One line that redraws itself on a terminal; a line per tenth elsewhere."""
     width = 30
     filled = width * done // max(total, 1)
     line = f"[{'#' * filled}{'.' * (width - filled)}] {done:>6}/{total} done, {pending:>6} pending"
-    line += f", {time.monotonic() - started:5.1f} s"
+    line += f", {time.monotonic() - started:5.1f} s{note}"
+    if sys.stdout.isatty():
+        line += "\033[K"  # clear what a longer line left behind
     if sys.stdout.isatty():
         print("\r" + line, end="", flush=True)
     elif done * 10 // max(total, 1) != progress.last_tenth:  # type: ignore[attr-defined]
@@ -144,23 +146,23 @@ def kill(db: Path, victim: subprocess.Popen[str], done: int) -> set[str]:
 
 def watch_and_kill(db: Path, jobs: int, victim: subprocess.Popen[str], started: float) -> set[str]:
     """Draw progress; SIGKILL ``victim`` once it holds leases, a tenth of the jobs are done and ≥ 30 % is still
-    pending, and say when its leases have all been claimed again. Returns the ids it held leases on when it
-    died."""
+    pending, and say when its leases have all been claimed again (the bar counts them down meanwhile).
+    Returns the ids it held leases on when it died."""
     orphaned: set[str] = set()
     killed_at: float | None = None
-    waiting = False  # for the killed worker's leases to be claimed again
+    held = 0  # leases of the killed worker not yet claimed again by worker 2
     while True:
         now = counts(db)
-        progress(now["done"] + now["dead"], jobs, now["pending"], started)
+        if held and killed_at is not None and not (held := len(leased_by(db, "worker-1"))):
+            say(f"worker 1's {len(orphaned)} leases expired; worker 2 claimed them again"
+                f" {time.monotonic() - killed_at:.1f} s after the kill")  # fmt: skip
+        note = f", {held} leases of killed worker 1 to expire" if held else ""
+        progress(now["done"] + now["dead"], jobs, now["pending"], started, note)
         ready = killed_at is None and now["done"] >= jobs // 10 and now["pending"] >= jobs * 3 // 10
         if ready and leased_by(db, "worker-1"):  # a victim still starting up would orphan nothing
             orphaned = kill(db, victim, now["done"])
-            killed_at, waiting = time.monotonic(), bool(orphaned)
-        elif waiting and killed_at is not None and not leased_by(db, "worker-1"):
-            say(f"worker 1's {len(orphaned)} leases expired; worker 2 claimed them again"
-                f" {time.monotonic() - killed_at:.1f} s after the kill")  # fmt: skip
-            waiting = False
-        if killed_at is not None and not waiting and now["pending"] == 0 and now["leased"] == 0:
+            killed_at, held = time.monotonic(), len(orphaned)
+        if killed_at is not None and not held and now["pending"] == 0 and now["leased"] == 0:
             print()
             return orphaned
         if killed_at is None and now["pending"] < jobs * 3 // 10:
