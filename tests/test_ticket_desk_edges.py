@@ -108,9 +108,16 @@ def test_status_with_the_broker_unreachable_invents_no_count(desk: TicketDesk) -
     assert unacked.startswith("  unacknowledged: unknown (not asked, broker unreachable:"), unacked
 
 
-def test_the_worker_says_once_that_the_broker_is_unreachable(tmp_path: Path, amqp_url: str) -> None:
+def test_each_command_says_once_that_the_broker_is_unreachable(tmp_path: Path, amqp_url: str) -> None:
+    """One line of its own, exit status 1; no stray "error when creating transport" line from aiormq."""
     desk = TicketDesk(tmp_path, amqp_url)  # no site: nothing here needs it
-    code, lines, stderr = desk.run("worker.py", AMQP_URL=NOWHERE)
-    assert code == 1 and lines == []
-    (line,) = stderr.splitlines()  # no stray "error when creating transport" line from aiormq
-    assert line.startswith(f"Cannot reach RabbitMQ at {NOWHERE}: ")
+    expected = {
+        ("worker.py",): f"Cannot reach RabbitMQ at {NOWHERE}: ",
+        ("consumer.py",): f"Cannot reach RabbitMQ at {NOWHERE}: ",
+        ("desk.py", "retry", "R-0001"): "Could not republish R-0001: ",
+    }
+    for command, start in expected.items():
+        code, lines, stderr = desk.run(*command, AMQP_URL=NOWHERE)
+        assert code == 1 and lines == [], (command, lines)
+        (line,) = stderr.splitlines()
+        assert line.startswith(start), (command, stderr)

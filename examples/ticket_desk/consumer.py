@@ -16,9 +16,11 @@ import argparse
 import asyncio
 import signal
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable
 
+import aiormq
 from asyncq.amqp import Delivery, IdempotentConsumer, Outcome
 
 import broker
@@ -68,8 +70,8 @@ def reporter(desk: TicketDesk, verbose: bool) -> Callable[[Delivery, Outcome], N
     return report
 
 
-async def main(args: argparse.Namespace) -> None:
-    """Consume until a signal asks to stop."""
+async def main(args: argparse.Namespace) -> int:
+    """Consume until a signal asks to stop; the exit status."""
     settings = Settings.from_env()
     store.connect(settings.db_path).close()
     desk = TicketDesk()
@@ -87,7 +89,11 @@ async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, lambda: asyncio.ensure_future(consumer.stop()))
-    await consumer.start()
+    try:
+        await consumer.start()
+    except (OSError, aiormq.exceptions.AMQPConnectionError) as exc:
+        print(f"Cannot reach RabbitMQ at {settings.amqp_url}: {exc}", file=sys.stderr)
+        return 1
     print(f"Consuming {settings.queue} (prefetch={args.prefetch}, concurrency={args.concurrency})", flush=True)
     await consumer.run()
     stats = consumer.stats
@@ -97,6 +103,7 @@ async def main(args: argparse.Namespace) -> None:
         f"{stats.duplicates} duplicates acknowledged, {stats.parked} parked, {stats.requeued} requeued",
         flush=True,
     )
+    return 0
 
 
 if __name__ == "__main__":
@@ -107,4 +114,4 @@ if __name__ == "__main__":
     parser.add_argument("--verbose", action="store_true", help="print every delivery's outcome")
     arguments = parser.parse_args()
     broker.quiet_connect_errors()
-    asyncio.run(main(arguments))
+    sys.exit(asyncio.run(main(arguments)))

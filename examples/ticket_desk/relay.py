@@ -14,17 +14,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import sqlite3
 from pathlib import Path
 
-from asyncq.core.backoff import retry_delay
+from asyncq import RetryPolicy
 from asyncq.delivery.base import Transport
 from asyncq.errors import AsyncqError
 
 import store
 
 log = logging.getLogger("ticket_desk.relay")
+BACKOFF = RetryPolicy(base_ms=200, cap_ms=10_000)  # between failed runs: 0.2 s doubling up to 10 s, jittered
 
 
 class OutboxRelay:
@@ -73,7 +73,7 @@ class OutboxRelay:
                 failures = 0
             except (AsyncqError, sqlite3.Error) as exc:
                 failures += 1
-                delay = retry_delay(min(failures, 16), 200, 10_000, random.random()) / 1000
+                delay = BACKOFF.delay_ms(failures, None) / 1000
                 log.warning("outbox relay: %s; next try in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 continue
