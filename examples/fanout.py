@@ -10,7 +10,9 @@ What happens, all on this machine:
 3. Worker processes run ``asyncq.Pool`` with the HTTP transport, each claiming batches under short leases.
 4. While at least 30 % of the jobs are still pending, one worker is killed with SIGKILL: its leased jobs are
    neither done nor lost. Their leases expire and the other worker claims them again (a new token each);
-   jobs it had already delivered reach the receiver twice, and the inbox absorbs the duplicate.
+   jobs it had already delivered reach the receiver twice, and the inbox absorbs the duplicate. The screen
+   says when the kill happens and when the last of its leases has been taken over: until then the progress
+   bar may stand still, the jobs it waits for being those leases.
 5. A report: enqueued, applied (inbox rows), duplicates absorbed, leases reclaimed, stale finishes, dead.
    The exit code is 1 unless every enqueued job was applied exactly once.
 """
@@ -32,10 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from asyncq import JobSpec, Pool, Queue
+from asyncq import JobSpec, Pool, Queue, deliver_with
 from asyncq.delivery.http import HttpTransport
 from asyncq.inbox import spawn as spawn_receiver
-from asyncq.worker.pool import deliver_with
 
 LEASE_MS = 2_000
 
@@ -87,12 +88,14 @@ async def enqueue_all(db: Path, jobs: int) -> None:
             await queue.enqueue_many(batch)
 
 
-def progress(done: int, total: int, pending: int, started: float) -> None:
+def progress(done: int, total: int, pending: int, started: float, note: str = "") -> None:
     """One line that redraws itself on a terminal; a line per tenth elsewhere."""
     width = 30
     filled = width * done // max(total, 1)
     line = f"[{'#' * filled}{'.' * (width - filled)}] {done:>6}/{total} done, {pending:>6} pending"
-    line += f", {time.monotonic() - started:5.1f} s"
+    line += f", {time.monotonic() - started:5.1f} s{note}"
+    if sys.stdout.isatty():
+        line += "\033[K"  # clear what a longer line left behind
     if sys.stdout.isatty():
         print("\r" + line, end="", flush=True)
     elif done * 10 // max(total, 1) != progress.last_tenth:  # type: ignore[attr-defined]
@@ -124,24 +127,45 @@ def wait_for_leases(db: Path, owner: str, worker: subprocess.Popen[str], timeout
         time.sleep(0.02)
 
 
+def say(text: str) -> None:
+    """A line of its own, below the progress bar (which redraws itself in place on a terminal)."""
+    print(("\n" if sys.stdout.isatty() else "") + text, flush=True)
+
+
+def kill(db: Path, victim: subprocess.Popen[str], done: int) -> set[str]:
+    """SIGKILL ``victim``, say so, and return the ids it held leases on when it died."""
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    orphaned = leased_by(db, "worker-1")
+    say(
+        f"worker 1 killed with SIGKILL at {done:,} jobs done; waiting for its {len(orphaned)} leases to expire"
+        f" (up to {LEASE_MS / 1000:g} s), then worker 2 claims them again"
+    )
+    return orphaned
+
+
 def watch_and_kill(db: Path, jobs: int, victim: subprocess.Popen[str], started: float) -> set[str]:
     """Draw progress; SIGKILL ``victim`` once it holds leases, a tenth of the jobs are done and ≥ 30 % is still
-    pending. Returns the ids it held leases on when it died."""
+    pending, and say when its leases have all been claimed again (the bar counts them down meanwhile).
+    Returns the ids it held leases on when it died."""
     orphaned: set[str] = set()
-    killed = False
+    killed_at: float | None = None
+    held = 0  # leases of the killed worker not yet claimed again by worker 2
     while True:
         now = counts(db)
-        progress(now["done"] + now["dead"], jobs, now["pending"], started)
-        ready = not killed and now["done"] >= jobs // 10 and now["pending"] >= jobs * 3 // 10
+        if held and killed_at is not None and not (held := len(leased_by(db, "worker-1"))):
+            say(f"worker 1's {len(orphaned)} leases expired; worker 2 claimed them again"
+                f" {time.monotonic() - killed_at:.1f} s after the kill")  # fmt: skip
+        note = f", {held} leases of killed worker 1 to expire" if held else ""
+        progress(now["done"] + now["dead"], jobs, now["pending"], started, note)
+        ready = killed_at is None and now["done"] >= jobs // 10 and now["pending"] >= jobs * 3 // 10
         if ready and leased_by(db, "worker-1"):  # a victim still starting up would orphan nothing
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            orphaned = leased_by(db, "worker-1")
-            killed = True
-        if killed and now["pending"] == 0 and now["leased"] == 0:
+            orphaned = kill(db, victim, now["done"])
+            killed_at, held = time.monotonic(), len(orphaned)
+        if killed_at is not None and not held and now["pending"] == 0 and now["leased"] == 0:
             print()
             return orphaned
-        if not killed and now["pending"] < jobs * 3 // 10:
+        if killed_at is None and now["pending"] < jobs * 3 // 10:
             raise SystemExit("the workers were too fast to kill one with 30 % pending: use more --jobs")
         time.sleep(0.05)  # the conductor's display rate; the workers do not wait on it
 

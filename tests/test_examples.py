@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +12,44 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout(60)
-def test_quickstart_runs_and_its_job_ends_done(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py"), str(tmp_path / "app.db")],
+def quickstart(path: Path) -> subprocess.CompletedProcess[str]:
+    """``python examples/quickstart.py PATH`` with this checkout's asyncq."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py"), str(path)],
         capture_output=True,
         text=True,
         timeout=50,
-        cwd=tmp_path,
+        cwd=path.parent,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
+
+
+def table_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    with sqlite3.connect(path) as con:
+        return {
+            "orders": con.execute("SELECT * FROM orders").fetchall(),
+            "jobs": con.execute("SELECT id, status, attempts FROM asyncq_jobs").fetchall(),
+        }
+
+
+@pytest.mark.timeout(60)
+def test_quickstart_runs_and_its_job_ends_done(tmp_path: Path) -> None:
+    done = quickstart(tmp_path / "app.db")
     assert done.returncode == 0, done.stderr
     assert "shipping {'order': 'order-1', 'qty': 7}" in done.stdout
     assert "status='done'" in done.stdout
+    assert table_rows(tmp_path / "app.db") == {"orders": [("order-1", 7)], "jobs": [("ship-order-1", "done", 1)]}
+
+
+@pytest.mark.timeout(60)
+def test_quickstart_runs_twice_on_the_same_file(tmp_path: Path) -> None:
+    """A second run finds its order row and its job: it adds neither again and ships nothing twice."""
+    path = tmp_path / "app.db"
+    assert quickstart(path).returncode == 0
+    again = quickstart(path)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert "shipping" not in again.stdout and "status='done'" in again.stdout
+    assert table_rows(path) == {"orders": [("order-1", 7)], "jobs": [("ship-order-1", "done", 1)]}
 
 
 def test_the_readme_quickstart_is_the_example() -> None:
@@ -38,3 +64,15 @@ def test_the_readme_quickstart_is_the_example() -> None:
         "await pool.run(burst=True)",
     ):
         assert line in readme and line in example, line
+
+
+@pytest.mark.xfail(strict=True, reason="the README's snippet inserts into orders without creating it (lead's file)")
+def test_the_readme_quickstart_creates_the_table_it_inserts_into_and_runs_twice() -> None:
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "quickstart.py").read_text()
+    for line in (
+        'await tx.execute("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, qty INT)")',
+        "await tx.execute(\"INSERT OR IGNORE INTO orders VALUES ('order-1', 7)\")",
+    ):
+        assert line in example, line
+        assert line in readme, line

@@ -4,6 +4,7 @@ confirmed, routed publish marks the message sent."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import aio_pika
@@ -29,7 +30,7 @@ def register(path: Path, *names: str) -> list[str]:
 
 
 def unsent(path: Path) -> list[str]:
-    return [row.message_id for row in store.call(path, store.unsent, 100)]
+    return [row.message_id for row in store.read(path, store.unsent, 100)]
 
 
 def test_a_fresh_store_holds_mina_patel_and_ids_follow_in_order(tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_a_fresh_store_holds_mina_patel_and_ids_follow_in_order(tmp_path: Path) 
         assert store.ticket(db, 1).name == "Mina Patel"
     finally:
         db.close()
-    bodies = [json.loads(row.body) for row in store.call(path, store.unsent, 10)]
+    bodies = [json.loads(row.body) for row in store.read(path, store.unsent, 10)]
     assert bodies == [{"id": "R-0002", "name": "Same name"}, {"id": "R-0003", "name": "Same name"}]
 
 
@@ -58,6 +59,30 @@ async def test_a_failed_publish_stops_the_relay_in_order(tmp_path: Path) -> None
     del fake.answers[first]
     assert await relay.OutboxRelay(path, fake).run_once() == 2
     assert [message_id for message_id, _, _ in fake.published] == [first, second] and unsent(path) == []
+
+
+async def test_a_confirm_the_busy_store_could_not_record_is_recorded_later_not_published_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker paused inside its transaction holds the one write lock: the relay's ``mark_sent`` fails
+    after the broker confirmed. The next run records that confirm instead of publishing the row again."""
+    path = tmp_path / "nightjar.db"
+    (registration_id,) = register(path, "Normal guest")
+    monkeypatch.setattr(store, "BUSY_TIMEOUT", 0.2)
+    fake = FakeAmqpTransport()
+    outbox = relay.OutboxRelay(path, fake)
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await outbox.run_once()
+        assert unsent(path) == [registration_id]  # confirmed, but not yet recorded
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+    assert await outbox.run_once() == 0
+    assert unsent(path) == []
+    assert [message_id for message_id, _, _ in fake.published] == [registration_id]  # published once
 
 
 @pytest.mark.rabbitmq

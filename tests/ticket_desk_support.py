@@ -1,5 +1,9 @@
 """Drives ``examples/ticket_desk`` as a learner would: real child processes (site, worker, desk) on a store
-of the test's own and a queue of the test's own, with output read line by line against a deadline."""
+of the test's own and a queue of the test's own, with output read line by line against a deadline.
+
+Each desk runs in a copy of the folder in the test's ``tmp_path``, so ``desk.py reset`` and the lesson's
+``cat > handler.py`` never touch the checkout. ``ASYNCQ_TICKET_DESK_SOURCE`` names another folder to copy
+(e.g. an older commit's, to see a new test fail there)."""
 
 from __future__ import annotations
 
@@ -7,11 +11,14 @@ import contextlib
 import importlib
 import os
 import queue
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,22 +30,38 @@ import pytest
 from rabbit_support import QUEUE_EXPIRES_MS, queue_counts, unique_queue, wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ticket_desk"
+SOURCE = Path(os.environ.get("ASYNCQ_TICKET_DESK_SOURCE") or EXAMPLE)
 STEP_TIMEOUT = 30.0
+LEFT_BEHIND = ("__pycache__", "*.db", "*.db-*", "*.before-reset*")  # a learner's files, not the example's
 
 
 def import_example(name: str) -> ModuleType:
     """Import one of the example's modules (they import each other by plain name, from their folder)."""
-    if str(EXAMPLE) not in sys.path:
-        sys.path.insert(0, str(EXAMPLE))
+    if str(SOURCE) not in sys.path:
+        sys.path.insert(0, str(SOURCE))
     return importlib.import_module(name)
+
+
+def copy_example(destination: Path) -> Path:
+    """The example's files copied to ``destination``; fails if ``handler.py`` is not the shipped one."""
+    shutil.copytree(SOURCE, destination, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+    handler = (destination / "handler.py").read_text()
+    for earlier in ("handler_ack_first.py", "handler_no_key.py"):
+        if handler == (destination / earlier).read_text():
+            pytest.fail(
+                f"{SOURCE / 'handler.py'} is {earlier}, not the shipped safe handler (desk.py reset or a lesson "
+                "step replaced it): git checkout examples/ticket_desk/handler.py",
+                pytrace=False,
+            )
+    return destination
 
 
 class Child:
     """A child process whose stdout is read by a thread into a queue of lines."""
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
         self.process = subprocess.Popen(
-            args, cwd=EXAMPLE, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            args, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )  # fmt: skip
         self.lines: list[str] = []
@@ -88,6 +111,12 @@ class Child:
             return "(still running)"
         return self.process.stderr.read()
 
+    def end(self) -> str:
+        """SIGTERM, wait for the exit, and return what the child wrote to stderr."""
+        self.process.terminate()
+        self.wait()
+        return self.stderr()
+
     def stop(self) -> None:
         """End the child if it still runs (SIGKILL after a SIGTERM that is not heard)."""
         if self.process.poll() is None:
@@ -115,6 +144,7 @@ class TicketDesk:
     """The example folder with its own store and queue; commands run as ``python3 worker.py`` would."""
 
     def __init__(self, tmp_path: Path, amqp_url: str, handler: str = "handler") -> None:
+        self.folder = copy_example(tmp_path / "ticket_desk")
         self.db_path = tmp_path / "nightjar.db"
         self.queue = unique_queue("nightjar-test")
         self.env = {
@@ -127,6 +157,7 @@ class TicketDesk:
             "PYTHONUNBUFFERED": "1",
         }
         self.url = ""
+        self.site: Child | None = None
         self._children: list[Child] = []
 
     # -- child processes ------------------------------------------------------------------------------
@@ -134,7 +165,7 @@ class TicketDesk:
     def start(self, script: str, *args: str, handler: str | None = None, **env: str) -> Child:
         """Start ``python <script> args`` in the example folder."""
         child_env = {**self.env, **env, **({"TICKET_DESK_HANDLER": handler} if handler else {})}
-        child = Child([sys.executable, script, *args], child_env)
+        child = Child([sys.executable, script, *args], child_env, self.folder)
         self._children.append(child)
         return child
 
@@ -163,8 +194,8 @@ class TicketDesk:
 
     def start_site(self) -> str:
         """Start the Nightjar site on a free loopback port; its base URL."""
-        site = self.start("app.py", "--port", "0")
-        self.url = site.expect("Nightjar is open at ").rsplit(" ", 1)[1].rstrip("/")
+        self.site = self.start("app.py", "--port", "0")
+        self.url = self.site.expect("Nightjar is open at ").rsplit(" ", 1)[1].rstrip("/")
         return self.url
 
     def close(self) -> None:
@@ -179,6 +210,16 @@ class TicketDesk:
         with urllib.request.urlopen(self.url + path, timeout=STEP_TIMEOUT) as response:
             text: str = response.read().decode("utf-8")
             return text
+
+    def fetch(self, path: str, data: bytes | None = None) -> tuple[int, str, float]:
+        """GET (or POST ``data``) without raising on an error status: the status, the text and the seconds it took."""
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(self.url + path, data=data, timeout=STEP_TIMEOUT) as response:
+                status, text = response.status, response.read().decode("utf-8")
+        except urllib.error.HTTPError as error:
+            status, text = error.code, error.read().decode("utf-8")
+        return status, text, time.monotonic() - started
 
     def get_response(self, path: str) -> tuple[dict[str, str], str]:
         """GET a page: headers and text."""

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from settings import Settings
 SETTINGS = web.AppKey("settings", Settings)
 RELAY = web.AppKey("relay", OutboxRelay)
 MAX_NAME = 100
+MAX_TICKET_NO = 2**63 - 1  # SQLite's largest INTEGER: a longer number names no ticket
 T = TypeVar("T")
 
 
@@ -35,8 +37,20 @@ def html(text: str, status: int = 200) -> web.Response:
 
 
 async def query(request: web.Request, operation: Callable[..., T], *args: Any) -> T:
-    """Run a store operation in a thread, so a writer holding the file never stalls the site."""
-    return await asyncio.to_thread(store.call, request.app[SETTINGS].db_path, operation, *args)
+    """Read the store in a thread, on a read-only connection: a page works while a worker holds a write
+    transaction (paused inside it, say)."""
+    return await asyncio.to_thread(store.read, request.app[SETTINGS].db_path, operation, *args)
+
+
+async def change(request: web.Request, operation: Callable[..., T], *args: Any) -> T:
+    """Write to the store in a thread (waiting up to ``store.BUSY_TIMEOUT`` for another writer)."""
+    return await asyncio.to_thread(store.write, request.app[SETTINGS].db_path, operation, *args)
+
+
+def ticket_number(request: web.Request) -> int | None:
+    """The ticket number in the path, or ``None`` when it is too large to name a ticket."""
+    number = int(request.match_info["no"])
+    return number if number <= MAX_TICKET_NO else None
 
 
 async def static_page(request: web.Request) -> web.Response:
@@ -55,7 +69,13 @@ async def register(request: web.Request) -> web.Response:
     name = " ".join(str(form.get("name", "")).split())
     if not name or len(name) > MAX_NAME:
         return html(pages.evening(f"Please enter a guest name of 1 to {MAX_NAME} characters.", name), 400)
-    registration_id = await query(request, store.register, name)
+    try:
+        registration_id = await change(request, store.register, name)
+    except sqlite3.OperationalError as exc:
+        if not store.is_busy(exc):
+            raise
+        busy = "The desk is busy (a worker holds the store's write transaction). Please register again shortly."
+        return html(pages.evening(busy, name), 503)
     request.app[RELAY].wake()
     raise web.HTTPSeeOther(f"/registrations/{registration_id}")
 
@@ -75,7 +95,8 @@ async def registration(request: web.Request) -> web.Response:
 
 async def ticket(request: web.Request) -> web.Response:
     """One ticket."""
-    item = await query(request, store.ticket, int(request.match_info["no"]))
+    number = ticket_number(request)
+    item = None if number is None else await query(request, store.ticket, number)
     if item is None:
         return html(pages.not_found("There is no such ticket."), 404)
     return html(pages.ticket_page(item))
@@ -83,7 +104,8 @@ async def ticket(request: web.Request) -> web.Response:
 
 async def download(request: web.Request) -> web.Response:
     """The ticket as a text file."""
-    item = await query(request, store.ticket, int(request.match_info["no"]))
+    number = ticket_number(request)
+    item = None if number is None else await query(request, store.ticket, number)
     if item is None:
         return html(pages.not_found("There is no such ticket."), 404)
     headers = {"Content-Disposition": f'attachment; filename="nightjar-ticket-{item.registration_id}.txt"'}
@@ -143,6 +165,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    broker.quiet_connect_errors()  # the relay logs its own line for a broker it cannot reach
     asyncio.run(serve(args.host, args.port))
 
 

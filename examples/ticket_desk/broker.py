@@ -2,11 +2,13 @@
 
 The ready count comes from an AMQP passive declare. AMQP cannot tell how many deliveries are out with
 consumers unacknowledged; that count comes from ``rabbitmqctl list_queues`` (``RABBITMQCTL`` names the
-program) and is ``None``, shown as unknown and never as 0, when it cannot be asked.
+program) and is ``None``, shown as unknown and never as 0, when it cannot be asked or when the broker
+itself did not answer (``rabbitmqctl`` would then describe some other broker, or a stale queue).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -47,20 +49,44 @@ class Count:
         return f"{shown} ({self.source})"
 
 
-async def ready_count(settings: Settings) -> Count:
-    """Messages ready for delivery, from a passive declare (which never creates the queue)."""
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+async def queue_counts(settings: Settings) -> tuple[Count, Count]:
+    """``(ready, unacknowledged)``: ready from a passive declare; unacknowledged from ``rabbitmqctl``, asked
+    only when that broker answered and is this machine's (``rabbitmqctl`` speaks for the local node)."""
     try:
         connection = await aio_pika.connect(settings.amqp_url, timeout=5)
     except (OSError, aiormq.exceptions.AMQPError) as exc:
-        return Count(None, f"broker unreachable: {exc}")
+        reason = f"broker unreachable: {exc}"
+        return Count(None, reason), Count(None, f"not asked, {reason}")
     async with connection:
         channel = await connection.channel()
         try:
             queue = await channel.declare_queue(settings.queue, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity:
-            return Count(0, "AMQP passive declare: the queue does not exist yet")
-        ready = queue.declaration_result.message_count
-        return Count(ready, "AMQP passive declare")
+            absent = "AMQP passive declare: the queue does not exist yet"
+            return Count(0, absent), Count(0, absent)
+        ready = Count(queue.declaration_result.message_count, "AMQP passive declare")
+    host = urlsplit(settings.amqp_url).hostname or "127.0.0.1"
+    if host not in LOOPBACK:
+        return ready, Count(None, f"rabbitmqctl speaks for this machine's broker, not {host}")
+    return ready, unacknowledged_count(settings)
+
+
+async def empty_queue(settings: Settings) -> Count:
+    """Delete the queue (its ready messages, and deliveries a worker still holds) and declare it again,
+    empty; the ready count read back from the new queue."""
+    async with await aio_pika.connect(settings.amqp_url, timeout=5) as connection:
+        channel = await connection.channel()
+        await channel.queue_delete(settings.queue)
+        queue = await declare_queue(channel, settings)
+        return Count(queue.declaration_result.message_count, "AMQP declare after deleting the queue")
+
+
+def quiet_connect_errors() -> None:
+    """Silence aiormq's own log line for a failed connect: every caller here says it once, in its words."""
+    logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
 
 
 def unacknowledged_count(settings: Settings) -> Count:

@@ -1,5 +1,7 @@
-"""The studio's desk tools: ``python3 desk.py status | retry ID | repair ID [--apply]``.
+"""The studio's desk tools: ``python3 desk.py reset | status | retry ID | repair ID [--apply]``.
 
+* ``reset`` lays out the seed's starting point (the ack-first ``handler.py``, a fresh store with Mina
+  Patel's ticket, an empty queue) and says so; see ``reset.py``.
 * ``status`` reads the real rows (registrations, their tickets, completion keys) and the queue's counts,
   each with where it came from.
 * ``retry ID`` republishes an existing registration so that the worker sees it again (a learner's
@@ -18,6 +20,7 @@ from asyncq.errors import AsyncqError
 
 import broker
 import repair
+import reset
 import store
 from settings import Settings
 
@@ -27,12 +30,13 @@ FAILED = 1
 
 def status(settings: Settings) -> int:
     """Print the rows and the queue counts."""
-    db = store.connect(settings.db_path)
+    db = store.connect_read(settings.db_path)
     try:
         items = store.registrations(db)
         keys = store.completion_keys(db)
     finally:
         db.close()
+    ready, unacknowledged = asyncio.run(broker.queue_counts(settings))
     print(f"Store: {settings.db_path}")
     print(f"{'ID':<8} {'Name':<24} {'Tickets':<16} Completed")
     for item in items:
@@ -40,14 +44,14 @@ def status(settings: Settings) -> int:
         print(f"{item.id:<8} {item.name:<24} {tickets:<16} {'yes' if item.completed else 'no'}")
     print(f"Completion keys: {keys}")
     print(f"Queue {settings.queue}:")
-    print(f"  ready: {asyncio.run(broker.ready_count(settings))}")
-    print(f"  unacknowledged: {broker.unacknowledged_count(settings)}")
+    print(f"  ready: {ready}")
+    print(f"  unacknowledged: {unacknowledged}")
     return 0
 
 
 def retry(settings: Settings, registration_id: str) -> int:
     """Publish the registration's message again (confirmed and routed)."""
-    db = store.connect(settings.db_path)
+    db = store.connect_read(settings.db_path)
     try:
         item = store.registration(db, registration_id)
     finally:
@@ -71,7 +75,7 @@ def retry(settings: Settings, registration_id: str) -> int:
 
 def repair_one(settings: Settings, registration_id: str, apply: bool) -> int:
     """Preview, or apply, the repair of one registration."""
-    db = store.connect(settings.db_path)
+    db = store.connect(settings.db_path) if apply else store.connect_read(settings.db_path)
     try:
         plan = repair.apply(db, registration_id) if apply else repair.plan(db, registration_id)
     except repair.Refused as refusal:
@@ -89,10 +93,22 @@ def repair_one(settings: Settings, registration_id: str, apply: bool) -> int:
     return 0
 
 
+def reset_all(settings: Settings) -> int:
+    """Lay out the seed's starting point."""
+    try:
+        lines = reset.reset(settings)
+    except reset.Refused as refusal:
+        print(f"Refusing: {refusal}.", file=sys.stderr)
+        return REFUSED
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line."""
     parser = argparse.ArgumentParser(description="Nightjar's desk tools.")
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("reset", help="the seed's starting point: ack-first handler.py, fresh store, empty queue")
     commands.add_parser("status", help="registrations, tickets, completion keys and queue counts")
     commands.add_parser("retry", help="republish a registration for redelivery").add_argument("id")
     fix = commands.add_parser("repair", help="preview (or --apply) the repair of one registration")
@@ -100,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     fix.add_argument("--apply", action="store_true", help="apply the plan in one transaction")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
+    broker.quiet_connect_errors()
+    if args.command == "reset":
+        return reset_all(settings)
     if args.command == "status":
         return status(settings)
     if args.command == "retry":

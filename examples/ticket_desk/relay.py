@@ -3,8 +3,9 @@ after the broker confirmed that a queue holds it.
 
 A registration and its outbox row commit together, so a registration is never saved without its message
 (and never published without being saved). A crash between the confirm and ``mark_sent`` publishes the
-row again on the next run: the worker's completion key makes that duplicate harmless. An unroutable
-publish (no queue bound) raises ``Unroutable`` and the row stays unsent.
+row again on the next run: the worker's completion key makes that duplicate harmless. A ``mark_sent``
+that fails because a worker holds the store's write transaction is retried without publishing again.
+An unroutable publish (no queue bound) raises ``Unroutable`` and the row stays unsent.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import sqlite3
 from pathlib import Path
 
-from asyncq.core.backoff import retry_delay
+from asyncq import RetryPolicy
 from asyncq.delivery.base import Transport
 from asyncq.errors import AsyncqError
 
 import store
 
 log = logging.getLogger("ticket_desk.relay")
+BACKOFF = RetryPolicy(base_ms=200, cap_ms=10_000)  # between failed runs: 0.2 s doubling up to 10 s, jittered
 
 
 class OutboxRelay:
@@ -39,6 +40,7 @@ class OutboxRelay:
         self.batch = batch
         self.poll_seconds = poll_seconds
         self._wake = asyncio.Event()
+        self._confirmed: list[int] = []  # confirmed by the broker, not yet marked sent (the store was busy)
 
     def wake(self) -> None:
         """Ask the relay to look at the outbox now."""
@@ -47,11 +49,18 @@ class OutboxRelay:
     async def run_once(self) -> int:
         """Publish waiting rows in ``seq`` order; stop at the first failure, which propagates (that row
         and the ones after it stay unsent). Returns how many rows were confirmed."""
-        rows = await asyncio.to_thread(store.call, self.db_path, store.unsent, self.batch)
+        await self._mark_confirmed()
+        rows = await asyncio.to_thread(store.read, self.db_path, store.unsent, self.batch)
         for row in rows:
             await self.transport.deliver(row.message_id, json.loads(row.body), {"outbox-seq": str(row.seq)})
-            await asyncio.to_thread(store.call, self.db_path, store.mark_sent, row.seq)
+            self._confirmed.append(row.seq)
+            await self._mark_confirmed()
         return len(rows)
+
+    async def _mark_confirmed(self) -> None:
+        while self._confirmed:
+            await asyncio.to_thread(store.write, self.db_path, store.mark_sent, self._confirmed[0])
+            self._confirmed.pop(0)
 
     async def run_forever(self) -> None:
         """``run_once()`` until cancelled: at once while rows keep coming, after a wake-up or the poll
@@ -64,7 +73,7 @@ class OutboxRelay:
                 failures = 0
             except (AsyncqError, sqlite3.Error) as exc:
                 failures += 1
-                delay = retry_delay(min(failures, 16), 200, 10_000, random.random()) / 1000
+                delay = BACKOFF.delay_ms(failures, None) / 1000
                 log.warning("outbox relay: %s; next try in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 continue

@@ -5,6 +5,7 @@ TICKET_DESK_QUEUE            nightjar.registrations (a durable queue)
 TICKET_DESK_QUEUE_EXPIRES_MS unset; tests set it so that their queues delete themselves when unused
 TICKET_DESK_DB               nightjar.db in this folder
 TICKET_DESK_HANDLER          handler (the module worker.py calls; e.g. handler_no_key)
+TICKET_DESK_BUSY_TIMEOUT     10 (seconds a write waits for another writer; read by store.py)
 """
 
 from __future__ import annotations

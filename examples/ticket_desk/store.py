@@ -11,6 +11,7 @@ back on an exception: the mode the handlers are written for.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,40 +76,111 @@ def now_text() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+#: Seconds a write waits for another writer's transaction (a worker paused inside one holds it indefinitely).
+BUSY_TIMEOUT = float(os.environ.get("TICKET_DESK_BUSY_TIMEOUT") or 10.0)
+
+
 def connect(path: Path | str) -> sqlite3.Connection:
-    """Open the store in the default transaction mode, creating and seeding it on first use."""
-    db = sqlite3.connect(path, timeout=10.0)
+    """Open the store for writing, in the default transaction mode; creates and seeds it when the file has
+    no schema yet. Opening takes no lock when the schema exists."""
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
-        _create_once(db)
+        if _version(db) == 0:
+            _create_once(db)
     except BaseException:
         db.close()
         raise
     return db
 
 
-def call(path: Path | str, operation: Callable[..., T], *args: Any) -> T:
-    """``operation(db, *args)`` on a connection of its own, closed afterwards (so any thread can call it)."""
+def connect_read(path: Path | str) -> sqlite3.Connection:
+    """Open the store for reading only (``query_only``): in WAL mode it reads the last committed rows even
+    while a worker holds a write transaction open, e.g. paused at ``inside-transaction``."""
     db = connect(path)
+    db.execute("PRAGMA query_only = ON")
+    return db
+
+
+def read(path: Path | str, operation: Callable[..., T], *args: Any) -> T:
+    """``operation(db, *args)`` on a read-only connection of its own, closed afterwards (any thread may call)."""
+    return _on(connect_read(path), operation, *args)
+
+
+def write(path: Path | str, operation: Callable[..., T], *args: Any) -> T:
+    """``operation(db, *args)`` on a write connection of its own, closed afterwards (any thread may call)."""
+    return _on(connect(path), operation, *args)
+
+
+def _on(db: sqlite3.Connection, operation: Callable[..., T], *args: Any) -> T:
     try:
         return operation(db, *args)
     finally:
         db.close()
 
 
+def is_busy(error: sqlite3.OperationalError) -> bool:
+    """Whether ``error`` means another writer held the store for longer than :data:`BUSY_TIMEOUT`."""
+    return "locked" in str(error) or "busy" in str(error)
+
+
+def _version(db: sqlite3.Connection) -> int:
+    version: int = db.execute("PRAGMA user_version").fetchone()[0]
+    return version
+
+
 def _create_once(db: sqlite3.Connection) -> None:
+    db.execute("PRAGMA journal_mode=WAL")  # persistent in the file: set once, when it is created
     db.execute("BEGIN IMMEDIATE")  # two processes starting on a fresh file: one creates, one waits
     try:
-        if db.execute("PRAGMA user_version").fetchone()[0] == 0:
-            for statement in SCHEMA:
-                db.execute(statement)
-            for statement, params in SEED:
-                db.execute(statement, params)
-            db.execute("PRAGMA user_version = 1")
+        if _version(db) == 0:
+            _create(db)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _create(db: sqlite3.Connection) -> None:
+    for statement in SCHEMA:
+        db.execute(statement)
+    for statement, params in SEED:
+        db.execute(statement, params)
+    db.execute("PRAGMA user_version = 1")
+
+
+def reset(db: sqlite3.Connection, keep_copy_at: Path | None = None) -> None:
+    """Make the store fresh again in one transaction: every table dropped (asyncq's consumer tables too),
+    then the schema and Mina Patel's registration and ticket. With ``keep_copy_at``, the committed rows
+    are first copied there (SQLite's online backup). The file stays, so a running site keeps working. A
+    writer holding the file makes this fail after :data:`BUSY_TIMEOUT` with nothing changed or copied."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if keep_copy_at is not None:
+            _copy_committed(db, keep_copy_at)
+        tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        for (table,) in tables.fetchall():
+            quoted = table.replace('"', '""')
+            db.execute(f'DROP TABLE "{quoted}"')
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'").fetchone():
+            db.execute("DELETE FROM sqlite_sequence")
+        _create(db)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _copy_committed(db: sqlite3.Connection, destination: Path) -> None:
+    """Copy the store's committed rows to ``destination`` (replacing it) through a second connection: the
+    caller's write transaction has changed nothing yet, so the copy is exactly the store before."""
+    source = sqlite3.connect(db.execute("PRAGMA database_list").fetchone()[2])
+    destination.unlink(missing_ok=True)
+    copy = sqlite3.connect(destination)
+    try:
+        source.backup(copy)
+    finally:
+        copy.close()
+        source.close()
 
 
 def register(db: sqlite3.Connection, name: str) -> str:
