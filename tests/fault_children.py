@@ -15,116 +15,21 @@ Modes:
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import json
 import os
 import resource
-import select
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = Path(__file__).resolve()
-T0 = 1_700_000_000_000
-BODY = {"pad": "x" * 200}
-BATCH = 60  # jobs in each of the batch writer's transactions
+from fault_support import BATCH, BODY, T0, dump, write_lock_free
+
 MAX_K = 200  # no transition here makes this many writes; reaching it is a failure
-
-# --- helpers for the test module -------------------------------------------------------------------------
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This environment with the repository root first on ``PYTHONPATH`` (and ``extra``)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    return env | extra
-
-
-def unprivileged(argv: list[str]) -> list[str]:
-    """``argv`` run so that the file mode bits apply: as root, through the ``unprivileged`` trampoline."""
-    return [sys.executable, str(SCRIPT), "unprivileged", *argv] if os.geteuid() == 0 else argv
-
-
-def run_child(
-    mode: str, config: dict[str, Any], *, cwd: Path, env: dict[str, str] | None = None, drop_root: bool = False
-) -> list[dict[str, Any]]:
-    """Run one child to its end (60 s at most) and return its JSON lines; it must exit 0."""
-    argv = [sys.executable, str(SCRIPT), mode, json.dumps(config)]
-    done = subprocess.run(
-        unprivileged(argv) if drop_root else argv,
-        cwd=cwd,
-        env=env or child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, f"child {mode} exited {done.returncode}: {done.stderr[-2000:]}"
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def dump(path: str | Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Every row of the jobs and audit tables, in order, through a fresh connection (which, as any opener
-    does, rolls a hot journal back first)."""
-    con = sqlite3.connect(path, isolation_level=None)
-    try:
-        jobs = con.execute("SELECT * FROM asyncq_jobs ORDER BY seq").fetchall()
-        audit = con.execute("SELECT * FROM asyncq_audit ORDER BY seq").fetchall()
-    finally:
-        con.close()
-    return jobs, audit
-
-
-def integrity(path: str | Path) -> str:
-    """``PRAGMA integrity_check`` of the file through a fresh connection: ``ok``, or what SQLite found."""
-    con = sqlite3.connect(path, isolation_level=None)
-    try:
-        return "; ".join(str(row[0]) for row in con.execute("PRAGMA integrity_check"))
-    finally:
-        con.close()
-
-
-def write_lock_free(path: str | Path) -> bool:
-    """Whether another connection can take the write lock at once: nobody holds a transaction open."""
-    con = sqlite3.connect(path, isolation_level=None, timeout=0)
-    try:
-        con.execute("BEGIN IMMEDIATE")
-        con.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        con.close()
-
-
-class Lines:
-    """The lines a child writes to a pipe, each read with a deadline (a silent child fails the test)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._fd = stream.fileno()
-        self._buffer = b""
-
-    def next(self, timeout: float = 15.0) -> str:
-        """The next whole line; ``TimeoutError`` after ``timeout`` seconds, ``EOFError`` at the end."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._fd], [], [], left)[0]:
-                raise TimeoutError(f"no line from the child in {timeout} s (so far: {self._buffer[-200:]!r})")
-            chunk = os.read(self._fd, 65536)
-            if not chunk:
-                raise EOFError(f"the child closed its output (so far: {self._buffer[-200:]!r})")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode()
-
 
 # --- the children -------------------------------------------------------------------------------------------
 
@@ -258,12 +163,22 @@ async def write_batches(path: str) -> None:
         number += 1
 
 
+async def _warm_up() -> None:
+    """Import now what a writer's first transaction would import lazily (anyio's backend: 40 ms)."""
+    from asyncq import Queue
+
+    async with await Queue.open("warm-up.db", durability="full-delete") as queue, queue.transaction() as tx:
+        await tx.execute("SELECT 1")
+    os.unlink("warm-up.db")
+
+
 def zygote() -> None:
     """Per line on stdin (a queue file's path), fork a ``write_batches`` child and wait for it to die; then
     report ``{"exit": pid, "status": …}``. Forking a process that has imported everything already costs a few
     ms, where a new interpreter costs 250 ms: hundreds of kills fit in seconds."""
-    import asyncq.queue  # noqa: F401  (imported once, before the forks)
+    import asyncio
 
+    asyncio.run(_warm_up())
     for line in sys.stdin:
         pid = os.fork()
         if pid == 0:
@@ -309,6 +224,8 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "unprivileged":
         exec_unprivileged(sys.argv[2:])
+    import asyncio  # only now: the trampoline above must start fast (asyncio alone takes 60-190 ms to import)
+
     try:
         if mode == "zygote":
             zygote()
