@@ -1,4 +1,4 @@
-"""Child processes for the storage fault tests (``test_storage_faults.py``), and the helpers those tests share.
+"""Child processes for the storage fault tests (``test_storage_faults*.py``; their helpers: ``fault_support.py``).
 
 A child runs as ``python tests/fault_children.py MODE CONFIG_JSON`` with the repository root on ``PYTHONPATH``,
 prints one JSON object a line on stdout, and ends with ``os._exit``: a connection it left open dies with the
@@ -30,8 +30,6 @@ from typing import Any
 from fault_support import BATCH, BODY, T0, dump, write_lock_free
 
 MAX_K = 200  # no transition here makes this many writes; reaching it is a failure
-
-# --- the children -------------------------------------------------------------------------------------------
 
 
 def _emit(record: dict[str, Any]) -> None:

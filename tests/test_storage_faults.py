@@ -168,6 +168,7 @@ def test_an_io_error_at_every_write_of_each_transition(
             seen["journal left"] += os.path.exists(record["path"] + "-journal")
             assert support.integrity(record["path"]) == "ok", record
             state = support.dump(record["path"])  # after the reopen: a hot journal or torn WAL is resolved
+            assert not os.path.exists(record["path"] + "-journal"), record  # rolled back and gone
             if record["error"] is None:  # the call said it happened: then it did
                 assert state == after, record
             else:
