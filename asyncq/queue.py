@@ -182,13 +182,14 @@ class Queue:
         self,
         ticket: Ticket,
         outcome: str,
-        delay: Duration | None = None,
         *,
+        delay: Duration | None = None,
         error: BaseException | None = None,
         delay_ms: int | None = None,
     ) -> str | None:
         """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale. ``delay``
-        (seconds) is the wait before a retry; ``error`` (a failed attempt's exception) is kept with the job."""
+        (seconds) is the wait before a retry; ``error`` (a failed attempt's exception) is kept with the job.
+        Durations are keyword-only, so that a call written for the older milliseconds fails loudly."""
         delay_ms = duration_ms(delay, "delay", delay_ms, "delay_ms", 0, 0, MAX_TTL_MS)
         return (await self.finish_many([(ticket, outcome, delay_ms, error)]))[0]
 
@@ -242,7 +243,7 @@ class Queue:
         )
 
     async def extend(
-        self, ticket: Ticket, lease: Duration | None = None, *, lease_ms: int | None = None
+        self, ticket: Ticket, *, lease: Duration | None = None, lease_ms: int | None = None
     ) -> Ticket | None:
         """Renew a held lease by ``lease`` seconds (default 30); the renewed ticket, or ``None`` if it is lost."""
         lease_ms = duration_ms(lease, "lease", lease_ms, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)

@@ -94,7 +94,7 @@ def _transitions(ticket: Any) -> dict[str, Callable[[Any], Awaitable[Any]]]:
         "enqueue": lambda q: q.enqueue("new-1", {"n": -1, **BODY}),
         "claim": lambda q: q.claim("w-2", limit=3, lease_ms=60_000),
         "finish": lambda q: q.finish(ticket, "ok"),
-        "extend": lambda q: q.extend(ticket, 120_000),
+        "extend": lambda q: q.extend(ticket, lease=120),
         "release": lambda q: q.release_many([ticket]),
         "redrive": lambda q: q.redrive("dead-1", "io-error-test"),
         "cancel": lambda q: q.cancel("p-7", "io-error-test"),

@@ -130,7 +130,7 @@ class Sides:
             return product_ticket(tickets)
         if kind == "finish":
             _, pick, outcome, delay = step
-            return await self.queue.finish(self.product_tickets[self.ticket_step(pick)], outcome, delay)
+            return await self.queue.finish(self.product_tickets[self.ticket_step(pick)], outcome, delay_ms=delay)
         _, job_id, ttl, note = step
         await self.queue.redrive(job_id, note, ttl_ms=ttl)
         return True  # the lab returns True; the facade its audit row, compared below

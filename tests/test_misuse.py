@@ -209,4 +209,4 @@ async def test_the_queue_takes_seconds(queue: Queue, path: Path) -> None:
         renewed = await queue.extend(ticket, lease_ms=5_000)
     assert renewed is not None
     with pytest.raises(TypeError, match="not both"):
-        await queue.extend(renewed, 1.0, lease_ms=1_000)
+        await queue.extend(renewed, lease=1.0, lease_ms=1_000)
