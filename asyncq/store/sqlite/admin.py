@@ -17,7 +17,7 @@ from typing import Any
 
 from asyncq.core.jobs import AuditEntry, Job
 from asyncq.errors import StoreError
-from asyncq.store.port.queue import JobFilter
+from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.sqlite.connection import check_path, write_transaction
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.schema import PRODUCT
@@ -290,3 +290,18 @@ def on_network_filesystem(path: str) -> str | None:
         return None
     kind = filesystem_type(path, mounts)
     return kind if kind in NETWORK_FILESYSTEMS or kind.startswith("fuse.sshfs") else None
+
+
+def inspect_target(path: object, timeout: float) -> StoreState:
+    """What ``path`` holds, read-only (a missing file is reported, never created); ``StoreError`` if it is not a
+    regular file or not a SQLite database."""
+    file = check_path(path)
+    network = on_network_filesystem(file)
+    if not os.path.lexists(file):
+        return StoreState(file, "missing", 0, SCHEMA_VERSION, {"network_filesystem": network})
+    with closing(connect_read_only(file, timeout)) as con:
+        found = inspect(con, file, table=None)
+        tables = {str(name) for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    kind = "queue" if _JOBS in tables else "other" if tables else "empty"
+    settings = {"journal_mode": found.journal_mode, "auto_vacuum": found.auto_vacuum, "network_filesystem": network}
+    return StoreState(file, kind, found.schema_version, SCHEMA_VERSION, settings)
