@@ -24,7 +24,6 @@ from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jobs import JobSpec
 from asyncq.core.jsontext import loads_strict
 from asyncq.errors import Conflict
-from asyncq.inbox.receiver import read_totals
 from asyncq.queue import Queue
 
 ENQUEUE_BATCH = 500
@@ -176,6 +175,8 @@ async def status(args: argparse.Namespace) -> Report:
     data["expired_leases"] = stats.expired_leases
     data["inbox"] = None
     if args.inbox:
+        from asyncq.inbox.receiver import read_totals  # the receiver's reader; it loads aiohttp, so only here
+
         data["inbox"] = {"file": args.inbox} | read_totals(args.inbox, args.timeout)
     return report(data, out.render_status)
 
