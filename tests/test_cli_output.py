@@ -41,8 +41,9 @@ def test_show_says_when_no_error_was_recorded() -> None:
 
 def test_dead_prints_each_jobs_last_error_on_one_cut_line() -> None:
     long = AttemptError(2, T0, "ValueError", "line one\nline two " + "x" * 200, TRACE)
+    earlier = AttemptError(1, T0, "KeyError", "'qty'", TRACE)
     records = [
-        job_record(dead_job(AttemptError(1, T0, "KeyError", "'qty'", TRACE), long)) | {"last_error": error_record(long)},
+        job_record(dead_job(earlier, long)) | {"last_error": error_record(long)},
         job_record(dead_job()) | {"last_error": None},
     ]
     data = {"by_reason": {"exhausted": 2}, "jobs": records, "now_ms": T0, "count": 2, "more": False}
