@@ -6,6 +6,7 @@ Errors are in ``test_cli_errors.py``, the operator's changes in ``test_cli_opera
 
 from __future__ import annotations
 
+import ast
 import json
 import sqlite3
 from contextlib import closing
@@ -253,3 +254,14 @@ def test_dead_lists_dead_jobs_with_their_reasons(db: Path) -> None:
     text = run_cli("dead", "--db", "q.db", "--reason", "exhausted", cwd=db.parent).stdout
     assert text.startswith("dead jobs by reason: cancelled 2, deadline 2, exhausted 1, permanent 3")
     assert "x-exh-1" in text and "1/1" in text and text.splitlines()[2].split()[-2:] == ["last", "error"]
+
+
+@pytest.mark.parametrize("folder", ["cli", "web"])
+def test_the_command_and_the_web_talk_to_the_facade_only(folder: str) -> None:
+    """No module of ``asyncq/cli`` or ``asyncq/web`` imports a driver, ``sqlite3`` or ``aiosqlite``."""
+    forbidden = ("sqlite3", "aiosqlite", "asyncq.store")
+    for path in sorted((Path(__file__).resolve().parents[1] / "asyncq" / folder).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not [n for n in names if n == "sqlite3" or n.startswith(forbidden)], (path.name, names)
