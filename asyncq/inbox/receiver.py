@@ -385,7 +385,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-
 def read_totals(path: str, timeout: float) -> dict[str, int]:
     """A receiver's durable counts (``applied`` rows, ``duplicates``, ``conflicts``) read from its file without an
     ``Inbox``: read-only, so nothing is created or changed; ``StoreError`` if ``path`` is missing or not an inbox.
@@ -398,6 +397,7 @@ def read_totals(path: str, timeout: float) -> dict[str, int]:
         inspect(con, path, table="asyncq_inbox")
         applied, duplicates, conflicts = con.execute(TOTALS).fetchone()
     return {"applied": int(applied), "duplicates": int(duplicates), "conflicts": int(conflicts)}
+
 
 if __name__ == "__main__":
     sys.exit(main())
