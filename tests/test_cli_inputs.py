@@ -155,3 +155,28 @@ def test_a_newer_schema_is_refused_by_reads_and_writes_unchanged(db: Path) -> No
         line = one_line(run_cli(*args, "--db", "q.db", cwd=db.parent), 1)
         assert line.startswith(f"asyncq: error: q.db has schema version {SCHEMA_VERSION + 1}, newer than"), line
     assert fingerprint(db) == before
+
+
+OPEN_IN_A_MISSING_DIRECTORY = """
+import asyncio, sys
+from asyncq.queue import Queue
+try:
+    asyncio.run(Queue.open(sys.argv[1]))
+except Exception as error:
+    print(type(error).__name__)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="AsyncFile.connect: when aiosqlite's connect fails, its worker thread's stop() resolves a future on the "
+    "loop after asyncio.run closed it, and the thread prints 'RuntimeError: Event loop is closed' tracebacks",
+)
+def test_opening_a_queue_in_a_missing_directory_fails_with_one_error_and_no_thread_traceback(tmp_path: Path) -> None:
+    """The library-level cause of ``init``'s stray traceback (the command now checks the directory first)."""
+    done = subprocess.run(
+        [sys.executable, "-c", OPEN_IN_A_MISSING_DIRECTORY, str(tmp_path / "missing" / "q.db")],
+        env=cli_env(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.stdout == "OperationalError\n"
+    assert "Event loop is closed" not in done.stderr and done.stderr == "", done.stderr
