@@ -44,8 +44,9 @@ from asyncq.core.values import (
     check_time,
     duration_ms,
 )
-from asyncq.store.opening import open_queue_store
-from asyncq.store.port.queue import JobFilter, QueueStore, StoreTransaction
+from asyncq.errors import StoreError
+from asyncq.store.opening import inspect_queue_store, open_queue_store
+from asyncq.store.port.queue import JobFilter, QueueStore, StoreState, StoreTransaction
 
 log = logging.getLogger("asyncq.queue")
 
@@ -373,6 +374,32 @@ class Queue:
 
     def _cutoff(self, older_than: Duration) -> int:
         return self.now() - duration_ms(older_than, "older_than", None, "", 0, 0, MAX_TTL_MS * 100)
+
+    # -- opening what exists --------------------------------------------------------------------------
+
+    @classmethod
+    async def inspect(cls, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> StoreState:
+        """What ``path`` holds (missing, empty, an app's tables only, or a queue at some schema version), found
+        without creating or changing anything; ``StoreError`` if it is not a store at all."""
+        return await inspect_queue_store(path, busy_timeout=busy_timeout)
+
+    @classmethod
+    async def open_existing(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = wall_clock_ms,
+        busy_timeout: float = 5.0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> Queue:
+        """Open a queue that exists already, for writing, keeping its journal mode (an older schema is migrated):
+        ``StoreError``, with nothing created or changed, if ``path`` is missing, not a queue, or newer."""
+        problem = (await cls.inspect(path, busy_timeout=busy_timeout)).problem
+        if problem is not None:
+            raise StoreError(problem)
+        return await cls.open(
+            path, durability=None, clock=clock, busy_timeout=busy_timeout, max_body_bytes=max_body_bytes
+        )
 
 
 def _flag(value: object, name: str) -> bool:

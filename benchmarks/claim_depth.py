@@ -187,10 +187,10 @@ def sample_depths(fixtures: Sequence[Fixture], mode: str, settings: Settings) ->
 
 def query_plans(con: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     """EXPLAIN QUERY PLAN detail lines of each sweep, claim and finish statement."""
-    params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1}
+    params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1, "count": 1}
     positional = {
         "SELECT_BY_IDS": ("job-0",),
-        "FINISH_ROWS": FinishRow(1, "job-0", 1, OWNER, 1, now + 1000, 3, now + TTL_MS, "done", None, now),
+        "FINISH_ROWS": FinishRow(1, "job-0", 1, OWNER, 1, now + 1000, 3, now + TTL_MS, "done", None, now, 1),
     }
     return {
         name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", positional.get(name, params))]
@@ -248,7 +248,7 @@ class BareLoop:
         if self.con.execute(self.SELECT, (job_id,)).fetchone() is None:
             self.con.execute(self.INSERT, (job_id, 1 + i % 1000, 3, now, now + TTL_MS)).fetchall()
         self.con.execute("COMMIT")
-        params = {"now": self.clock(), "owner": OWNER, "lease_ms": 1000, "limit": 1}
+        params = {"now": self.clock(), "owner": OWNER, "lease_ms": 1000, "limit": 1, "count": 1}
         self.con.execute("BEGIN IMMEDIATE")
         for sweep in self.SWEEPS:
             self.con.execute(sweep, params)
@@ -261,7 +261,7 @@ class BareLoop:
             self.con.execute(self.SELECT, (claimed_id,)).fetchone()
         )
         change = FinishRow(
-            seq, claimed_id, token, OWNER, attempts, lease_until, max_attempts, deadline, "done", None, now
+            seq, claimed_id, token, OWNER, attempts, lease_until, max_attempts, deadline, "done", None, now, attempts
         )
         if not self.con.execute(self.FINISH, change).fetchall():
             raise RuntimeError(f"the bare loop's finish of {claimed_id} did not land")

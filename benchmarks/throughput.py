@@ -184,12 +184,14 @@ def floor_drain(con: sqlite3.Connection) -> int:
     claim, finish, handled = sql(PRODUCT, "CLAIM"), finish_rows(PRODUCT, 1), 0
     while True:
         now = time.time_ns() // 1_000_000
-        params = {"now": now, "owner": "floor", "lease_ms": 30_000, "limit": 1, "queue": DEFAULT_QUEUE}
+        params = {"now": now, "owner": "floor", "lease_ms": 30_000, "limit": 1, "count": 1, "queue": DEFAULT_QUEUE}
         rows = floor_transaction(con, claim, params)
         if not rows:
             return handled
         seq, job_id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
-        done = FinishRow(seq, job_id, token, owner, attempts, lease_until, max_attempts, deadline, "done", None, now)
+        done = FinishRow(
+            seq, job_id, token, owner, attempts, lease_until, max_attempts, deadline, "done", None, now, attempts
+        )
         if not floor_transaction(con, finish, done):
             raise RuntimeError(f"the floor's finish of seq {seq} did not land")
         handled += 1

@@ -6,8 +6,10 @@ Errors are in ``test_cli_errors.py``, the operator's changes in ``test_cli_opera
 
 from __future__ import annotations
 
+import ast
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ from cli_support import (
 
 from asyncq.store.sqlite.connection import open_file, write_transaction
 from asyncq.store.sqlite.inbox import INBOX_TABLES, record_event
+from asyncq.store.sqlite.migrations import SCHEMA_VERSION as SCHEMA
+from asyncq.store.sqlite.schema import PRODUCT_TABLES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +42,7 @@ def test_every_subcommand_has_help(tmp_path: Path) -> None:
     results = run_many([["--help"], [], *([name, "--help"] for name in [*COMMANDS, "serve-inbox"])], cwd=tmp_path)
     top, bare, *subcommands = results
     assert top.returncode == 0 and all(name in top.stdout for name in [*COMMANDS, "serve-inbox"])
-    assert bare.returncode == 2 and "usage: asyncq" in bare.stderr
+    assert bare.returncode == 2 and bare.stderr == "asyncq: error: give a command (see `asyncq --help`)\n"
     for name, done in zip([*COMMANDS, "serve-inbox"], subcommands, strict=True):
         assert done.returncode == 0, done.stderr
         assert f"usage: asyncq {name}" in done.stdout
@@ -49,15 +53,23 @@ def test_every_subcommand_has_help(tmp_path: Path) -> None:
 def test_init_creates_an_incremental_queue_file_and_is_idempotent(tmp_path: Path) -> None:
     done = run_cli("init", "--db", "new.db", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("created queue new.db: schema version 2, journal wal, auto_vacuum incremental")
+    assert done.stdout.startswith(
+        f"created queue new.db: schema version {SCHEMA}, journal wal, auto_vacuum incremental"
+    )
+    before = fingerprint(tmp_path / "new.db")
     again = run_json("init", "--db", "new.db", cwd=tmp_path)
     assert again == {
         "path": "new.db",
+        "action": "checked",
         "created": False,
-        "schema_version": 2,
+        "previous_schema_version": SCHEMA,
+        "schema_version": SCHEMA,
         "journal_mode": "wal",
         "auto_vacuum": "incremental",
     }
+    text = run_cli("init", "--db", "new.db", cwd=tmp_path).stdout
+    assert text.startswith("checked queue new.db (already current: nothing changed)")
+    assert fingerprint(tmp_path / "new.db") == before
     assert rows(tmp_path / "new.db", "SELECT count(*) FROM asyncq_jobs") == [(0,)]
 
 
@@ -67,9 +79,29 @@ def test_init_adds_the_tables_to_an_application_database(tmp_path: Path) -> None
         con.execute("INSERT INTO orders VALUES ('order-1', 7)")
     con.close()
     found = run_json("init", "--db", "app.db", "--durability", "full-delete", cwd=tmp_path)
-    assert found["created"] is False and found["journal_mode"] == "delete" and found["auto_vacuum"] == "none"
+    assert (found["action"], found["created"], found["previous_schema_version"]) == ("added", False, None)
+    assert found["journal_mode"] == "delete" and found["auto_vacuum"] == "none"
     assert rows(tmp_path / "app.db", "SELECT * FROM orders") == [("order-1", 7)]
     assert rows(tmp_path / "app.db", "SELECT count(*) FROM asyncq_jobs") == [(0,)]
+    assert run_json("init", "--db", "app.db", cwd=tmp_path)["action"] == "checked"
+
+
+def test_init_on_an_app_file_says_it_added_the_queue_tables(tmp_path: Path) -> None:
+    with closing(sqlite3.connect(tmp_path / "app.db")) as con:
+        con.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+    done = run_cli("init", "--db", "app.db", cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == ""
+    [line] = done.stdout.splitlines()
+    assert line.startswith("added the queue tables to app.db (its other tables are as they were): schema version")
+    assert rows(tmp_path / "app.db", "SELECT name FROM sqlite_master WHERE name = 'orders'") == [("orders",)]
+
+
+def test_init_migrates_an_older_queue_and_says_from_which_version(tmp_path: Path) -> None:
+    with closing(sqlite3.connect(tmp_path / "old.db")) as con:
+        con.executescript(";".join([*PRODUCT_TABLES, "PRAGMA user_version = 1"]))
+    data = run_json("init", "--db", "old.db", cwd=tmp_path)
+    assert (data["action"], data["previous_schema_version"], data["schema_version"]) == ("migrated", 1, SCHEMA)
+    assert rows(tmp_path / "old.db", "PRAGMA user_version") == [(SCHEMA,)]
 
 
 def test_enqueue_one_job_from_the_arguments(db: Path) -> None:
@@ -185,6 +217,13 @@ def test_jobs_filters_and_pages(db: Path) -> None:
     assert "l-1" in text and "worker-a" in text and text.endswith("1 job(s)\n")
 
 
+def test_jobs_body_prints_each_body_in_text(db: Path) -> None:
+    text = run_cli("jobs", "--db", "q.db", "--queue", "mail", "--body", cwd=db.parent).stdout
+    header, row, count = text.splitlines()
+    assert header.split()[-1] == "body" and row.endswith('{"to":"someone"}') and count == "1 job(s)"
+    assert "body" not in run_cli("jobs", "--db", "q.db", "--queue", "mail", cwd=db.parent).stdout
+
+
 def test_show_gives_the_row_and_its_audit_history(db: Path) -> None:
     data = run_json("show", "--db", "q.db", "old-cancel", cwd=db.parent)
     job = data["job"]
@@ -194,10 +233,13 @@ def test_show_gives_the_row_and_its_audit_history(db: Path) -> None:
         {"job": "old-cancel"},
         0,
     )
+    assert job["errors"] == []
     [entry] = data["history"]
     assert (entry["action"], entry["note"], entry["reason"], entry["token"]) == ("cancel", "old-note", "cancelled", 0)
+    assert set(entry) == {"seq", "id", "action", "token", "at_ms", "note", "reason"}
     text = run_cli("show", "--db", "q.db", "p-1", cwd=db.parent).stdout
     assert "status        pending" in text and '"n": [' in text and "no redrive or cancel" in text
+    assert "no errors recorded" in text
     missing = run_cli("show", "--db", "q.db", "nope", cwd=db.parent)
     assert missing.returncode == 1 and missing.stderr == "asyncq: error: no job 'nope' in q.db\n"
 
@@ -206,8 +248,20 @@ def test_dead_lists_dead_jobs_with_their_reasons(db: Path) -> None:
     data = run_json("dead", "--db", "q.db", cwd=db.parent)
     assert data["by_reason"] == EXPECTED_DEAD and data["count"] == 8 and data["more"] is False
     assert {job["status"] for job in data["jobs"]} == {"dead"}
+    assert {job["last_error"] for job in data["jobs"]} == {None}  # no store records errors yet
     deadline = run_json("dead", "--db", "q.db", "--reason", "deadline", cwd=db.parent)
     assert [job["id"] for job in deadline["jobs"]] == ["old-dl", "x-dl-1"]
     text = run_cli("dead", "--db", "q.db", "--reason", "exhausted", cwd=db.parent).stdout
     assert text.startswith("dead jobs by reason: cancelled 2, deadline 2, exhausted 1, permanent 3")
-    assert "x-exh-1" in text and "1/1" in text
+    assert "x-exh-1" in text and "1/1" in text and text.splitlines()[2].split()[-2:] == ["last", "error"]
+
+
+@pytest.mark.parametrize("folder", ["cli", "web"])
+def test_the_command_and_the_web_talk_to_the_facade_only(folder: str) -> None:
+    """No module of ``asyncq/cli`` or ``asyncq/web`` imports a driver, ``sqlite3`` or ``aiosqlite``."""
+    forbidden = ("sqlite3", "aiosqlite", "asyncq.store")
+    for path in sorted((Path(__file__).resolve().parents[1] / "asyncq" / folder).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not [n for n in names if n == "sqlite3" or n.startswith(forbidden)], (path.name, names)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
@@ -14,10 +18,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from cli_support import cli_env, run_cli
 
-from asyncq.core.jobs import JobSpec
+from asyncq.core.jobs import AttemptError, Job, JobSpec
+from asyncq.core.stats import Stats
 from asyncq.queue import Queue
-from asyncq.web.dashboard import DASHBOARD_KEY, Dashboard, main, make_dashboard_app
+from asyncq.web.dashboard import DASHBOARD_KEY, Dashboard, make_dashboard_app
+from asyncq.web.page import Snapshot, render_page
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -200,14 +207,48 @@ async def test_a_host_header_that_is_not_loopback_is_refused(server: tuple[str, 
     assert status == 200
 
 
-async def test_main_refuses_a_remote_bind_a_missing_file_and_an_empty_token(tmp_path: Path, path: Path) -> None:
-    with pytest.raises(SystemExit) as refused:
-        main(["--db", str(path), "--host", "0.0.0.0"])
-    assert refused.value.code == 2
-    with pytest.raises(SystemExit):
-        main(["--db", str(path), "--token", ""])
-    assert main(["--db", str(tmp_path / "missing.db")]) == 1
-    assert not (tmp_path / "missing.db").exists()
+DASHBOARD_REFUSALS = [
+    (["--host", "0.0.0.0"], 2, "asyncq: error: refusing to bind 0.0.0.0, not a loopback address (add --allow-remote"),
+    (["--token", ""], 2, "asyncq: error: --token must not be empty"),
+    (["--port", "70000"], 2, "asyncq: error: argument --port: '70000' is not a whole number from 0 to 65535"),
+    (["--port", "-1"], 2, "asyncq: error: argument --port: '-1' is not a whole number from 0 to 65535"),
+    (["--sample-seconds", "0"], 2, "asyncq: error: argument --sample-seconds: '0' is not a number of seconds"),
+    (["--refresh-seconds", "nan"], 2, "asyncq: error: argument --refresh-seconds: 'nan' is not a number of seconds"),
+    (["--frobnicate"], 2, "asyncq: error: unrecognized arguments: --frobnicate"),
+]
+
+
+def test_the_dashboard_command_refuses_bad_options_in_one_line_naming_only_its_options(path: Path) -> None:
+    help_text = run_cli("dashboard", "--help", cwd=path.parent).stdout
+    before = dump(path)
+    for args, code, message in DASHBOARD_REFUSALS:
+        done = run_cli("dashboard", "--db", path.name, *args, cwd=path.parent)
+        assert (done.returncode, done.stdout) == (code, ""), (args, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert line.startswith(message), line
+        named = re.findall(r"--[a-z][a-z-]+", line.split(" (see ")[0])
+        assert all(option in help_text for option in named if option != "--frobnicate"), (named, help_text)
+    assert dump(path) == before
+
+
+def test_the_dashboard_command_on_a_missing_file_creates_nothing(tmp_path: Path) -> None:
+    done = run_cli("dashboard", "--db", "missing.db", cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "asyncq: error: no such queue file: missing.db\n")
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_the_dead_table_shows_each_dead_jobs_last_error() -> None:
+    first = AttemptError(1, T0, "TimeoutError", "the receiver took too long", "Traceback …")
+    last = AttemptError(2, T0 + 1, "ValueError", "bad <b>payload</b>\nsecond line " + "x" * 200, "Traceback …")
+    job = Job(7, "tired", "default", {"n": 1}, "dead", 2, 2, 2, T0, T0 + 9, None, None, "exhausted", 0, (first, last))
+    stats = Stats(T0, {"pending": 0, "leased": 0, "done": 0, "dead": 1}, {"exhausted": 1}, None, 0)
+    page = render_page("q.db", Snapshot(stats, [job], [], []), refresh_seconds=5, nonce="n")
+    dead = table(page, "dead")
+    assert "<th>last error</th>" in dead
+    cells = re.findall(r"<td>([^<]*)</td>", dead)
+    shown = next(text for text in cells if text.startswith("ValueError: "))
+    assert shown.startswith("ValueError: bad &lt;b&gt;payload&lt;/b&gt; second line xxx") and shown.endswith("…")
+    assert "TimeoutError" not in dead and "<b>" not in dead
 
 
 async def read_job(path: Path, job_id: str) -> Any:
@@ -216,19 +257,11 @@ async def read_job(path: Path, job_id: str) -> Any:
 
 
 def test_the_asyncq_command_serves_the_dashboard(tmp_path: Path) -> None:
-    """``asyncq dashboard`` is the same page, started from the operator's command."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import urllib.request
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    """``asyncq dashboard`` is the same page, started from the operator's command; SIGINT stops it with 0."""
     db = tmp_path / "q.db"
-    subprocess.run([sys.executable, "-m", "asyncq", "init", "--db", str(db)], check=True, env=env, timeout=30)
+    assert run_cli("init", "--db", str(db), cwd=tmp_path).returncode == 0
     command = [sys.executable, "-m", "asyncq", "dashboard", "--db", str(db), "--token", "secret-token"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
     try:
         assert process.stdout is not None
         url = process.stdout.readline().split()[-1]
@@ -237,4 +270,5 @@ def test_the_asyncq_command_serves_the_dashboard(tmp_path: Path) -> None:
             assert response.status == 200 and "asyncq dashboard" in response.read().decode()
     finally:
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=20)
+        _out, err = process.communicate(timeout=20)
+    assert process.returncode == 0 and err == ""

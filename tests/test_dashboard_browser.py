@@ -1,4 +1,4 @@
-"""The dashboard in headless Chromium, as an operator uses it: a real ``python -m asyncq.web.dashboard`` child on
+"""The dashboard in headless Chromium, as an operator uses it: a real ``python -m asyncq dashboard`` child on
 port 0 (its URL and token read from its stdout), a queue that moves while it samples, the counts read from the
 DOM, a redrive refused without the token, then made with it, and its audit row on the page.
 
@@ -87,7 +87,7 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
     """The queue file, and the dashboard child's URL and token."""
     path = tmp_path / "queue.db"
     asyncio.run(seed(path))
-    command = [sys.executable, "-m", "asyncq.web.dashboard", "--db", path.name, "--sample-seconds", "0.1"]
+    command = [sys.executable, "-m", "asyncq", "dashboard", "--db", path.name, "--sample-seconds", "0.1"]
     with (tmp_path / "dashboard.err").open("wb") as errors:
         process = subprocess.Popen(
             [*command, "--refresh-seconds", "60"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=errors

@@ -8,15 +8,17 @@ from __future__ import annotations
 import asyncio
 import json
 import pkgutil
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import asyncq
@@ -191,6 +193,38 @@ async def test_an_unreadable_queue_file_shows_as_down_and_is_not_created(tmp_pat
     assert value(samples, "asyncq_queue_file_up") == 0
     assert not any(name == "asyncq_jobs" for name, _labels in samples)
     assert not missing.exists()
+
+
+async def test_a_collector_called_on_the_loops_own_thread_reads_without_deadlock(
+    queue: Queue, path: Path, clock: list[int]
+) -> None:
+    """``generate_latest`` called straight from a coroutine: the read runs on a loop of its own, in its own thread."""
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(path, clock=lambda: clock[0]))
+    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2)])
+    clock[0] += 3_000
+    async with asyncio.timeout(10):
+        text = generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert value(samples, "asyncq_jobs", status="pending") == 2
+    assert value(samples, "asyncq_oldest_ready_age_seconds") == 3.0
+    assert value(samples, "asyncq_queue_file_up") == 1
+
+
+async def test_a_file_that_is_not_a_queue_shows_as_down_and_is_left_unchanged(tmp_path: Path) -> None:
+    other = tmp_path / "app.db"
+    with closing(sqlite3.connect(other)) as con:
+        con.execute("CREATE TABLE orders (id TEXT)")
+    before = other.read_bytes()
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(other))
+    samples = await scrape_registry(registry)
+    assert value(samples, "asyncq_queue_file_up") == 0
+    assert other.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
 
 
 # --- the inbox ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from asyncq.cli.records import one_line_error
+
 _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
 
 
@@ -71,10 +73,17 @@ def emit(data: dict[str, Any], text: str, as_json: bool, stream: TextIO | None =
 # -- one renderer per command ---------------------------------------------------------------------------
 
 
+INIT_VERBS = {
+    "created": "created queue {path}",
+    "added": "added the queue tables to {path} (its other tables are as they were)",
+    "migrated": "migrated queue {path} from schema version {previous_schema_version}",
+    "checked": "checked queue {path} (already current: nothing changed)",
+}
+
+
 def render_init(data: dict[str, Any]) -> str:
-    verb = "created" if data["created"] else "checked"
     return (
-        f"{verb} queue {data['path']}: schema version {data['schema_version']}, "
+        f"{INIT_VERBS[data['action']].format(**data)}: schema version {data['schema_version']}, "
         f"journal {data['journal_mode']}, auto_vacuum {data['auto_vacuum']}"
     )
 
@@ -105,9 +114,17 @@ def render_status(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def compact(body: object) -> str:
+    """A body as one line of JSON (non-ASCII kept as it is)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
 def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
-    """A list of jobs as a table."""
+    """A list of jobs as a table; a ``body`` (``--body``) or ``last_error`` (``dead``) column when the records
+    carry one, last, since they are the widest."""
     headers = ["seq", "id", "queue", "status", "reason", "attempts", "redrives", "available", "deadline", "owner"]
+    extra = [key for key in ("last_error", "body") if jobs and key in jobs[0]]
+    headers += [key.replace("_", " ") for key in extra]
     rows = [
         (
             job["seq"],
@@ -120,6 +137,7 @@ def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
             moment(job["available_at"], now_ms),
             moment(job["deadline"], now_ms),
             job["owner"],
+            *(one_line_error(job[key]) if key == "last_error" else compact(job[key]) for key in extra),
         )
         for job in jobs
     ]
@@ -153,12 +171,26 @@ def render_show(data: dict[str, Any]) -> str:
     lines = [
         f"{key.ljust(width)}  {moment(value, now) if key in times else '-' if value is None else value}"
         for key, value in job.items()
-        if key != "body"
+        if key not in ("body", "errors")
     ]
     lines += ["body:", json.dumps(job["body"], indent=2, sort_keys=True, ensure_ascii=False), ""]
+    lines += [*render_errors(job["errors"], now), ""]
     history = [(h["seq"], h["action"], h["token"], moment(h["at_ms"], now), h["note"]) for h in data["history"]]
     lines.append(table(["audit", "action", "token", "at", "note"], history) if history else "no redrive or cancel")
     return "\n".join(lines)
+
+
+def render_errors(errors: Sequence[dict[str, Any]], now_ms: int) -> list[str]:
+    """Each failed attempt's error, oldest first: when, type and message, and the traceback indented."""
+    if not errors:
+        return ["no errors recorded"]
+    lines = [f"errors of {len(errors)} failed attempt(s):"]
+    for error in errors:
+        lines.append(
+            f"attempt {error['attempt']} at {moment(error['at_ms'], now_ms)}: {error['type']}: {error['message']}"
+        )
+        lines += [f"    {line}" for line in error["traceback"].rstrip("\n").splitlines()]
+    return lines
 
 
 def render_redrive(data: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""``asyncq work`` and ``asyncq serve-inbox``: the long-running subcommands, kept apart so that the other
-commands never load aiohttp.
+"""``asyncq work``, ``asyncq serve-inbox`` and ``asyncq dashboard``: the long-running subcommands, kept apart so
+that the other commands never load aiohttp.
 
 ``work`` runs a ``Pool`` on the queue file with one handler: delivery by HTTP POST to ``--url`` (a verified
 ACK, ``asyncq.delivery.http``) or an async function ``module:function`` taking ``(body, context)``. It stops
@@ -14,17 +14,17 @@ import importlib
 import inspect
 import logging
 import os
+import secrets
 import sys
 import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
 from asyncq.cli import output as out
-from asyncq.cli.commands import Report, report
+from asyncq.cli.commands import Report, report, writing
+from asyncq.cli.errors import CliError, UsageError
 from asyncq.delivery.base import Transport
 from asyncq.queue import Queue
-from asyncq.store.sqlite import admin as store
-from asyncq.store.sqlite.admin import CliError
 from asyncq.worker.pool import Handler, Pool, deliver_with
 
 
@@ -32,7 +32,7 @@ def handler_name(spec: str) -> tuple[str, str]:
     """``(module, function)`` from ``module:function`` (a usage error otherwise)."""
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
-        raise store.UsageError(f"--handler must be module:function, got {spec!r}")
+        raise UsageError(f"--handler must be module:function, got {spec!r}")
     return module_name, name
 
 
@@ -58,41 +58,39 @@ def http_transport(args: argparse.Namespace) -> Transport:
     try:
         return HttpTransport(args.url, allowed_hosts=args.allow_host or None, timeout=args.delivery_timeout)
     except ValueError as error:
-        raise store.UsageError(str(error)) from None
+        raise UsageError(str(error)) from None
 
 
-def work(args: argparse.Namespace) -> Report:
+async def work(args: argparse.Namespace) -> Report:
     """Run the pool until a signal (or, with ``--burst``, until the queue is drained); print its counters."""
-    transport = http_transport(args) if args.url else None
     if args.handler:
         handler_name(args.handler)
-    file = store.probe_for_writing(args.db, args.timeout)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handler = deliver_with(transport) if transport is not None else load_handler(args.handler)
+    transport = http_transport(args) if args.url else None
     started = time.monotonic()
-    pool = asyncio.run(_work(file, args, handler, transport))
-    data: dict[str, Any] = {"path": file.path, "owner": pool.owner, "queues": list(args.queue or ["default"])}
+    try:
+        async with await writing(args) as queue:
+            logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            handler = deliver_with(transport) if transport is not None else load_handler(args.handler)
+            pool = await _work(queue, args, handler)
+    finally:
+        if transport is not None:
+            await transport.close()
+    data: dict[str, Any] = {"path": args.db, "owner": pool.owner, "queues": list(args.queue or ["default"])}
     data |= asdict(pool.counters) | {"seconds": round(time.monotonic() - started, 3)}
     return report(data, out.render_work)
 
 
-async def _work(file: store.QueueFile, args: argparse.Namespace, handler: Handler, transport: Transport | None) -> Pool:
-    queue = await Queue.open(file.path, durability=file.durability, busy_timeout=args.timeout)
+async def _work(queue: Queue, args: argparse.Namespace, handler: Handler) -> Pool:
+    pool = Pool(queue, concurrency=args.concurrency, owner=args.owner, lease=args.lease / 1000)
+    for name in args.queue or ["default"]:
+        pool.register(name, handler)
+    display = asyncio.create_task(show_progress(pool, sys.stderr)) if sys.stderr.isatty() else None
     try:
-        pool = Pool(queue, concurrency=args.concurrency, owner=args.owner, lease_ms=args.lease)
-        for name in args.queue or ["default"]:
-            pool.register(name, handler)
-        display = asyncio.create_task(show_progress(pool, sys.stderr)) if sys.stderr.isatty() else None
-        try:
-            await pool.serve(grace=args.grace, burst=args.burst)
-        finally:
-            if display is not None:
-                display.cancel()
-                sys.stderr.write("\n")
+        await pool.serve(grace=args.grace, burst=args.burst)
     finally:
-        await queue.close()
-        if transport is not None:
-            await transport.close()
+        if display is not None:
+            display.cancel()
+            sys.stderr.write("\n")
     return pool
 
 
@@ -119,11 +117,22 @@ def serve_inbox(args: argparse.Namespace) -> int:
     return inbox_main([*argv, "--effect", args.effect])
 
 
-def dashboard(args: argparse.Namespace) -> int:
-    """Run the status page (``python -m asyncq.web.dashboard``); it prints its URL and token, then serves."""
-    from asyncq.web.dashboard import main as dashboard_main
+async def dashboard(args: argparse.Namespace) -> int:
+    """Serve the status page on ``--host``/``--port``; print ``dashboard: URL`` and ``token: TOKEN`` once
+    listening, then serve until SIGINT or SIGTERM."""
+    from asyncq.web.dashboard import is_loopback, serve_dashboard
 
-    argv = ["--db", args.db, "--host", args.host, "--port", str(args.port)]
-    argv += ["--token", args.token] if args.token else []
-    argv += ["--allow-remote"] if args.allow_remote else []
-    return dashboard_main(argv)
+    if not args.allow_remote and not is_loopback(args.host):
+        raise UsageError(f"refusing to bind {args.host}, not a loopback address (add --allow-remote to mean it)")
+    if args.token == "":
+        raise UsageError("--token must not be empty")
+    token = args.token or os.environ.get("ASYNCQ_DASHBOARD_TOKEN") or secrets.token_urlsafe(24)
+
+    def ready(url: str) -> None:
+        print(f"dashboard: {url}\ntoken: {token}", flush=True)
+
+    await serve_dashboard(
+        args.db, host=args.host, port=args.port, token=token, allow_remote=args.allow_remote,
+        sample_seconds=args.sample_seconds, refresh_seconds=args.refresh_seconds, ready=ready,
+    )  # fmt: skip
+    return 0

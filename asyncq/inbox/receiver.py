@@ -385,5 +385,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def read_totals(path: str, timeout: float) -> dict[str, int]:
+    """A receiver's durable counts (``applied`` rows, ``duplicates``, ``conflicts``) read from its file without an
+    ``Inbox``: read-only, so nothing is created or changed; ``StoreError`` if ``path`` is missing or not an inbox.
+    (For ``asyncq status --inbox``; a reader of the inbox's store belongs behind the inbox's port.)"""
+    from contextlib import closing
+
+    from asyncq.store.sqlite.admin import connect_read_only, inspect
+
+    with closing(connect_read_only(path, timeout)) as con:
+        inspect(con, path, table="asyncq_inbox")
+        applied, duplicates, conflicts = con.execute(TOTALS).fetchone()
+    return {"applied": int(applied), "duplicates": int(duplicates), "conflicts": int(conflicts)}
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,20 +1,21 @@
-"""The status page: ``python -m asyncq.web.dashboard --db PATH`` (``asyncq dashboard``), on loopback by default.
+"""The status page (``asyncq dashboard --db PATH``), on loopback by default.
 
 One server-rendered page (``asyncq.web.page``): jobs by status, queue depth over time (an inline SVG
-chart of samples taken in the background into a ring buffer), dead jobs with their reasons, the redrive
-audit log and the leases in flight. It reloads itself every few seconds, except while the operator types.
+chart of samples taken in the background into a ring buffer), dead jobs with their reasons and last errors,
+the redrive audit log and the leases in flight. It reloads itself every few seconds, except while the operator
+types.
 
-Reads open the file read-only (``asyncq.store.sqlite.admin``), in a worker thread. The one write, a redrive, goes
-through ``Queue.redrive`` (the rules live there, once): ``POST /redrive`` with the job id, a note and the
-token printed at start-up, compared in constant time; a wrong or missing token is ``403`` and changes
-nothing. The token never appears in the page, so another site cannot forge the form, and the ``Host``
-header must be a loopback name (against DNS rebinding) unless the server was started with ``--allow-remote``.
-``GET /stats.json`` gives the counts and the samples to scripts.
+Everything goes through the ``Queue`` facade. Reads use one queue opened read-only for the app's life. The one
+write, a redrive, opens the existing queue (``Queue.open_existing``) and goes through ``Queue.redrive`` (the rules
+live there, once): ``POST /redrive`` with the job id, a note and the token printed at start-up, compared in
+constant time; a wrong or missing token is ``403`` and changes nothing. The token never appears in the page, so
+another site cannot forge the form, and the ``Host`` header must be a loopback name (against DNS rebinding)
+unless the server was started with ``allow_remote``. ``GET /stats.json`` gives the counts and the samples to
+scripts.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
@@ -23,27 +24,20 @@ import ipaddress
 import logging
 import os
 import secrets
-import sqlite3
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 from aiohttp import web
 
 from asyncq.core.clock import Clock, wall_clock_ms
-from asyncq.core.stats import Stats
 from asyncq.core.values import check_identifier
-from asyncq.inbox.receiver import serve
+from asyncq.errors import StoreError
 from asyncq.queue import Queue
-from asyncq.store.sqlite.admin import CliError, list_jobs, probe_for_writing, reading, snapshot
-from asyncq.store.sqlite.schema import PRODUCT
-from asyncq.store.sqlite.stats import read_stats
 from asyncq.web.page import Sample, Snapshot, render_message, render_page
+from asyncq.web.serving import serve
 
 log = logging.getLogger("asyncq.web.dashboard")
 
-AUDIT_LOG = f"SELECT seq, id, token, at_ms, note, action, reason FROM {PRODUCT.audit} ORDER BY seq DESC LIMIT :limit"
-AUDIT_COLUMNS = ("seq", "id", "token", "at_ms", "note", "action", "reason")
 LIST_LIMIT = 100
 READ_TIMEOUT = 5.0
 SECURITY_HEADERS = {
@@ -54,23 +48,14 @@ SECURITY_HEADERS = {
 }
 
 
-def read_depth(path: str, now_ms: int) -> Stats:
-    """The queue's counts, read-only."""
-    with reading(path, READ_TIMEOUT) as (con, _file):
-        return read_stats(con, PRODUCT, now_ms)
-
-
-def read_snapshot(path: str, now_ms: int, limit: int = LIST_LIMIT) -> Snapshot:
-    """Counts, the newest dead jobs, the newest audit rows and the leases in flight, read-only."""
-    everything: dict[str, Any] = {"queue": None, "reason": None, "after": 0, "limit": limit}
-    with reading(path, READ_TIMEOUT) as (con, _file):
-        stats = read_stats(con, PRODUCT, now_ms)
-        with snapshot(con):
-            dead = list_jobs(con, everything | {"status": "dead"}, newest=True, body=True)
-            leases = list_jobs(con, everything | {"status": "leased"}, newest=False, body=False)
-            audit = [dict(zip(AUDIT_COLUMNS, row, strict=True)) for row in con.execute(AUDIT_LOG, {"limit": limit})]
-    leases.sort(key=lambda job: int(job["lease_until"]))
-    return Snapshot(stats, dead, audit, leases)
+async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
+    """Counts, the newest dead jobs (each with its errors), the newest audit rows and the leases in flight."""
+    stats = await queue.stats()
+    listed = await queue.list_jobs(status="dead", newest=True, limit=limit, body=False)
+    dead = [job for job in [await queue.get(found.id) for found in listed] if job is not None]
+    leases = await queue.list_jobs(status="leased", limit=limit, body=False)
+    leases.sort(key=lambda job: job.lease_until or 0)
+    return Snapshot(stats, dead, await queue.audit_log(limit), leases)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -94,7 +79,7 @@ def html_response(text: str, status: int = 200, *, nonce: str | None = None) -> 
 
 
 class Dashboard:
-    """The page's state: the queue file, the token, and the recent depth samples."""
+    """The page's state: the queue file, the token, the reader queue, and the recent depth samples."""
 
     def __init__(
         self, path: str, token: str, clock: Clock, *, sample_seconds: float, refresh_seconds: float, history: int
@@ -107,19 +92,19 @@ class Dashboard:
         self.sample_seconds = sample_seconds
         self.refresh_seconds = refresh_seconds
         self.samples: collections.deque[Sample] = collections.deque(maxlen=history)
-        self._queue: Queue | None = None
+        self._reader: Queue | None = None
 
     @property
-    def queue(self) -> Queue:
-        """The queue redrives go through (open while the app runs)."""
-        if self._queue is None:
+    def reader(self) -> Queue:
+        """The read-only queue every page reads through (open while the app runs)."""
+        if self._reader is None:
             raise RuntimeError("the dashboard app is not running")
-        return self._queue
+        return self._reader
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        """A ``cleanup_ctx`` entry: open the queue (keeping the file's journal mode), sample until cleanup."""
-        file = await asyncio.to_thread(probe_for_writing, self.path, READ_TIMEOUT)
-        self._queue = await Queue.open(self.path, durability=file.durability, clock=self.clock)
+        """A ``cleanup_ctx`` entry: open the queue read-only (``StoreError`` if it is not one), sample until
+        cleanup."""
+        self._reader = await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=READ_TIMEOUT)
         sampler = asyncio.create_task(self.sample_forever())
         try:
             yield
@@ -127,14 +112,13 @@ class Dashboard:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
-            await self._queue.close()
-            self._queue = None
+            await self._reader.close()
+            self._reader = None
 
     async def sample_once(self) -> Sample:
         """Read the counts now and keep them for the chart."""
-        now = self.clock()
-        stats = await asyncio.to_thread(read_depth, self.path, now)
-        sample = Sample(now, dict(stats.by_status))
+        stats = await self.reader.stats()
+        sample = Sample(stats.now_ms, dict(stats.by_status))
         self.samples.append(sample)
         return sample
 
@@ -143,18 +127,18 @@ class Dashboard:
         while True:
             try:
                 await self.sample_once()
-            except (sqlite3.Error, CliError) as error:
+            except Exception as error:  # a locked or vanished file: the next sample tries again
                 log.warning("dashboard: cannot sample %s: %s", self.path, error)
             await asyncio.sleep(self.sample_seconds)
 
     async def page(self, request: web.Request) -> web.Response:
         """``GET /``: the status page."""
         try:
-            found = await asyncio.to_thread(read_snapshot, self.path, self.clock())
-        except (sqlite3.Error, CliError) as error:
+            found = await read_snapshot(self.reader)
+        except Exception as error:  # the store's failure is the page's message, not a 500
             log.warning("dashboard: cannot read %s: %s", self.path, error)
             return html_response(render_message("Cannot read the queue", str(error)), 503)
-        found = Snapshot(found.stats, found.dead_jobs, found.audit, found.leases, list(self.samples))
+        found = replace(found, samples=list(self.samples))
         nonce = secrets.token_urlsafe(16)
         text = render_page(self.path, found, refresh_seconds=self.refresh_seconds, nonce=nonce)
         return html_response(text, nonce=nonce)
@@ -162,8 +146,8 @@ class Dashboard:
     async def stats_json(self, request: web.Request) -> web.Response:
         """``GET /stats.json``: the counts now and the samples, for scripts."""
         try:
-            stats = await asyncio.to_thread(read_depth, self.path, self.clock())
-        except (sqlite3.Error, CliError) as error:
+            stats = await self.reader.stats()
+        except Exception as error:
             return web.json_response({"error": str(error)}, status=503, headers=SECURITY_HEADERS)
         samples = [{"at_ms": sample.at_ms, **sample.counts} for sample in self.samples]
         body = {"now_ms": stats.now_ms, "by_status": stats.by_status, "dead_by_reason": stats.dead_by_reason}
@@ -182,9 +166,15 @@ class Dashboard:
         except ValueError as error:
             return html_response(render_message("Not redriven", f"{error}: nothing changed"), 400)
         try:
-            await self.queue.redrive(job_id, note)
+            async with await Queue.open_existing(self.path, clock=self.clock, busy_timeout=READ_TIMEOUT) as queue:
+                await queue.redrive(job_id, note)
+        except StoreError as error:
+            return html_response(render_message("Not redriven", f"{error}: nothing changed"), 503)
         except ValueError as error:
             return html_response(render_message("Not redriven", f"{error}: nothing changed"), 409)
+        except Exception as error:  # a locked file: nothing was written
+            log.warning("dashboard: redrive of %s failed: %s", job_id, error)
+            return html_response(render_message("Not redriven", f"{error}: nothing changed"), 503)
         log.info("dashboard: job %s redriven, note %s", job_id, note)
         raise web.HTTPSeeOther("/", headers=SECURITY_HEADERS)
 
@@ -242,49 +232,20 @@ def make_dashboard_app(
     return app
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line of ``asyncq dashboard``."""
-    parser = argparse.ArgumentParser(prog="asyncq dashboard", description="Serve a queue's status page.")
-    parser.add_argument("--db", required=True, help="the queue file (must exist)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: any free port)")
-    parser.add_argument("--token", default=os.environ.get("ASYNCQ_DASHBOARD_TOKEN"), help="redrive token")
-    parser.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host (plain HTTP!)")
-    parser.add_argument("--sample-seconds", type=float, default=2.0, help="chart sampling period")
-    parser.add_argument("--refresh-seconds", type=float, default=5.0, help="page reload period")
-    args = parser.parse_args(argv)
-    if not args.allow_remote and not is_loopback(args.host):
-        parser.error(f"refusing to bind {args.host}, not a loopback address (add --allow-remote to mean it)")
-    if args.token == "":
-        parser.error("--token must not be empty")
-    if not 0.05 <= args.sample_seconds <= 3600 or not 0.5 <= args.refresh_seconds <= 3600:
-        parser.error("--sample-seconds must be 0.05-3600 and --refresh-seconds 0.5-3600")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print ``dashboard: URL`` and ``token: TOKEN`` once listening, then serve until SIGINT or SIGTERM."""
-    args = parse_args(argv)
-    try:
-        probe_for_writing(args.db, READ_TIMEOUT)
-    except CliError as error:
-        print(f"asyncq dashboard: {error}", file=sys.stderr)
-        return error.code
-    token = args.token or secrets.token_urlsafe(24)
+async def serve_dashboard(
+    path: str | os.PathLike[str],
+    *,
+    host: str,
+    port: int,
+    token: str,
+    ready: Callable[[str], object],
+    allow_remote: bool = False,
+    sample_seconds: float = 2.0,
+    refresh_seconds: float = 5.0,
+) -> None:
+    """Serve the dashboard of the queue at ``path`` on ``host:port`` until SIGINT or SIGTERM; ``ready`` gets its
+    URL once listening. ``StoreError`` (nothing served) if ``path`` is not a queue."""
     app = make_dashboard_app(
-        args.db,
-        token=token,
-        sample_seconds=args.sample_seconds,
-        refresh_seconds=args.refresh_seconds,
-        allow_remote=args.allow_remote,
+        path, token=token, sample_seconds=sample_seconds, refresh_seconds=refresh_seconds, allow_remote=allow_remote
     )
-
-    def ready(url: str) -> None:
-        print(f"dashboard: {url}\ntoken: {token}", flush=True)
-
-    asyncio.run(serve(app, args.host, args.port, "/", ready))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    await serve(app, host, port, "/", ready)

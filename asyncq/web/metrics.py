@@ -29,8 +29,14 @@ Beside a pool::
 
 In an inbox app: ``instrument_inbox_app(make_inbox_app(db))`` adds ``GET /metrics``.
 
-Scrape-time reads open the queue file read-only (``mode=ro``) with the standard ``sqlite3`` module, in a
-worker thread, so a scrape neither blocks the event loop nor touches the pool's connection.
+Scrape-time reads go through the ``Queue`` facade: each scrape opens the queue read-only, reads ``stats()`` and
+closes it, on an event loop of its own in the scraping thread (``metrics_routes`` scrapes in a worker thread;
+prometheus-client's own server has its threads). Why not the pool's loop (``run_coroutine_threadsafe``)? A
+collector is called from a thread and must not depend on that loop being free: a scrape would then wait behind a
+busy loop, hang if the loop is blocked, and deadlock if it is called on the loop's own thread; and
+``PoolMetrics(queue_path=…)`` is built without a loop or an open queue to hand. Why not a background sampler
+into a cache? The figures would be as old as its period, and it would need a task whose life someone manages.
+A scrape costs one read-only open (a few milliseconds), and never touches the pool's connection.
 """
 
 from __future__ import annotations
@@ -38,10 +44,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sqlite3
-from collections.abc import Callable, Iterable
-from contextlib import closing
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -51,16 +57,32 @@ from prometheus_client.registry import Collector
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.stats import Stats
-from asyncq.inbox.receiver import INBOX_KEY, Inbox
-from asyncq.store.sqlite.admin import CliError, connect_read_only
-from asyncq.store.sqlite.schema import PRODUCT
-from asyncq.store.sqlite.stats import read_stats
+from asyncq.inbox import INBOX_KEY, Inbox
+from asyncq.queue import Queue
 
 log = logging.getLogger("asyncq.web.metrics")
 
 #: Delivery-time buckets in seconds: from a local handler's milliseconds to an HTTP call near its timeout.
 DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 INBOX_OUTCOMES = ("applied", "duplicate", "conflict", "rejected", "failed")
+SCRAPE_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+def run_on_own_loop(make: Callable[[], Awaitable[T]]) -> T:
+    """``make()`` awaited on a new event loop: in this thread, or in a thread of its own if this one is running
+    a loop already (a collector called from a coroutine must not start a loop inside it)."""
+
+    async def main() -> T:
+        return await make()
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncq-scrape") as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 class PoolMetrics:
@@ -115,7 +137,8 @@ class PoolMetrics:
 
 
 class QueueCollector(Collector):
-    """Depth by status, dead jobs by reason and the oldest ready job's age, read from the file per scrape."""
+    """Depth by status, dead jobs by reason and the oldest ready job's age, read through ``Queue.stats()`` per
+    scrape (see the module's docstring for why on a loop of its own)."""
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.path = path
@@ -128,12 +151,16 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            with closing(connect_read_only(os.fspath(self.path), timeout=5.0)) as con:
-                stats = read_stats(con, PRODUCT, self.clock())
-        except (sqlite3.Error, CliError) as error:
+            stats = run_on_own_loop(self.read)
+        except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
         return self._families(stats)
+
+    async def read(self) -> Stats:
+        """The queue's stats now, through a read-only ``Queue`` (nothing is created or changed)."""
+        async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
+            return await queue.stats()
 
     @staticmethod
     def _families(stats: Stats | None, up: int = 1) -> list[Metric]:

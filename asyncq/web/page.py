@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any
 
+from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.stats import Stats
 
 CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
@@ -48,9 +48,9 @@ class Snapshot:
     """Everything one page shows, read in one go."""
 
     stats: Stats
-    dead_jobs: list[dict[str, Any]]
-    audit: list[dict[str, Any]]
-    leases: list[dict[str, Any]]
+    dead_jobs: list[Job]
+    audit: list[AuditEntry]
+    leases: list[Job]
     samples: list[Sample] = field(default_factory=list)
 
 
@@ -144,46 +144,46 @@ def _short(body: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def render_dead(jobs: Sequence[dict[str, Any]], total: int) -> str:
-    """Dead jobs with their reasons, newest first, each with a redrive form."""
+def short_error(error: AttemptError | None, limit: int = 120) -> str:
+    """``Type: message`` of an attempt's error on one line, cut to ``limit`` characters."""
+    if error is None:
+        return ""
+    text = " ".join(f"{error.type}: {error.message}".split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_dead(jobs: Sequence[Job], total: int) -> str:
+    """Dead jobs with their reasons and last errors, newest first, each with a redrive form."""
     rows = []
     for job in jobs:
-        attempts = f"{job['attempts']}/{job['max_attempts']}"
-        values = (job["id"], job["queue"], job["reason"] or "", attempts, job["redrives"], _short(job["body"]))
-        rows.append(
-            f'<tr data-job="{escape(job["id"])}">{_cells(values, (3, 4))}<td>{_redrive_form(job["id"])}</td></tr>'
-        )
+        attempts = f"{job.attempts}/{job.max_attempts}"
+        error, body = short_error(job.last_error), _short(job.body)
+        values = (job.id, job.queue, job.reason or "", attempts, job.redrives, error, body)
+        rows.append(f'<tr data-job="{escape(job.id)}">{_cells(values, (3, 4))}<td>{_redrive_form(job.id)}</td></tr>')
     shown = f'<p class="muted">showing {len(jobs)} of {total}</p>' if total > len(jobs) else ""
-    headers = ("job", "queue", "reason", "attempts", "redrives", "body", "redrive (needs the start-up token)")
-    return _table("dead", headers, rows, "no dead jobs") + shown
+    headers = ("job", "queue", "reason", "attempts", "redrives", "last error", "body")
+    return _table("dead", (*headers, "redrive (needs the start-up token)"), rows, "no dead jobs") + shown
 
 
-def render_audit(rows: Sequence[dict[str, Any]]) -> str:
+def render_audit(rows: Sequence[AuditEntry]) -> str:
     """The redrive and cancel audit log, newest first."""
     cells = [
-        f'<tr data-seq="{row["seq"]}">'
-        + _cells((utc(row["at_ms"]), row["id"], row["action"], row["token"], row["note"], row["reason"] or ""), (3,))
+        f'<tr data-seq="{row.seq}">'
+        + _cells((utc(row.at_ms), row.id, row.action, row.token, row.note, row.reason or ""), (3,))
         + "</tr>"
         for row in rows
     ]
     return _table("audit", ("at", "job", "action", "token", "note", "reason"), cells, "no audit rows yet")
 
 
-def render_leases(rows: Sequence[dict[str, Any]], now_ms: int) -> str:
+def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
     """Leases in flight, the soonest to expire first."""
     cells = []
-    for row in rows:
-        left = (row["lease_until"] - now_ms) / 1000
+    for job in jobs:
+        until = job.lease_until or 0
+        left = (until - now_ms) / 1000
         remaining = f"{left:.1f} s" if left > 0 else "expired"
-        values = (
-            row["owner"],
-            row["id"],
-            row["queue"],
-            row["token"],
-            row["attempts"],
-            utc(row["lease_until"]),
-            remaining,
-        )
+        values = (job.owner or "", job.id, job.queue, job.token, job.attempts, utc(until), remaining)
         cells.append(f"<tr>{_cells(values, (3, 4, 6))}</tr>")
     headers = ("owner", "job", "queue", "token", "attempt", "lease until", "left")
     return _table("leases", headers, cells, "no leases in flight")

@@ -180,3 +180,33 @@ class QueueStore(Protocol):
     async def close(self) -> None:
         """Close the store (after the transaction in progress)."""
         ...
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """What a target holds before a facade opens it (``Queue.inspect``), found without creating or changing
+    anything. ``kind``: ``missing`` (nothing there: opening would create it), ``empty`` (a store with no tables
+    yet), ``other`` (an app's tables but no queue) or ``queue`` (asyncq's tables, at ``schema_version``).
+    ``settings`` names the store's own settings for messages (a SQLite file's ``journal_mode``, ``auto_vacuum``,
+    and ``network_filesystem``: the network file system it lives on, or ``None``)."""
+
+    location: str
+    kind: str
+    schema_version: int
+    current_version: int
+    settings: dict[str, Any]
+
+    @property
+    def problem(self) -> str | None:
+        """Why a command may not open this as an existing queue (``None``: it may; an older schema is
+        migrated by a writer's open)."""
+        if self.kind == "missing":
+            return f"no such queue file: {self.location}"
+        if self.kind != "queue":
+            return f"{self.location} is not an asyncq queue (it has no queue tables; `asyncq init` adds them)"
+        if self.schema_version > self.current_version:
+            return (
+                f"{self.location} has schema version {self.schema_version}, newer than this asyncq's "
+                f"({self.current_version})"
+            )
+        return None

@@ -18,7 +18,7 @@ from typing import Any
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.errors import StoreError
-from asyncq.store.port.queue import JobFilter
+from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.sqlite.connection import check_path, write_transaction
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.schema import PRODUCT
@@ -85,9 +85,37 @@ def existing_file(path: object, name: str = "path") -> str:
     return file
 
 
-def read_only_uri(path: str) -> str:
+def read_only_uri(path: str, *, immutable: bool = False) -> str:
     """The ``mode=ro`` URI of an existing file: a connection to it can neither create nor change it."""
-    return Path(existing_file(path)).absolute().as_uri() + "?mode=ro"
+    return Path(existing_file(path)).absolute().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+
+
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def may_open_immutable(path: str) -> bool:
+    """Whether a reader may treat ``path`` as immutable: its directory is not writable to us and it has no side
+    files, so no writer can be at work on it (a WAL writer needs ``-wal`` and ``-shm`` beside it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return not os.access(folder, os.W_OK) and not any(os.path.exists(path + side) for side in SIDE_FILES)
+
+
+def read_only_part(path: str) -> str | None:
+    """What keeps ``path`` from being written, and what to do: the file, a side file (``-wal``/``-shm``/``-journal``,
+    which SQLite creates with the file's mode, so they stay read-only after the file is made writable again), or
+    its directory; ``None`` if all of them are writable."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file is read-only: make it writable (chmod u+w) to change the queue"
+    for side in SIDE_FILES:
+        if os.path.exists(path + side) and not os.access(path + side, os.W_OK):
+            return (
+                f"its side file {os.path.basename(path + side)} is read-only: make it writable, or delete it while"
+                " no process has the queue open"
+            )
+    if not os.access(folder, os.W_OK):
+        return f"its directory {folder} is not writable: SQLite creates its journal files beside the queue"
+    return None
 
 
 def connect_read_only(path: str, timeout: float) -> sqlite3.Connection:
@@ -309,3 +337,18 @@ def on_network_filesystem(path: str) -> str | None:
         return None
     kind = filesystem_type(path, mounts)
     return kind if kind in NETWORK_FILESYSTEMS or kind.startswith("fuse.sshfs") else None
+
+
+def inspect_target(path: object, timeout: float) -> StoreState:
+    """What ``path`` holds, read-only (a missing file is reported, never created); ``StoreError`` if it is not a
+    regular file or not a SQLite database."""
+    file = check_path(path)
+    network = on_network_filesystem(file)
+    if not os.path.lexists(file):
+        return StoreState(file, "missing", 0, SCHEMA_VERSION, {"network_filesystem": network})
+    with closing(connect_read_only(file, timeout)) as con:
+        found = inspect(con, file, table=None)
+        tables = {str(name) for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    kind = "queue" if _JOBS in tables else "other" if tables else "empty"
+    settings = {"journal_mode": found.journal_mode, "auto_vacuum": found.auto_vacuum, "network_filesystem": network}
+    return StoreState(file, kind, found.schema_version, SCHEMA_VERSION, settings)

@@ -123,9 +123,14 @@ class AsyncFile:
         """Connect in autocommit mode and run ``setup`` in the connection's thread; closed if it fails."""
         # check_same_thread=False: ``run_held`` runs statements on the loop's thread; the lock keeps every use
         # of the connection one at a time.
-        conn = await aiosqlite.connect(
-            target, isolation_level=None, timeout=busy_timeout, check_same_thread=False, uri=uri
-        )
+        conn = aiosqlite.connect(target, isolation_level=None, timeout=busy_timeout, check_same_thread=False, uri=uri)
+        try:
+            await conn
+        except BaseException:
+            # aiosqlite stops its thread on a failed connect and answers the stop through this loop: wait for it
+            # here, or it lands after ``asyncio.run`` closed the loop and prints "Event loop is closed".
+            await asyncio.to_thread(conn._thread.join, 5)
+            raise
         try:
             await run_sync(conn, setup)
         except BaseException:

@@ -6,6 +6,7 @@ pool's group commit runs on the loop's thread once ``BEGIN IMMEDIATE`` holds the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
@@ -22,7 +23,7 @@ from asyncq.store.sqlite import admin, engine
 from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
-from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
+from asyncq.store.sqlite.migrations import SCHEMA_VERSION, migrate_in_transaction, prepare_new_file
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
 
@@ -31,7 +32,10 @@ def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
     prepare_new_file(con)
     configure(con, level.journal_mode, level.synchronous)
     with write_transaction(con):
-        migrate_in_transaction(con)
+        found = migrate_in_transaction(con)
+        # A write even when nothing migrates, so that a file we cannot write fails here, at open, with its cause
+        # named, not at the first enqueue.
+        con.execute(f"PRAGMA user_version = {max(found, SCHEMA_VERSION)}")
 
 
 def _check_reader(con: sqlite3.Connection, path: str) -> None:
@@ -43,12 +47,18 @@ def _level(durability: str | None, path: str) -> Durability:
     if durability is None:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             return DEFAULT
-        with sqlite3.connect(admin.read_only_uri(path), uri=True) as con:
+        with contextlib.closing(sqlite3.connect(admin.read_only_uri(path), uri=True)) as con:
             return LEVELS[admin.inspect(con, path, table=None).durability]
     level = LEVELS.get(durability)
     if level is None:
         raise ValueError(f"durability must be one of {sorted(LEVELS)}")
     return level
+
+
+def _explained(error: sqlite3.OperationalError, path: str) -> Exception:
+    """A read-only file, side file or directory named with what to do about it (SQLite names none of them)."""
+    blocker = admin.read_only_part(path) if "readonly" in str(error) or "unable to open" in str(error) else None
+    return error if blocker is None else StoreError(f"{path}: {blocker}")
 
 
 class SqliteTransaction(AppTransaction):
@@ -79,13 +89,29 @@ class SqliteQueueStore:
         current queue with ``mode=ro``: nothing can create or change it; ``StoreError`` if it is not one."""
         file = check_path(path)
         if read_only:
-            uri = admin.read_only_uri(file)
-            check = functools.partial(_check_reader, path=file)
-            conn = await AsyncFile.connect(uri, busy_timeout, check, uri=True)
-            return cls(AsyncFile(conn, file), _level(None, file), read_only=True)
+            return await cls._open_reader(file, busy_timeout)
         level = _level(durability, file)
-        conn = await AsyncFile.connect(file, busy_timeout, functools.partial(_open_and_migrate, level=level))
+        try:
+            conn = await AsyncFile.connect(file, busy_timeout, functools.partial(_open_and_migrate, level=level))
+        except sqlite3.OperationalError as error:
+            raise _explained(error, file) from error
         return cls(AsyncFile(conn, file), level, read_only=False)
+
+    @classmethod
+    async def _open_reader(cls, file: str, busy_timeout: float) -> SqliteQueueStore:
+        """``mode=ro``; a closed WAL file in a directory we cannot write (SQLite would have to create ``-shm``) is
+        opened ``immutable``: no writer can be at work there without the side files it would need."""
+        check = functools.partial(_check_reader, path=file)
+        try:
+            conn = await AsyncFile.connect(admin.read_only_uri(file), busy_timeout, check, uri=True)
+        except sqlite3.OperationalError as error:
+            if not admin.may_open_immutable(file):
+                raise _explained(error, file) from error
+            conn = await AsyncFile.connect(admin.read_only_uri(file, immutable=True), busy_timeout, check, uri=True)
+        store = cls(AsyncFile(conn, file), DEFAULT, read_only=True)
+        found: admin.QueueFile = await store._file.run(admin.inspect, file)
+        store.level = LEVELS[found.durability]
+        return store
 
     # -- producers ----------------------------------------------------------------------------------------
 

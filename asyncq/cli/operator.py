@@ -1,0 +1,117 @@
+"""The operator's changes through the ``asyncq`` command: redrive (named jobs at once, or every dead job with a
+reason after a preview), cancel, prune (a preview, then ``--apply``) and the online backup. Previews open the
+queue read-only; changes go through ``Queue``, which writes each audit row and returns it to be printed."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from asyncq.cli import output as out
+from asyncq.cli.commands import Report, reading, report, writing
+from asyncq.cli.errors import CliError, UsageError
+from asyncq.cli.records import audit_record
+from asyncq.core.clock import wall_clock_ms
+from asyncq.core.jobs import MAX_BATCH, Job
+from asyncq.queue import Queue
+
+
+def _target(job: Job) -> dict[str, Any]:
+    return {"id": job.id, "queue": job.queue, "token": job.token, "reason": job.reason}
+
+
+async def named_dead_jobs(queue: Queue, ids: list[str]) -> list[dict[str, Any]]:
+    """The named jobs, which must all exist and be dead (``CliError`` naming the first that is not)."""
+    targets = []
+    for job_id in ids:
+        job = await queue.get(job_id)
+        if job is None or job.status != "dead":
+            state = "missing" if job is None else f"{job.status}, not dead"
+            raise CliError(f"job {job_id!r} is {state}: nothing redriven")
+        targets.append(_target(job))
+    return targets
+
+
+async def dead_with_reason(
+    queue: Queue, reason: str, queue_name: str | None, limit: int | None
+) -> list[dict[str, Any]]:
+    """Dead jobs with ``reason`` (in ``queue_name``), oldest first, at most ``limit`` (``None``: all), read a
+    page at a time."""
+    targets: list[dict[str, Any]] = []
+    after = 0
+    while limit is None or len(targets) < limit:
+        page = min(MAX_BATCH, MAX_BATCH if limit is None else limit - len(targets))
+        found = await queue.list_jobs(
+            status="dead", reason=reason, queue=queue_name, after=after, limit=page, body=False
+        )
+        targets += [_target(job) for job in found]
+        if len(found) < page:
+            break
+        after = found[-1].seq
+    return targets
+
+
+async def _redrive_all(
+    queue: Queue, targets: list[dict[str, Any]], note: str, ttl_ms: int
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    audit, skipped = [], []
+    for job in targets:
+        try:
+            audit.append(audit_record(await queue.redrive(job["id"], note, ttl=ttl_ms / 1000)))
+        except ValueError as error:  # it changed since it was read (another operator, a worker)
+            skipped.append({"id": job["id"], "error": str(error)})
+    return audit, skipped
+
+
+async def redrive(args: argparse.Namespace) -> Report:
+    """Redrive the named dead jobs now, or preview (``--apply`` to write) all dead jobs with a reason."""
+    if bool(args.ids) == (args.reason is not None):
+        raise UsageError("name the dead jobs to redrive, or give --reason (not both)")
+    if args.ids and (args.queue is not None or args.limit is not None or args.apply):
+        raise UsageError("--queue, --limit and --apply go with --reason")
+    applied = bool(args.ids) or args.apply
+    audit: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    async with await (writing(args) if applied else reading(args)) as queue:
+        if args.ids:
+            targets = await named_dead_jobs(queue, list(dict.fromkeys(args.ids)))
+        else:
+            targets = await dead_with_reason(queue, args.reason, args.queue, args.limit)
+        if applied:
+            audit, skipped = await _redrive_all(queue, targets, args.note, args.ttl)
+    data: dict[str, Any] = {"path": args.db, "applied": applied, "note": args.note, "jobs": targets}
+    data |= {"count": len(targets), "audit": audit, "skipped": skipped}
+    return report(data, out.render_redrive, 1 if skipped else 0)
+
+
+async def cancel(args: argparse.Namespace) -> Report:
+    """Park one pending job as dead (reason ``cancelled``), with an audit row."""
+    async with await writing(args) as queue:
+        entry = await queue.cancel(args.id, args.note)
+    data = {"path": args.db, "id": args.id, "cancelled": True, "audit": audit_record(entry)}
+    return report(data, out.render_cancel)
+
+
+async def prune(args: argparse.Namespace) -> Report:
+    """Preview (``--apply`` to delete) the done and dead jobs that ended longer ago than ``--older-than``; one
+    ``now`` for the whole command, so the preview's figures are exactly what the delete meets."""
+    if args.vacuum and not args.apply:
+        raise UsageError("--vacuum goes with --apply")
+    statuses = tuple(dict.fromkeys(args.status or ("done", "dead")))
+    now = wall_clock_ms()
+    data: dict[str, Any] = {"path": args.db, "applied": args.apply, "now_ms": now, "cutoff_ms": now - args.older_than}
+    data |= {"older_than_ms": args.older_than, "statuses": list(statuses)}
+    data |= dict.fromkeys(("deleted", "vacuum", "free_pages", "bytes_before", "bytes_after"))
+    async with await (writing(args, now) if args.apply else reading(args, now)) as queue:
+        by_status, ids = await queue.prunable(args.older_than / 1000, statuses, args.limit)
+        if args.apply:
+            data |= await queue.prune(args.older_than / 1000, statuses, vacuum=args.vacuum)
+    data |= {"by_status": by_status, "ids": ids, "count": sum(by_status.values())}
+    return report(data, out.render_prune)
+
+
+async def backup(args: argparse.Namespace) -> Report:
+    """SQLite's online backup of the queue to PATH (or into PATH, a directory), checked, then renamed into place."""
+    async with await reading(args) as queue:
+        done = await queue.backup(args.path, force=args.force)
+    return report({"source": args.db} | done, out.render_backup)

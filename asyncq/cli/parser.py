@@ -1,0 +1,214 @@
+"""The ``asyncq`` command line: one subparser per command, each with ``--help``. Every error argparse finds is
+a ``UsageError`` (one line, exit status 2) instead of argparse's usage text and exit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+from asyncq.cli.arguments import MISSING, duration, identifier, json_value, port, seconds, whole
+from asyncq.cli.errors import UsageError
+from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
+from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
+
+DEFAULT_TIMEOUT = 5.0
+MAX_SEQ = 2**63 - 1
+#: ``Pool``'s range for ``concurrency``.
+MAX_CONCURRENCY = 1000
+#: How far back ``prune --older-than`` may reach (``Queue.prune``'s range).
+MAX_RETENTION_MS = MAX_TTL_MS * 100
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are ``UsageError``s naming the ``--help`` to read."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def version() -> str:
+    """The installed asyncq's version."""
+    try:
+        return importlib.metadata.version("asyncq")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _common() -> Parser:
+    common = Parser(add_help=False)
+    from_env = os.environ.get("ASYNCQ_DB") or None
+    common.add_argument(
+        "--db", default=from_env, required=from_env is None, metavar="PATH", help="the queue file (or $ASYNCQ_DB)"
+    )
+    common.add_argument(
+        "--timeout", type=seconds(0, 86_400), default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help=f"how long to wait for a lock held by another process (default {DEFAULT_TIMEOUT:g})",
+    )  # fmt: skip
+    common.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    return common
+
+
+def _page(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--queue", type=identifier, help="only jobs of this queue")
+    parser.add_argument("--limit", type=whole(1, MAX_BATCH), default=50, help="show at most this many (default 50)")
+    parser.add_argument("--after", type=whole(0, MAX_SEQ), default=0, metavar="SEQ", help="start after this seq")
+
+
+Run = Callable[[argparse.Namespace], Any]
+
+
+class Adder(Protocol):
+    """Adds one subcommand: its name, its body, its summary, with the common options unless ``common=False``."""
+
+    def __call__(self, name: str, run: Run, summary: str, *, common: bool = True) -> Parser: ...
+
+
+def build_parser() -> Parser:
+    """The whole command line."""
+    parser = Parser(
+        prog="asyncq", description="Operate an asyncq queue file: inspect it, redrive, prune, back up, work."
+    )
+    parser.add_argument("--version", action="version", version=f"asyncq {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    shared = _common()
+
+    def add(name: str, run: Run, summary: str, *, common: bool = True) -> Parser:
+        sub: Parser = commands.add_parser(name, parents=[shared] if common else [], help=summary, description=summary)
+        sub.set_defaults(run=run)
+        return sub
+
+    _add_setup(add)
+    _add_readers(add)
+    _add_operator(add)
+    _add_work(add)
+    _add_servers(add)
+    return parser
+
+
+def _command(module: str, name: str) -> Run:
+    """A command's body, imported when it runs (``work`` and the servers load aiohttp)."""
+
+    def run(args: argparse.Namespace) -> Any:
+        return getattr(importlib.import_module(f"asyncq.cli.{module}"), name)(args)
+
+    return run
+
+
+def _add_setup(add: Adder) -> None:
+    init = add("init", _command("commands", "init"), "Create a queue file, or add asyncq's tables to a SQLite file.")
+    init.add_argument("--durability", choices=("full", "full-delete", "normal"), help="journal mode of a new file")
+    enqueue = add(
+        "enqueue", _command("commands", "enqueue"), "Enqueue one job (ID BODY) or many (JSON lines on stdin)."
+    )
+    enqueue.add_argument("id", type=identifier, nargs="?", metavar="ID", help="the job's id (its idempotency key)")
+    enqueue.add_argument(
+        "body", type=json_value, nargs="?", default=MISSING, metavar="BODY", help="the job's body, as JSON"
+    )
+    enqueue.add_argument("--queue", type=identifier, default="default", help="queue name (default: default)")
+    enqueue.add_argument(
+        "--max-attempts", type=whole(1, MAX_ATTEMPTS), default=3, help=f"attempt budget, 1-{MAX_ATTEMPTS} (default 3)"
+    )
+    enqueue.add_argument(
+        "--ttl", type=duration(1, MAX_TTL_MS), default=DEFAULT_TTL_MS, help="time to live (default 1d)"
+    )
+    enqueue.add_argument(
+        "--delay", type=duration(0, MAX_TTL_MS), default=0, help="wait this long before the first attempt (<= --ttl)"
+    )
+
+
+def _add_readers(add: Adder) -> None:
+    status = add("status", _command("commands", "status"), "Counts by status and dead reason, waits, attempts, leases.")
+    status.add_argument("--inbox", metavar="SINK_DB", help="also show this receiver's applied/duplicates/conflicts")
+    jobs = add("jobs", _command("commands", "jobs"), "List jobs, oldest first, filtered by status, queue and reason.")
+    jobs.add_argument("--status", choices=STATUSES, help="only jobs in this status")
+    jobs.add_argument("--reason", choices=(*DEAD_REASONS, "retry"), help="only jobs with this reason")
+    _page(jobs)
+    jobs.add_argument("--newest", action="store_true", help="the newest jobs instead (no --after)")
+    jobs.add_argument("--body", action="store_true", help="include each job's body")
+    show = add("show", _command("commands", "show"), "One job's row, its attempts' errors and its audit history.")
+    show.add_argument("id", type=identifier, metavar="ID")
+    dead = add("dead", _command("commands", "dead"), "Dead jobs with their reasons and last errors.")
+    dead.add_argument("--reason", choices=DEAD_REASONS, help="only dead jobs with this reason")
+    _page(dead)
+
+
+def _add_operator(add: Adder) -> None:
+    redrive = add("redrive", _command("operator", "redrive"), "Give dead jobs a fresh budget, with an audit row each.")
+    redrive.add_argument("ids", type=identifier, nargs="*", metavar="ID", help="dead jobs to redrive now")
+    redrive.add_argument("--note", type=identifier, required=True, help="why (kept in the audit row)")
+    reasons = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT)
+    redrive.add_argument("--reason", choices=reasons, help="every dead job with this reason (a preview)")
+    redrive.add_argument("--queue", type=identifier, help="with --reason: only this queue")
+    redrive.add_argument(
+        "--limit", type=whole(1, 1_000_000), default=None, help="with --reason: at most this many, oldest first"
+    )
+    redrive.add_argument("--apply", action="store_true", help="with --reason: write, after the preview")
+    redrive.add_argument(
+        "--ttl", type=duration(1, MAX_TTL_MS), default=DEFAULT_TTL_MS, help="the fresh deadline (default 1d)"
+    )
+    cancel = add("cancel", _command("operator", "cancel"), "Park a pending job as dead (reason cancelled), audited.")
+    cancel.add_argument("id", type=identifier, metavar="ID")
+    cancel.add_argument("--note", type=identifier, required=True, help="why (kept in the audit row)")
+    prune = add("prune", _command("operator", "prune"), "Delete done and dead jobs past a retention age (a preview).")
+    prune.add_argument(
+        "--older-than", type=duration(0, MAX_RETENTION_MS), required=True, help="retention age, such as 7d"
+    )
+    prune.add_argument("--status", choices=("done", "dead"), action="append", help="only done or only dead")
+    prune.add_argument("--limit", type=whole(1, MAX_BATCH), default=20, help="ids to list in the preview (default 20)")
+    prune.add_argument("--apply", action="store_true", help="delete them (their audit rows are kept)")
+    prune.add_argument("--vacuum", action="store_true", help="with --apply: VACUUM a non-incremental file")
+    backup = add(
+        "backup", _command("operator", "backup"), "Copy the queue with SQLite's online backup (while working)."
+    )
+    backup.add_argument("path", metavar="PATH", help="the backup file to write, or a directory to write it into")
+    backup.add_argument("--force", action="store_true", help="replace the backup file if it exists")
+
+
+def _add_work(add: Adder) -> None:
+    summary = "Run a worker pool: POST each job to --url, or call --handler module:function."
+    work = add("work", _command("work", "work"), summary)
+    target = work.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="deliver by HTTP POST here (a verified ACK: 200 and the job's id)")
+    target.add_argument("--handler", metavar="MODULE:FUNCTION", help="an async function (body, context)")
+    work.add_argument("--queue", type=identifier, action="append", help="queue to work (repeatable; default: default)")
+    work.add_argument(
+        "--concurrency", type=whole(1, MAX_CONCURRENCY), default=16, help=f"jobs at once, 1-{MAX_CONCURRENCY}"
+    )
+    work.add_argument("--burst", action="store_true", help="exit once nothing is ready and nothing runs")
+    work.add_argument(
+        "--grace", type=seconds(0, 86_400), default=30.0, help="seconds for jobs in flight after a signal"
+    )
+    work.add_argument(
+        "--lease", type=duration(1, MAX_LEASE_MS), default=DEFAULT_LEASE_MS, help="lease length (default 30s)"
+    )
+    work.add_argument("--owner", type=identifier, help="this worker's name in leases (default: random)")
+    work.add_argument("--allow-host", action="append", help="with --url: a host or network allowed besides loopback")
+    work.add_argument("--delivery-timeout", type=seconds(0.001, 3600), default=10.0, help="seconds per HTTP exchange")
+    levels = ("debug", "info", "warning", "error")
+    work.add_argument("--log-level", choices=levels, default="warning", help="log to stderr from (default warning)")
+
+
+def _server(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=port, default=0, help="port, 0-65535 (default 0: any free port)")
+
+
+def _add_servers(add: Adder) -> None:
+    summary = "Run the inbox receiver on a sink file (python -m asyncq.inbox)."
+    inbox = add("serve-inbox", _command("work", "serve_inbox"), summary, common=False)
+    inbox.add_argument("--db", required=True, metavar="PATH", help="the sink file (created if missing)")
+    _server(inbox)
+    inbox.add_argument("--path", default="/events", help="the receiver's path (default /events)")
+    inbox.add_argument("--effect", choices=("none", "stock"), default="none", help="'stock' adds qty to stock")
+    summary = "Serve the status page (loopback by default; its redrive button needs the token it prints)."
+    board = add("dashboard", _command("work", "dashboard"), summary, common=False)
+    board.add_argument("--db", required=True, metavar="PATH", help="the queue file (must exist)")
+    _server(board)
+    board.add_argument("--token", help="the redrive token (default: $ASYNCQ_DASHBOARD_TOKEN or a random one)")
+    board.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host (plain HTTP!)")
+    board.add_argument("--sample-seconds", type=seconds(0.05, 3600), default=2.0, help="chart sampling period")
+    board.add_argument("--refresh-seconds", type=seconds(0.5, 3600), default=5.0, help="page reload period")

@@ -1,0 +1,40 @@
+"""The facade's values as the JSON objects the ``asyncq`` command prints (``--json``) and renders as text: a job
+(its columns, ``redrives``, and its body or errors where the command shows them), an audit row, an error."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from asyncq.core.jobs import AttemptError, AuditEntry, Job
+
+JOB_FIELDS = (
+    "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
+    "lease_until", "reason", "redrives",
+)  # fmt: skip
+
+
+def job_record(job: Job, *, body: bool = False) -> dict[str, Any]:
+    """A job's columns and its redrive count; its body too if ``body``."""
+    record = {name: getattr(job, name) for name in JOB_FIELDS}
+    if body:
+        record["body"] = job.body
+    return record
+
+
+def error_record(error: AttemptError) -> dict[str, Any]:
+    """One failed attempt's error: ``attempt``, ``at_ms``, ``type``, ``message``, ``traceback``."""
+    return asdict(error)
+
+
+def audit_record(entry: AuditEntry) -> dict[str, Any]:
+    """One audit row: ``seq``, ``id``, ``action``, ``token``, ``at_ms``, ``note``, ``reason``."""
+    return asdict(entry)
+
+
+def one_line_error(error: dict[str, Any] | None, width: int = 80) -> str:
+    """``Type: message`` on one line, cut to ``width`` characters (``-`` for none)."""
+    if error is None:
+        return "-"
+    text = " ".join(f"{error['type']}: {error['message']}".split())
+    return text if len(text) <= width else text[: width - 1] + "…"
