@@ -34,6 +34,9 @@ class Driver:
     open_backup: Callable[[str], Awaitable[QueueStore]]
     #: Sets columns of one job directly: for states no port call can make (River's test factory does the same).
     force: Callable[[QueueStore, str, dict[str, Any]], None]
+    #: Makes every later update of one job's row fail with "refused by the test" (a trigger): a failure in the
+    #: middle of a call's transaction, after its other statements have run.
+    refuse_updates_of: Callable[[QueueStore, str], None]
     #: What a fresh store of this driver says it can do.
     capabilities: Capabilities
     #: ``describe()["store"]``.
@@ -53,11 +56,26 @@ async def _sqlite_backup(target: str) -> QueueStore:
 
 
 def _sqlite_force(store: QueueStore, job_id: str, columns: dict[str, Any]) -> None:
+    assignments = ", ".join(f"{column} = :{column}" for column in columns)
+    _sqlite_write(store, f"UPDATE asyncq_jobs SET {assignments} WHERE id = :id", {**columns, "id": job_id})
+
+
+def _sqlite_refuse_updates_of(store: QueueStore, job_id: str) -> None:
+    assert job_id.isidentifier(), job_id  # spliced into the trigger's text
+    _sqlite_write(
+        store,
+        f"CREATE TRIGGER refuse_{job_id} BEFORE UPDATE ON asyncq_jobs WHEN OLD.id = '{job_id}' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
+        {},
+    )
+
+
+def _sqlite_write(store: QueueStore, statement: str, parameters: dict[str, Any]) -> None:
+    """One statement on a connection of the test's own, committed before the store's next call."""
     con = sqlite3.connect(store.location, timeout=5, isolation_level=None)
     try:
-        assignments = ", ".join(f"{column} = :{column}" for column in columns)
-        changed = con.execute(f"UPDATE asyncq_jobs SET {assignments} WHERE id = :id", {**columns, "id": job_id})
-        assert changed.rowcount == 1, job_id
+        changed = con.execute(statement, parameters)
+        assert changed.rowcount in (-1, 1), statement
     finally:
         con.close()
 
@@ -69,6 +87,7 @@ DRIVERS = {
         open_read_only=_sqlite_read_only,
         open_backup=_sqlite_backup,
         force=_sqlite_force,
+        refuse_updates_of=_sqlite_refuse_updates_of,
         capabilities=Capabilities(backup=True, app_sql=True, survives_power_loss=True, read_only=False),
         kind="sqlite",
     ),

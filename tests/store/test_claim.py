@@ -154,3 +154,17 @@ async def test_rows_enqueued_at_an_earlier_now_are_claimed_in_seq_order(store: Q
     assert [t.id for t in await claim(store, "w1", T0 + 500, n=2)] == ["second"]  # "first" is not yet available
     await store.enqueue([new("third", T0)])
     assert [t.id for t in await claim(store, "w1", T0 + 1_000, n=2)] == ["first", "third"]  # oldest seq first
+
+
+async def test_an_extend_or_release_dated_before_the_claim_follows_the_rules(store: QueueStore) -> None:
+    # Both land while the fence holds and now < lease_until. The renewal is min(now + lease, deadline), so with a
+    # clock that went back it ends earlier than the lease it replaces; the release stamps that earlier now.
+    await enqueue(store, new("a"), new("b"))
+    a, b = await claim(store, "w1", T0 + 1_000, n=2, lease_ms=1_000)
+    before = await dump(store, T0 + 500)
+    assert await store.extend([("a", a.fence)], T0 + 500, 600) == [a.fence._replace(lease_until=T0 + 1_100)]
+    assert await store.release([("b", b.fence)], T0 + 500) == [True]
+    released = replace(
+        before.jobs["b"], status="pending", attempts=0, available_at=T0 + 500, owner=None, lease_until=None
+    )
+    expect(before, await dump(store, T0 + 500), {"a": replace(before.jobs["a"], lease_until=T0 + 1_100), "b": released})

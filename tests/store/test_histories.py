@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -227,7 +228,9 @@ PORT_TOUR = [
     ("batch", [0, 0], "retry"), ("cancel", "j0"), ("redrive", "j0", 60_000), ("claim", "w2", 100),
     ("batch", [0, 1, 2], "ok"),
 ]  # fmt: skip
-HISTORY_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Examples per random-history test (CI-sized); raise it for a longer search, e.g. ASYNCQ_HISTORY_EXAMPLES=2000.
+EXAMPLES = int(os.environ.get("ASYNCQ_HISTORY_EXAMPLES", "25"))
+HISTORY_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @HISTORY_SETTINGS

@@ -90,6 +90,7 @@ async def extend_a_held_lease(store: QueueStore, driver: Driver) -> None:
 async def finish_and_check(
     store: QueueStore, row_kwargs: dict[str, int], result: str, delay: int, **moved: object
 ) -> None:
+    """Claim ``a`` at T0 for 1 s and finish it at T0 + 100: only ``a`` changes, to ``moved`` and no lease."""
     await enqueue(store, new("a", **row_kwargs), new("bystander", queue="other"))
     [ticket] = await claim(store, "w1", T0, lease_ms=1_000)
     before = await dump(store, T0 + 100)
@@ -223,7 +224,7 @@ async def release_a_job_never_started(store: QueueStore, driver: Driver) -> None
     await enqueue(store, new("a"))
     [ticket] = await claim(store, "w1", T0, lease_ms=1_000)
     before = await dump(store)
-    assert await store.release([("a", ticket.fence)], T0 + 20) == [True]
+    assert await store.release([("a", ticket.fence), ("a", ticket.fence)], T0 + 20) == [True, False]  # then pending
     after = await dump(store)
     released = replace(
         before.jobs["a"], status="pending", attempts=0, available_at=T0 + 20, owner=None, lease_until=None
