@@ -28,6 +28,8 @@ class Driver:
     name: str
     #: A fresh, empty store of this driver (a file, a schema…) under the given folder, at its default settings.
     open: Callable[[Path], Awaitable[QueueStore]]
+    #: A second handle on the same store, as another process would open it (its own connection).
+    open_another: Callable[[QueueStore], Awaitable[QueueStore]]
     #: A second, read-only handle on the same store.
     open_read_only: Callable[[QueueStore], Awaitable[QueueStore]]
     #: Opens the store a successful ``backup(target)`` wrote (drivers with ``capabilities.backup``).
@@ -45,6 +47,10 @@ class Driver:
 
 async def _sqlite_open(folder: Path) -> QueueStore:
     return await SqliteQueueStore.open(folder / "queue.db")
+
+
+async def _sqlite_another(store: QueueStore) -> QueueStore:
+    return await SqliteQueueStore.open(store.location)
 
 
 async def _sqlite_read_only(store: QueueStore) -> QueueStore:
@@ -84,6 +90,7 @@ DRIVERS = {
     "sqlite": Driver(
         name="sqlite",
         open=_sqlite_open,
+        open_another=_sqlite_another,
         open_read_only=_sqlite_read_only,
         open_backup=_sqlite_backup,
         force=_sqlite_force,

@@ -150,6 +150,7 @@ async def test_a_read_only_handle_reads_everything_and_refuses_every_write(store
     try:
         assert reader.capabilities == replace(driver.capabilities, read_only=True)
         assert await dump(reader) == before
+        assert (await reader.describe())["store"] == driver.kind
         [leased] = await reader.list_jobs(JobFilter(status="leased"))
         fence = (leased.owner, leased.token, leased.attempts, leased.lease_until)
         writes = [

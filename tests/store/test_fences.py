@@ -177,3 +177,15 @@ async def test_extend_and_release_batches_apply_each_lease_on_its_own(store: Que
         middle.jobs["a"], status="pending", attempts=0, available_at=T0 + 600, owner=None, lease_until=None
     )
     expect(middle, await dump(store, T0 + 600), {"a": released})
+
+
+async def test_empty_batches_return_nothing_and_change_nothing(store: QueueStore) -> None:
+    await enqueue(store, new("a"))
+    await claim(store, "w1", T0)
+    before = await dump(store)
+    assert await store.enqueue([]) == []
+    assert await store.finish([], T0 + 1) == []
+    assert await store.extend([], T0 + 1, 1_000) == []
+    assert await store.release([], T0 + 1) == []
+    assert await store.settle_and_claim([], T0 + 1, "w1", 1_000, [], None) == ([], [])
+    expect(before, await dump(store))
