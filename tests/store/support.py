@@ -27,6 +27,9 @@ from asyncq.store.port.queue import JobFilter, QueueStore
 
 #: The suite's starting time (ms since the epoch, November 2023); every call takes ``now_ms`` from the test.
 T0 = 1_700_000_000_000
+#: Errors a failed attempt keeps (``Finish.error``).
+BOOM = ErrorText("ValueError", "boom", "Traceback (most recent call last):\nValueError: boom\n")
+DOOM = ErrorText("app.Doomed", "never", "Traceback …\napp.Doomed: never\n")
 #: More rows than any test makes: a listing this long is every row.
 ALL = 10_000
 STATUSES = ("pending", "leased", "done", "dead")

@@ -13,7 +13,7 @@ from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, QueueStore
 
 from .conftest import Driver
-from .support import T0, claim, dump, enqueue, expect, new, outcome
+from .support import BOOM, T0, claim, dump, enqueue, expect, new, outcome
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -99,18 +99,19 @@ async def test_prune_deletes_the_prunable_jobs_of_the_named_statuses_and_keeps_t
     assert await store.prunable(T0 + 60_001, ("done", "dead"), -1) == ({"done": 0, "dead": 1}, ["exhausted"])
 
 
-async def test_an_id_enqueued_again_after_prune_is_a_new_job_without_the_old_errors(store: QueueStore) -> None:
-    from .test_finish import BOOM
-
-    await enqueue(store, new("a", max_attempts=1))
-    [ticket] = await claim(store, "w1", T0)
-    assert await store.finish([outcome(ticket, "retry", error=BOOM)], T0 + 1) == ["dead"]
-    assert len((await store.get("a")).errors) == 1  # type: ignore[union-attr]
-    assert (await store.prune(T0 + 60_001, ("dead",), vacuum=False))["deleted"] == 1
+async def test_prune_takes_the_errors_of_the_jobs_it_deletes_only(store: QueueStore) -> None:
+    await enqueue(store, new("a", max_attempts=1), new("kept"))
+    a, kept = await claim(store, "w1", T0, n=2)
+    finishes = [outcome(a, "retry", error=BOOM), outcome(kept, "retry", 100, error=BOOM)]
+    assert await store.finish(finishes, T0 + 1) == ["dead", "pending"]
     before = await dump(store)
-    again = await enqueue(store, new("a", T0 + 70_000, body={"v": 2}))
-    expect(before, await dump(store), again)
-    assert again["a"].errors == () and again["a"].seq > ticket.seq
+    assert [len(job.errors) for job in before.jobs.values()] == [1, 1]
+    assert (await store.prune(T0 + 60_001, ("dead",), vacuum=False))["deleted"] == 1
+    expect(before, await dump(store), {"a": None})  # "kept" keeps its error
+    pruned = await dump(store)
+    again = await enqueue(store, new("a", T0 + 70_000, body={"v": 2}))  # a new job: a new seq, no errors
+    expect(pruned, await dump(store), again)
+    assert again["a"].errors == () and again["a"].seq > a.seq
 
 
 @pytest.mark.xfail(

@@ -198,3 +198,42 @@ async def test_waiting_workers_wake_when_rows_commit_not_before(store: QueueStor
         await woken
     async with asyncio.timeout(2):  # with nothing committed, the timeout ends the wait
         await store.wait_for_work(0.01)
+
+
+async def make_ready(store: QueueStore, how: str) -> None:
+    """Job ``a`` ready now by way of ``how``, from a lease (or a dead job) that was not."""
+    if how == "redrive":
+        await store.redrive("a", T0 + 2, T0 + 60_000, "ops")
+        return
+    [ticket] = await claim(store, "w1", T0 + 1)
+    if how == "release":
+        assert await store.release([("a", ticket.fence)], T0 + 2) == [True]
+    else:
+        assert await store.finish([outcome(ticket, "retry", 0)], T0 + 2) == ["pending"]
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "release",
+        "redrive",
+        pytest.param(
+            "retry-due-now",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a finish that makes a job pending and due now (retry, delay 0) wakes no waiting worker: "
+                "SqliteQueueStore.finish/settle_and_claim never call notify()",
+            ),
+        ),
+    ],
+)
+async def test_a_job_made_ready_again_wakes_waiting_workers(store: QueueStore, how: str) -> None:
+    await store.enqueue([new("a", max_attempts=3)])
+    if how == "redrive":
+        [ticket] = await claim(store, "w1", T0)
+        assert await store.finish([outcome(ticket, "permanent")], T0 + 1) == ["dead"]
+    waiter = asyncio.create_task(store.wait_for_work(10))
+    await asyncio.sleep(0)  # one loop step: the waiter is registered
+    await make_ready(store, how)
+    async with asyncio.timeout(1):  # an in-process wake-up takes microseconds; polling would take the 10 s
+        await waiter

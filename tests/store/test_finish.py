@@ -10,11 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from asyncq.core.failures import ErrorText
 from asyncq.core.jobs import AttemptError, Job
 from asyncq.store.port.queue import JobFilter, QueueStore
 
-from .support import T0, claim, dump, enqueue, expect, new, outcome
+from .support import BOOM, DOOM, T0, claim, dump, enqueue, expect, new, outcome
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -119,9 +118,6 @@ async def test_a_renewed_ticket_finishes_and_the_one_before_the_renewal_is_stale
 
 
 # -- the error of a failed attempt ---------------------------------------------------------------------------
-
-BOOM = ErrorText("ValueError", "boom", "Traceback (most recent call last):\nValueError: boom\n")
-DOOM = ErrorText("app.Doomed", "never", "Traceback …\napp.Doomed: never\n")
 
 
 @pytest.mark.parametrize("held", [True, False])
