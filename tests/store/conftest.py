@@ -1,17 +1,17 @@
 """The store conformance suite's fixtures: ``store`` is a fresh, empty queue store of each driver in ``DRIVERS``,
 opened in the test's ``tmp_path`` and closed after it.
 
-A driver is one entry of ``DRIVERS``: how to open a fresh store (and a read-only second handle on it), the few
-facts where stores may differ (its capabilities, the kind ``describe`` names), and a test factory for the one
-state the port cannot reach. Every test takes ``store`` (and ``driver`` for those facts) and runs unchanged on each
-(the model: River's ``riverdrivertest.Exercise``).
+A driver is one entry of ``DRIVERS`` (a ``support.Driver``): how to open a fresh store and more handles on it,
+two test factories (a state no port call makes, a failure inside a transaction), and the few facts where stores
+may differ (capabilities, the kind ``describe`` names). Every test takes ``store`` (and ``driver`` for those facts)
+and runs unchanged on each (the model: River's ``riverdrivertest.Exercise``).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +20,16 @@ import pytest
 from asyncq.store.port.queue import Capabilities, QueueStore
 from asyncq.store.sqlite.queue_store import SqliteQueueStore
 
-
-@dataclass(frozen=True)
-class Driver:
-    """What the suite needs of a driver beyond the port."""
-
-    name: str
-    #: A fresh, empty store of this driver (a file, a schema…) under the given folder, at its default settings.
-    open: Callable[[Path], Awaitable[QueueStore]]
-    #: A second handle on the same store, as another process would open it (its own connection).
-    open_another: Callable[[QueueStore], Awaitable[QueueStore]]
-    #: A second, read-only handle on the same store.
-    open_read_only: Callable[[QueueStore], Awaitable[QueueStore]]
-    #: Opens the store a successful ``backup(target)`` wrote (drivers with ``capabilities.backup``).
-    open_backup: Callable[[str], Awaitable[QueueStore]]
-    #: Sets columns of one job directly: for states no port call can make (River's test factory does the same).
-    force: Callable[[QueueStore, str, dict[str, Any]], None]
-    #: Makes every later update of one job's row fail with "refused by the test" (a trigger): a failure in the
-    #: middle of a call's transaction, after its other statements have run.
-    refuse_updates_of: Callable[[QueueStore, str], None]
-    #: What a fresh store of this driver says it can do.
-    capabilities: Capabilities
-    #: ``describe()["store"]``.
-    kind: str
+from .support import Driver
 
 
-async def _sqlite_open(folder: Path) -> QueueStore:
-    return await SqliteQueueStore.open(folder / "queue.db")
+@asynccontextmanager
+async def _sqlite_fresh(folder: Path) -> AsyncIterator[QueueStore]:
+    store = await SqliteQueueStore.open(folder / "queue.db")
+    try:
+        yield store
+    finally:
+        await store.close()  # the folder is the test's tmp_path: pytest removes it
 
 
 async def _sqlite_another(store: QueueStore) -> QueueStore:
@@ -89,7 +72,7 @@ def _sqlite_write(store: QueueStore, statement: str, parameters: dict[str, Any])
 DRIVERS = {
     "sqlite": Driver(
         name="sqlite",
-        open=_sqlite_open,
+        fresh=_sqlite_fresh,
         open_another=_sqlite_another,
         open_read_only=_sqlite_read_only,
         open_backup=_sqlite_backup,
@@ -110,8 +93,5 @@ def driver(request: pytest.FixtureRequest) -> Driver:
 @pytest.fixture
 async def store(driver: Driver, tmp_path: Path) -> AsyncIterator[QueueStore]:
     """A fresh, empty store of ``driver``, closed after the test."""
-    opened = await driver.open(tmp_path)
-    try:
+    async with driver.fresh(tmp_path) as opened:
         yield opened
-    finally:
-        await opened.close()

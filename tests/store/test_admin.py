@@ -12,8 +12,7 @@ from asyncq.core.stats import Lease
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, QueueStore
 
-from .conftest import Driver
-from .support import BOOM, T0, claim, dump, enqueue, expect, new, outcome
+from .support import BOOM, T0, Driver, claim, dump, enqueue, expect, new, outcome
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,7 @@ import pytest
 from asyncq.core.jobs import Ticket
 from asyncq.store.port.queue import QueueStore
 
-from .conftest import Driver
-from .support import T0, claim, dump, new, outcome, stored
+from .support import T0, Driver, claim, dump, new, outcome, stored
 
 pytestmark = pytest.mark.timeout(60)
 

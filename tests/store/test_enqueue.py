@@ -11,8 +11,7 @@ import pytest
 from asyncq.errors import Conflict
 from asyncq.store.port.queue import QueueStore
 
-from .conftest import Driver
-from .support import T0, assert_no_transaction_left, claim, dump, expect, new, outcome, stored
+from .support import T0, Driver, assert_no_transaction_left, claim, dump, expect, new, outcome, stored
 
 pytestmark = pytest.mark.timeout(30)
 

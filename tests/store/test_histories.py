@@ -28,8 +28,7 @@ from asyncq.errors import Conflict
 from asyncq.lab import lease
 from asyncq.store.port.queue import QueueStore
 
-from .conftest import Driver
-from .support import T0, claim, dump, new, outcome
+from .support import T0, Driver, claim, dump, new, outcome
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -177,16 +176,15 @@ def check_moves(h: History, kind: str, before: dict[str, Job], after: dict[str, 
 
 async def replay(driver: Driver, steps: list[tuple[Any, ...]], *, lab: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="asyncq-history-") as tmp:
-        store = await driver.open(Path(tmp))
-        con = lease.open_queue(Path(tmp) / "lab.db") if lab else None
-        try:
-            h = History(store)
-            for index, step in enumerate(steps):
-                await one_step(h, con, index, step)
-        finally:
-            if con is not None:
-                con.close()
-            await store.close()
+        async with driver.fresh(Path(tmp)) as store:
+            con = lease.open_queue(Path(tmp) / "lab.db") if lab else None
+            try:
+                h = History(store)
+                for index, step in enumerate(steps):
+                    await one_step(h, con, index, step)
+            finally:
+                if con is not None:
+                    con.close()
 
 
 async def one_step(h: History, con: sqlite3.Connection | None, index: int, step: tuple[Any, ...]) -> None:

@@ -11,8 +11,7 @@ import pytest
 from asyncq.core.jobs import Ticket
 from asyncq.store.port.queue import QueueStore
 
-from .conftest import Driver
-from .support import T0, Dump, assert_no_transaction_left, claim, dump, enqueue, new, outcome
+from .support import T0, Driver, Dump, assert_no_transaction_left, claim, dump, enqueue, new, outcome
 
 pytestmark = pytest.mark.timeout(30)
 

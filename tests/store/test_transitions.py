@@ -15,8 +15,7 @@ from asyncq.core.jobs import AuditEntry
 from asyncq.core.lifecycle import TRANSITIONS, Transition
 from asyncq.store.port.queue import QueueStore
 
-from .conftest import Driver
-from .support import T0, claim, dump, enqueue, expect, new, outcome, ticket_of
+from .support import T0, Driver, claim, dump, enqueue, expect, new, outcome, ticket_of
 
 pytestmark = pytest.mark.timeout(30)
 
