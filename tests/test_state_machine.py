@@ -31,7 +31,6 @@ from hypothesis.stateful import (
 
 from asyncq.core.lifecycle import DEAD, DEAD_REASONS, LEASED, PENDING, REASON_CANCELLED, REASON_RETRY, TRANSITIONS
 from asyncq.lab.lease import Conflict, claim, enqueue, finish, open_queue, redrive
-from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -387,27 +386,3 @@ def test_a_scripted_tour_makes_every_lab_move() -> None:
     unreachable = {(PENDING, DEAD, "exhausted", "sweep")}  # a pending row always has attempts < max_attempts
     product_only = {move for move in MOVES if move[3] in ("extend", "cancel", "release")}
     assert machine.seen == MOVES - unreachable - product_only
-
-
-async def test_product_only_moves_are_the_listed_ones(tmp_path: Path) -> None:
-    now = 1_000
-    async with await Queue.open(str(tmp_path / "queue.db"), clock=lambda: now) as queue:
-        await queue.enqueue("a", {"qty": 1}, ttl_ms=60_000)
-        await queue.enqueue("b", {"qty": 1}, ttl_ms=60_000)
-        (ticket,) = await queue.claim("w1", lease_ms=1_000)
-        now += 500
-        renewed = await queue.extend(ticket, lease_ms=5_000)
-        assert renewed is not None and renewed.token == ticket.token and renewed.lease_until == now + 5_000
-        assert (await queue.cancel("b", "ops")).action == "cancel"
-        jobs = {job_id: await queue.get(job_id) for job_id in ("a", "b")}
-        await queue.enqueue("c", {"qty": 1}, ttl_ms=60_000)
-        (held,) = await queue.claim("w1", lease_ms=1_000)
-        assert await queue.release_many([held, held]) == [True, False]  # fenced: the second finds it pending
-        c = await queue.get("c")
-    a, b = jobs["a"], jobs["b"]
-    assert a is not None and b is not None and c is not None
-    assert (LEASED, c.status, c.reason, "release") in MOVES
-    assert (c.attempts, c.token, c.owner, c.lease_until, c.available_at) == (0, held.token, None, None, now)
-    assert (LEASED, a.status, a.reason, "extend") in MOVES and a.token == ticket.token
-    assert (PENDING, b.status, b.reason, "cancel") == (PENDING, DEAD, REASON_CANCELLED, "cancel")
-    assert (b.owner, b.lease_until, b.available_at) == (None, None, now)

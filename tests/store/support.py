@@ -1,0 +1,201 @@
+"""What every test of the store conformance suite shares: rows built as the facade builds them, the calls a worker
+makes, and the whole stored state read back through the port only, so that the same checks run on every driver.
+
+``dump`` reads every column of every job (``list_jobs`` and ``get``), every audit row (``audit_log`` and each
+job's ``history``) and ``stats``, and checks that these views agree with each other: a listing is the record
+without its errors, a history is the audit log's rows of that job, ``redrives`` counts them, and every figure of
+``stats`` is what the rows say. A test then states the whole state it expects with ``expect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncq.core.failures import ErrorText
+from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, Ticket
+from asyncq.core.jsontext import canonical_json
+from asyncq.core.lifecycle import Fence
+from asyncq.core.stats import Lease, Stats
+from asyncq.store.port.queue import Capabilities, JobFilter, QueueStore
+
+#: The suite's starting time (ms since the epoch, November 2023); every call takes ``now_ms`` from the test.
+T0 = 1_700_000_000_000
+#: Errors a failed attempt keeps (``Finish.error``).
+BOOM = ErrorText("ValueError", "boom", "Traceback (most recent call last):\nValueError: boom\n")
+DOOM = ErrorText("app.Doomed", "never", "Traceback …\napp.Doomed: never\n")
+#: More rows than any test makes: a listing this long is every row.
+ALL = 10_000
+STATUSES = ("pending", "leased", "done", "dead")
+
+
+def new(
+    job_id: str,
+    now: int = T0,
+    *,
+    queue: str = "default",
+    body: Any = None,
+    max_attempts: int = 3,
+    ttl_ms: int = 60_000,
+    delay_ms: int = 0,
+) -> NewJob:
+    """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
+    spec = JobSpec(job_id, {"id": job_id} if body is None else body, queue, max_attempts, ttl_ms, delay_ms)
+    return spec.to_row(now)
+
+
+def stored(row: NewJob, seq: int) -> Job:
+    """The record a new row must be stored as: pending, no attempt made, token 0, no lease, no reason."""
+    return Job(
+        seq=seq,
+        id=row.id,
+        queue=row.payload["queue"],
+        body=json.loads(row.payload["body"]),
+        status="pending",
+        attempts=0,
+        max_attempts=row.max_attempts,
+        token=0,
+        available_at=row.available_at,
+        deadline=row.deadline,
+        owner=None,
+        lease_until=None,
+        reason=None,
+    )
+
+
+def ticket_of(job: Job) -> Ticket:
+    """The ticket a claim must hand out for ``job`` as it is stored now (leased)."""
+    assert job.owner is not None and job.lease_until is not None, job
+    fence = Fence(job.owner, job.token, job.attempts, job.lease_until)
+    return Ticket(job.id, job.queue, canonical_json(job.body), fence, job.deadline, job.max_attempts, job.seq)
+
+
+def outcome(
+    ticket: Ticket, result: str, delay_ms: int = 0, *, held: bool = True, error: ErrorText | None = None
+) -> Finish:
+    """A finish of ``ticket``: on the claim's snapshot (``held``, the pool's way) or decided on the row."""
+    return Finish(ticket.id, ticket.fence, result, delay_ms, ticket.held if held else None, error)
+
+
+async def claim(
+    store: QueueStore, owner: str, now: int, *, queue: str = "default", n: int = 1, lease_ms: int = 1_000
+) -> list[Ticket]:
+    """Claim up to ``n`` jobs of ``queue`` (a group commit that finishes nothing)."""
+    statuses, tickets = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
+    assert statuses == []
+    return tickets
+
+
+async def enqueue(store: QueueStore, *rows: NewJob) -> dict[str, Job]:
+    """Insert new rows (each must be new) and return their stored records by id."""
+    assert await store.enqueue(rows) == [True] * len(rows)
+    jobs = {row.id: await store.get(row.id) for row in rows}
+    assert all(job is not None for job in jobs.values())
+    return {job_id: job for job_id, job in jobs.items() if job is not None}
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What the suite needs of a driver beyond the port."""
+
+    name: str
+    #: A fresh, empty store of this driver (a file, a schema…) under the given folder, at its default settings,
+    #: open inside the block; closed, and everything it made dropped, after it.
+    fresh: Callable[[Path], AbstractAsyncContextManager[QueueStore]]
+    #: A second handle on the same store, as another process would open it (its own connection).
+    open_another: Callable[[QueueStore], Awaitable[QueueStore]]
+    #: A second, read-only handle on the same store.
+    open_read_only: Callable[[QueueStore], Awaitable[QueueStore]]
+    #: Opens the store a successful ``backup(target)`` wrote (drivers with ``capabilities.backup``).
+    open_backup: Callable[[str], Awaitable[QueueStore]]
+    #: Sets columns of one job directly: for states no port call can make (River's test factory does the same).
+    force: Callable[[QueueStore, str, dict[str, Any]], None]
+    #: Makes every later update of one job's row fail with "refused by the test" (a trigger): a failure in the
+    #: middle of a call's transaction, after its other statements have run.
+    refuse_updates_of: Callable[[QueueStore, str], None]
+    #: What a fresh store of this driver says it can do.
+    capabilities: Capabilities
+    #: ``describe()["store"]``.
+    kind: str
+
+
+@dataclass(frozen=True)
+class Dump:
+    """The whole stored state: every job (oldest ``seq`` first) with every column, and every audit row."""
+
+    jobs: dict[str, Job]
+    audit: list[AuditEntry]
+
+
+async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dump:
+    """Read the whole state through the port, checking that its views agree (``deep``: each job's ``get`` and
+    ``history`` too; a test of hundreds of rows reads only the listing)."""
+    listed = await store.list_jobs(JobFilter(limit=ALL))
+    audit = list(reversed(await store.audit_log(ALL)))
+    assert [job.seq for job in listed] == sorted({job.seq for job in listed}), "list_jobs is not in seq order"
+    assert [entry.seq for entry in audit] == sorted({entry.seq for entry in audit}), "audit_log is not newest first"
+    jobs: dict[str, Job] = {}
+    for job in listed:
+        jobs[job.id] = job
+        if deep:
+            record = await store.get(job.id)
+            assert record is not None and replace(record, errors=()) == job, "a listing differs from get()"
+            own = [entry for entry in audit if entry.id == job.id]
+            assert await store.history(job.id) == own
+            assert record.redrives == sum(entry.action == "redrive" for entry in own)
+            jobs[job.id] = record
+    assert await store.stats(now_ms) == stats_of(jobs.values(), now_ms)
+    return Dump(jobs, audit)
+
+
+def stats_of(jobs: Iterable[Job], now_ms: int) -> Stats:
+    """Every figure of ``Stats`` as the rows define it."""
+    rows = list(jobs)
+    ready = [job.available_at for job in rows if job.status == "pending" and job.available_at <= now_ms]
+    live = [job for job in rows if job.status == "leased"]
+    owners = sorted({job.owner for job in live if job.owner is not None})
+    leases = [
+        Lease(owner, sum(job.owner == owner for job in live), min(j.lease_until or 0 for j in live if j.owner == owner))
+        for owner in owners
+    ]
+    attempts = Counter(job.attempts for job in rows if job.status in ("pending", "leased"))
+    return Stats(
+        now_ms=now_ms,
+        by_status={status: sum(job.status == status for job in rows) for status in STATUSES},
+        dead_by_reason=dict(Counter(job.reason for job in rows if job.status == "dead")),
+        oldest_ready_age_ms=now_ms - min(ready) if ready else None,
+        expired_leases=sum(job.lease_until is not None and job.lease_until <= now_ms for job in live),
+        leases=leases,
+        attempts=dict(sorted(attempts.items())),
+    )
+
+
+def expect(
+    before: Dump, after: Dump, jobs: Mapping[str, Job | None] | None = None, audit: Sequence[AuditEntry] = ()
+) -> None:
+    """``after`` is ``before`` with exactly ``jobs`` changed (or added; ``None``: deleted) and ``audit`` appended."""
+    wanted = {**before.jobs, **(jobs or {})}
+    assert after.jobs == {job_id: job for job_id, job in wanted.items() if job is not None}
+    assert after.audit == [*before.audit, *audit]
+
+
+class Probe(Exception):
+    """Raised inside a probe transaction to roll it back."""
+
+
+async def assert_no_transaction_left(store: QueueStore) -> None:
+    """The store opens, writes in and rolls back a new transaction at once: nothing was left open by a refused or
+    failed call (an open one would make this fail or wait)."""
+    with pytest.raises(Probe):
+        async with asyncio.timeout(5), store.transaction() as tx:
+            assert await tx.enqueue_rows([new("probe-row")]) == [True]
+            raise Probe
+    assert await store.get("probe-row") is None

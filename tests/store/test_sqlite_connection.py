@@ -1,0 +1,248 @@
+"""The SQLite driver's connection: a cancelled task never leaves a lock or a transaction behind (the call runs to
+its end in the connection's thread), and the pool's group commit runs its statements on the loop's thread between
+a ``BEGIN IMMEDIATE`` and a ``COMMIT`` sent to that thread. Moved from ``tests/test_queue.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncq.core.jobs import JobSpec
+from asyncq.queue import Queue
+
+from .sqlite_files import job_row, read, snapshot
+
+pytestmark = pytest.mark.timeout(20)
+
+
+# --- cancellation --------------------------------------------------------------------------------------
+
+
+async def make_orders_table(queue: Queue) -> None:
+    async with queue.transaction() as tx:
+        await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)")
+
+
+async def test_a_task_cancelled_inside_a_transaction_leaves_no_lock_behind(queue: Queue, path: Path) -> None:
+    await make_orders_table(queue)
+    inside = asyncio.Event()
+
+    async def hold_a_transaction() -> None:
+        async with queue.transaction() as tx:
+            await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o1", 1))
+            await tx.enqueue("job", {})
+            inside.set()
+            await asyncio.Event().wait()  # until cancelled
+
+    task = asyncio.create_task(hold_a_transaction())
+    async with asyncio.timeout(5):
+        await inside.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    other = sqlite3.connect(path, timeout=1, isolation_level=None)
+    try:
+        started = time.monotonic()
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO orders VALUES (?, ?)", ("o2", 2))
+        other.execute("COMMIT")
+        assert time.monotonic() - started < 1
+    finally:
+        other.close()
+    assert read(path, "SELECT id FROM orders") == [("o2",)]  # the cancelled block's row rolled back
+    assert read(path, "SELECT * FROM asyncq_jobs") == []
+    assert await queue.enqueue("after", {}) is True
+
+
+class Gate:
+    """A SQL function that, once armed, blocks its next caller (the connection's thread, mid-statement) until
+    released; a temporary trigger calls it on every update of a job row."""
+
+    def __init__(self) -> None:
+        self.armed, self.entered, self.release = False, threading.Event(), threading.Event()
+
+    def __call__(self) -> int:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(10), "gate never released"
+        return 0
+
+    def install(self, queue: Queue) -> None:
+        con = raw_connection(queue)
+        con.create_function("gate", 0, self)
+        con.execute("CREATE TEMP TRIGGER gate AFTER UPDATE ON asyncq_jobs BEGIN SELECT gate(); END")
+
+
+@pytest.mark.parametrize(("outcome", "status"), [("ok", "done"), ("retry", "pending"), ("permanent", "dead")])
+async def test_a_cancelled_finish_is_reconciled_from_the_row(
+    path: Path, clock: list[int], outcome: str, status: str
+) -> None:
+    gate = Gate()
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        await queue.enqueue("job", {})
+        [ticket] = await queue.claim("w1", lease_ms=10_000)
+        assert await queue.reconcile(ticket) is None  # still held: no finish has landed
+        gate.install(queue)
+
+        gate.armed = True
+        finishing = asyncio.create_task(queue.finish(ticket, outcome))
+        assert await asyncio.to_thread(gate.entered.wait, 5)  # the finish is running in the connection's thread
+        finishing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await finishing
+        gate.release.set()  # the call runs on to its COMMIT although nobody awaits it
+
+        assert await queue.reconcile(ticket) == status
+    assert job_row(path, "job")["status"] == status
+
+
+async def test_a_task_cancelled_while_its_begin_waits_for_the_lock_leaves_no_transaction_open(
+    queue: Queue, path: Path
+) -> None:
+    blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock: BEGIN waits in busy_timeout
+    asking = asyncio.Event()
+
+    async def wants_a_transaction() -> None:
+        asking.set()
+        async with queue.transaction() as tx:
+            await tx.enqueue("never", {})
+
+    task = asyncio.create_task(wants_a_transaction())
+    await asking.wait()
+    await asyncio.sleep(0)  # one loop step: the task is now awaiting its BEGIN IMMEDIATE
+    task.cancel()
+    blocker.execute("COMMIT")  # the cancelled BEGIN, still running in the connection's thread, gets the lock
+    blocker.close()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(2):  # well inside the 5 s busy timeout the BEGIN was waiting in
+            await task
+
+    assert await queue.enqueue("after", {}) is True  # the connection has no transaction left open
+    other = sqlite3.connect(path, timeout=1, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert [r[0] for r in read(path, "SELECT id FROM asyncq_jobs")] == ["after"]
+
+
+# A statement that keeps the connection's thread busy for a while (≈0.1-0.3 s), so that a COMMIT queued
+# behind it is still waiting when the test cancels the task awaiting it.
+BUSY_QUERY = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000) SELECT count(*) FROM c"
+
+
+async def test_a_task_cancelled_while_committing_stays_cancelled_and_the_outcome_is_read_back(
+    queue: Queue, path: Path
+) -> None:
+    await make_orders_table(queue)
+    committing = asyncio.Event()
+    busy: list[asyncio.Task[list[Any]]] = []
+
+    async def place_order() -> None:
+        async with queue.transaction() as tx:
+            await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o1", 100))
+            await tx.enqueue("mail-o1", {"order": "o1"})
+            busy.append(asyncio.create_task(tx.execute(BUSY_QUERY)))
+            await asyncio.sleep(0)  # the busy statement is queued in the connection's thread
+            committing.set()  # no await between here and the COMMIT being queued behind it
+
+    task = asyncio.create_task(place_order())
+    await committing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):  # not an error from a ROLLBACK after the COMMIT
+        await task
+    assert await busy[0] == [(1_000_000,)]
+
+    # The outcome is unknown to the cancelled task; reading the rows tells. Either way, both or neither.
+    orders = read(path, "SELECT id FROM orders")
+    jobs = read(path, "SELECT id FROM asyncq_jobs")
+    assert (orders, jobs) in [([("o1",)], [("mail-o1",)]), ([], [])]
+    other = sqlite3.connect(path, timeout=1, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert await queue.enqueue("after", {}) is True
+
+
+# --- the pool's group commit: statements on the loop's thread between BEGIN and COMMIT ------------------
+
+
+def raw_connection(queue: Queue) -> sqlite3.Connection:
+    """The SQLite driver's own connection under ``queue`` (these tests are of that driver)."""
+    return queue.store._file.conn._conn  # type: ignore[attr-defined, no-any-return]
+
+
+def busy_timeout_ms(queue: Queue) -> int:
+    return int(raw_connection(queue).execute("PRAGMA busy_timeout").fetchone()[0])
+
+
+async def test_settle_and_claim_waits_in_the_thread_for_a_lock_another_connection_holds(
+    queue: Queue, path: Path
+) -> None:
+    await queue.enqueue("job", {})
+    timeout_before = busy_timeout_ms(queue)
+    blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another process's writer: the try without waiting finds it busy
+    claiming = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 1)]))
+    await asyncio.sleep(0.2)
+    assert not claiming.done()  # waiting for the lock in the connection's thread, the loop still running
+    blocker.execute("COMMIT")
+    blocker.close()
+    async with asyncio.timeout(5):
+        statuses, [ticket] = await claiming
+    assert (statuses, ticket.id, ticket.token) == ([], "job", 1)
+    assert busy_timeout_ms(queue) == timeout_before  # the try without waiting put the timeout back
+    assert not raw_connection(queue).in_transaction
+
+
+async def test_settle_and_claim_past_the_busy_timeout_is_locked_and_changes_nothing(
+    path: Path, clock: list[int]
+) -> None:
+    async with await Queue.open(str(path), clock=lambda: clock[0], busy_timeout=0.2) as queue:
+        await queue.enqueue("job", {})
+        [ticket] = await queue.claim("w1")
+        before = snapshot(path)
+        blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                await queue.settle_and_claim([(ticket, "ok", 0)], "w1", [("default", 1)])
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert snapshot(path) == before
+        assert not raw_connection(queue).in_transaction
+        assert busy_timeout_ms(queue) == 200
+        assert await queue.settle_and_claim([(ticket, "ok", 0)], "w1", [("default", 1)]) == (["done"], [])
+
+
+async def test_a_failing_statement_in_the_group_commit_rolls_the_whole_cycle_back(
+    queue: Queue, path: Path, clock: list[int]
+) -> None:
+    await queue.enqueue_many([JobSpec("a", {}), JobSpec("b", {})])
+    [ticket] = await queue.claim("w1", limit=1)
+    before = snapshot(path)
+    # A trigger makes the claim's UPDATE fail after the finish has run in the same transaction.
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute(
+        "CREATE TRIGGER refuse AFTER UPDATE OF owner ON asyncq_jobs WHEN NEW.owner = 'w2' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+    )
+    other.close()
+    with pytest.raises(sqlite3.IntegrityError, match="refused by the test"):
+        await queue.settle_and_claim([(ticket, "ok", 0)], "w2", [("default", 1)])
+    assert snapshot(path) == before  # the finish of "a" rolled back with the refused claim of "b"
+    assert not raw_connection(queue).in_transaction
