@@ -138,7 +138,7 @@ class Queue:
     ) -> bool:
         """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body. ``ttl``
         (default a day) and ``delay`` are seconds or a ``timedelta`` (``ttl_ms``/``delay_ms``: deprecated)."""
-        spec = JobSpec(job_id, body, queue, max_attempts, ttl, delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
         return (await self.enqueue_many([spec]))[0]
 
     async def enqueue_many(self, jobs: Iterable[JobSpec]) -> list[bool]:

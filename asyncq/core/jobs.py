@@ -119,8 +119,9 @@ class JobSpec:
     body: Any
     queue: str = DEFAULT_QUEUE
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    ttl: Duration | None = None
-    delay: Duration | None = None
+    # Keyword-only: a positional millisecond value written for the older fields fails loudly.
+    ttl: Duration | None = field(default=None, kw_only=True)
+    delay: Duration | None = field(default=None, kw_only=True)
     ttl_ms: int | None = field(default=None, kw_only=True)
     delay_ms: int | None = field(default=None, kw_only=True)
 

@@ -48,7 +48,9 @@ def new(
     delay_ms: int = 0,
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
-    spec = JobSpec(job_id, {"id": job_id} if body is None else body, queue, max_attempts, ttl_ms, delay_ms)
+    spec = JobSpec(
+        job_id, {"id": job_id} if body is None else body, queue, max_attempts, ttl=ttl_ms / 1000, delay=delay_ms / 1000
+    )
     return spec.to_row(now)
 
 
@@ -89,7 +91,7 @@ async def claim(
     store: QueueStore, owner: str, now: int, *, queue: str = "default", n: int = 1, lease_ms: int = 1_000
 ) -> list[Ticket]:
     """Claim up to ``n`` jobs of ``queue`` (a group commit that finishes nothing)."""
-    statuses, tickets = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
+    statuses, tickets, _started = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
     assert statuses == []
     return tickets
 

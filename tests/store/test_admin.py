@@ -113,11 +113,6 @@ async def test_prune_takes_the_errors_of_the_jobs_it_deletes_only(store: QueueSt
     assert again["a"].errors == () and again["a"].seq > a.seq
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="redrives counts asyncq_audit rows by id, so a job enqueued under a pruned job's id inherits its "
-    "predecessor's redrive count (errors are keyed by seq and start clean)",
-)
 async def test_an_id_enqueued_again_after_prune_has_not_been_redriven(store: QueueStore) -> None:
     await enqueue(store, new("a"))
     [ticket] = await claim(store, "w1", T0)

@@ -216,14 +216,7 @@ async def make_ready(store: QueueStore, how: str) -> None:
     [
         "release",
         "redrive",
-        pytest.param(
-            "retry-due-now",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a finish that makes a job pending and due now (retry, delay 0) wakes no waiting worker: "
-                "SqliteQueueStore.finish/settle_and_claim never call notify()",
-            ),
-        ),
+        "retry-due-now",
     ],
 )
 async def test_a_job_made_ready_again_wakes_waiting_workers(store: QueueStore, how: str) -> None:

@@ -27,7 +27,7 @@ _JOBS, _AUDIT = PRODUCT.jobs, PRODUCT.audit
 JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
-_REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.id = j.id AND a.action = 'redrive') AS redrives"
+_REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"

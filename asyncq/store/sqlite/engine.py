@@ -369,7 +369,8 @@ def redrive(
         if found is None or found[2].status != DEAD:
             raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
         seq, _payload, state = found
-        con.execute(sql(layout, "AUDIT"), {"id": job_id, "token": state.token, "now": now_ms, "note": note})
+        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "seq": seq}
+        con.execute(sql(layout, "AUDIT"), audit)
         call_hook(fault, "after-audit")
         con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
         call_hook(fault, "after-redrive")
@@ -384,7 +385,7 @@ def cancel(con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, no
         if found is None or found[2].status != PENDING:
             raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not pending'}")
         seq, _payload, state = found
-        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": "cancel"}
+        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": "cancel", "seq": seq}
         con.execute(sql(layout, "AUDIT_ACTION"), audit | {"reason": REASON_CANCELLED})
         con.execute(sql(layout, "CANCEL"), {"seq": seq, "now": now_ms})
     return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from asyncq.store.sqlite.schema import ERROR_TABLES, PRODUCT, PRODUCT_TABLES
+from asyncq.store.sqlite.schema import AUDIT_JOB_SEQ, ERROR_TABLES, PRODUCT, PRODUCT_TABLES
 
 # Version 1's lifecycle indexes, kept word for word: version 2 replaces them with partial ones.
 _V1_INDEXES = (
@@ -27,6 +27,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         *(statement for statement in PRODUCT.ddl if statement.startswith("CREATE INDEX")),
     ),
     ERROR_TABLES,  # version 3: each failed attempt's error
+    AUDIT_JOB_SEQ,  # version 4: audit rows name their job's seq
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

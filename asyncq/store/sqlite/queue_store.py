@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
-from asyncq.core.lifecycle import Fence
+from asyncq.core.lifecycle import PENDING, Fence
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
@@ -155,11 +155,18 @@ class SqliteQueueStore:
             begun,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
+        self._notify_if_pending(statuses)
         return Settled(statuses, tickets, activated)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms)
+        self._notify_if_pending(statuses)
         return statuses
+
+    def _notify_if_pending(self, statuses: Sequence[str | None]) -> None:
+        """A retry makes a job pending again (ready at once if its delay is 0): wake this process's waiters."""
+        if PENDING in statuses:
+            self._file.notify()
 
     async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
         fences: list[Fence | None] = await self._write(engine.extend, PRODUCT, leases, now_ms, lease_ms)

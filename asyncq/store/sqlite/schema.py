@@ -93,6 +93,14 @@ ERROR_TABLES = (
     "CREATE INDEX IF NOT EXISTS asyncq_errors_job ON asyncq_errors(job_seq)",
 )
 
+# Version 4: audit rows name the job's ``seq``, so that a job enqueued again under a pruned job's id does not
+# inherit its predecessor's redrives (rows written before it are matched to the job their id names now).
+AUDIT_JOB_SEQ = (
+    "ALTER TABLE asyncq_audit ADD COLUMN job_seq INTEGER",
+    "UPDATE asyncq_audit SET job_seq = (SELECT seq FROM asyncq_jobs j WHERE j.id = asyncq_audit.id)",
+    "CREATE INDEX IF NOT EXISTS asyncq_audit_job ON asyncq_audit(job_seq)",
+)
+
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one
 # fenced lease row. Created with ``IF NOT EXISTS`` by ``asyncq.store.sqlite.outbox.ensure_tables``, beside the
 # app's tables.

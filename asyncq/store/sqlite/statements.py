@@ -99,8 +99,10 @@ WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND a
 RETURNING lease_until
 """
 
+# ``{audit_seq}``/``{audit_seq_value}``: the product's audit rows also name the job's ``seq`` (an id pruned and
+# enqueued again is another job); the lab's table, exactly as its contract writes it, has no such column.
 AUDIT = """
-INSERT INTO {audit} (id, token, at_ms, note) VALUES (:id, :token, :now, :note)
+INSERT INTO {audit} (id, token, at_ms, note{audit_seq}) VALUES (:id, :token, :now, :note{audit_seq_value})
 """
 
 REDRIVE = """
@@ -128,6 +130,8 @@ def sql(layout: Layout, name: str) -> str:
         payload=", ".join(layout.payload),
         scope=layout.scope,
         errors=layout.errors,
+        audit_seq=", job_seq" if layout.errors is not None else "",
+        audit_seq_value=", :seq" if layout.errors is not None else "",
     )
 
 
@@ -189,7 +193,8 @@ WHERE seq = :seq AND status = 'pending'
 """
 
 AUDIT_ACTION = """
-INSERT INTO {audit} (id, token, at_ms, note, action, reason) VALUES (:id, :token, :now, :note, :action, :reason)
+INSERT INTO {audit} (id, token, at_ms, note, action, reason{audit_seq})
+VALUES (:id, :token, :now, :note, :action, :reason{audit_seq_value})
 """
 
 # A pool gives back a job it claimed but never started (graceful stop): fenced like a finish, and an attempt

@@ -36,7 +36,7 @@ def enqueue_sync(
     now = wall_clock_ms() if now_ms is None else check_time(now_ms)
     if not isinstance(con, sqlite3.Connection):
         raise TypeError(f"enqueue_sync takes a sqlite3.Connection, not {type(con).__name__}")
-    spec = JobSpec(job_id, body, queue, max_attempts, ttl, delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
     row = spec.to_row(now, MAX_BODY_BYTES)
     if con.in_transaction:
         return _enqueue(con, row)
