@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -545,3 +546,62 @@ async def test_an_idempotency_key_equal_to_the_job_id_may_be_passed() -> None:
         await transport.close()
     [(_, headers, body)] = server.requests
     assert headers["Idempotency-Key"] == "job-1" and body == b"[1,2]"
+
+
+async def test_an_answer_that_arrives_before_its_request_is_not_an_ack() -> None:
+    """A receiver answers job-a, then writes a 200 for job-second on the idle kept-alive connection before any
+    request for it: that must not count as job-second's ACK (aiohttp would read it as the next answer)."""
+    requests: list[tuple[int, bytes]] = []  # (connection number, request line)
+    unsolicited_written, released = asyncio.Event(), asyncio.Event()
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        number = connections
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+                await reader.readexactly(length)
+                requests.append((number, head.split(b"\r\n", 1)[0]))
+                key = re.search(rb"(?i)idempotency-key: *([\w-]+)", head).group(1).decode()  # type: ignore[union-attr]
+                if number == 1 and key == "job-a":
+                    writer.write(_raw_json_response({"id": "job-a"}))
+                    await writer.drain()
+                    await released.wait()  # the client has its answer; the connection sits idle in its pool
+                    writer.write(_raw_json_response({"id": "job-second"}))  # nobody asked for this one
+                    await writer.drain()
+                    unsolicited_written.set()
+                else:
+                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = HttpTransport(f"http://127.0.0.1:{port}/events", timeout=5.0)
+    try:
+        await transport.deliver("job-a", {}, {})
+        released.set()
+        await asyncio.wait_for(unsolicited_written.wait(), 5)
+        connector = transport._open_session().connector
+        deadline = time.monotonic() + 5
+        while not any(proto.should_close for idle in connector._conns.values() for proto, _ in idle):  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the stray answer never reached the idle connection"
+            await asyncio.sleep(0.005)  # polled with a deadline: the parser holds the stray bytes
+        with pytest.raises(Retryable, match="503"):  # the real answer to the real request
+            await transport.deliver("job-second", {}, {})
+    finally:
+        await transport.close()
+        server.close()
+        await server.wait_closed()
+    assert [n for n, _ in requests] == [1, 2]  # job-second went out on a fresh connection
+
+
+def _raw_json_response(body: dict[str, str]) -> bytes:
+    data = json.dumps(body).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import email.utils
 import ipaddress
+import logging
 import math
 import re
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp.payload import BytesPayload
@@ -44,6 +46,8 @@ from asyncq.core.ack import verify_ack
 from asyncq.core.values import check_identifier, check_int, check_seconds
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import AsyncqError, BadAck, Permanent, Retryable
+
+log = logging.getLogger("asyncq.delivery.http")
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -96,6 +100,27 @@ class HostAllowlist:
         except ValueError:
             return host.lower() in self.names
         return any(address.version == net.version and address in net for net in self.networks)
+
+
+class AnsweredOnlyConnector(aiohttp.TCPConnector):
+    """A connector that never reuses an idle connection on which bytes arrived while no request was out.
+
+    aiohttp parses whatever a kept-alive connection receives; a response written before the next request (a
+    receiver's bug, or one answering twice) would be read as that request's answer: an ACK of a job the
+    receiver never saw. Such a connection is closed instead, and the request goes out on a fresh one. (Bytes
+    arriving between the pick of a connection and the request's write cannot be told apart; that window is the
+    send's own few microseconds.)"""
+
+    async def _get(self, key: Any, traces: list[Any]) -> Any:
+        idle = self._conns.get(key)
+        if idle:
+            for entry in [entry for entry in idle if entry[0].should_close]:
+                idle.remove(entry)
+                entry[0].close()
+                log.warning("closed an idle connection to %s:%s that held an unrequested answer", key.host, key.port)
+            if not idle:
+                del self._conns[key]
+        return await super()._get(key, traces)
 
 
 def check_url(url: object, allowed_hosts: Iterable[str] | None = None) -> URL:
@@ -207,7 +232,7 @@ class HttpTransport:
             raise RuntimeError("HttpTransport is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),  # no cap: see the class docstring
+                connector=AnsweredOnlyConnector(limit=0),  # no cap: see the class docstring
                 trust_env=False,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
