@@ -149,18 +149,23 @@ class IdempotentConsumer:
 
     async def stop(self, timeout: float | None = 30.0) -> None:
         """Stop taking deliveries, let running effects finish and be acknowledged (up to ``timeout``
-        seconds), then close: deliveries not yet started return to the queue."""
+        seconds), then close: deliveries not yet started return to the queue. :meth:`run` returns once all
+        is closed, the store included."""
         self._stopping = True
-        await self._cancel_consumer()
-        if self._handling:
-            await asyncio.wait(set(self._handling), timeout=timeout)
-        connection, self._connection = self._connection, None
-        if connection is not None and not connection.is_closed:
-            await connection.close()
-        store, self._store = self._store, None
-        if store is not None:
-            await store.close()
-        self._done.set()
+        try:
+            await self._cancel_consumer()
+            if self._handling:
+                await asyncio.wait(set(self._handling), timeout=timeout)
+            connection, self._connection = self._connection, None
+            if connection is not None and not connection.is_closed:
+                await connection.close()
+        finally:
+            store, self._store = self._store, None
+            try:
+                if store is not None:
+                    await store.close()
+            finally:
+                self._done.set()
 
     async def _cancel_consumer(self) -> None:
         queue, tag, self._tag = self._queue, self._tag, None
@@ -172,7 +177,8 @@ class IdempotentConsumer:
             log.debug("basic.cancel failed: %r", exc)
 
     def _on_connection_closed(self, *args: object) -> None:
-        self._done.set()
+        if not self._stopping:  # a stop closes the connection itself, and ``run`` waits for the stop to end
+            self._done.set()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         task = asyncio.current_task()

@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sqlite3
 
-from asyncq.amqp import Delivery, IdempotentConsumer, Outcome
+from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome
 
 import store
 from settings import Settings
 
 
-def issue_ticket(db: sqlite3.Connection, delivery: Delivery) -> None:
+def issue_ticket(db: EffectTransaction, delivery: Delivery) -> None:
     """The database effect: runs inside the transaction that records the completion key."""
     job = delivery.json()
     assert isinstance(job, dict)
