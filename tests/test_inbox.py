@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -20,6 +21,7 @@ from multidict import CIMultiDict
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent
 from asyncq.inbox import INBOX_KEY, STOCK_TABLES, Effect, EffectTransaction, Inbox, add_to_stock, make_inbox_app
+from asyncq.store.sqlite.effects import ends_transaction
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -330,10 +332,8 @@ async def test_one_failing_effect_in_a_group_commit_rolls_back_alone(tmp_path: P
     assert [row[0] for row in dump(db)["asyncq_inbox"]] == ["e-0", "e-2"] and stock(db) == 2
 
 
-@pytest.mark.parametrize(
-    "statement", ["COMMIT", "ROLLBACK", "END", "BEGIN", "RELEASE asyncq_inbox_event", "ROLLBACK TO asyncq_inbox_event"]
-)
-async def test_an_effect_cannot_end_or_nest_the_inbox_transaction(tmp_path: Path, statement: str) -> None:
+@pytest.mark.parametrize("statement", ["COMMIT", "ROLLBACK", "END", "BEGIN", " /* why */ commit", ";; -- x\nRollback"])
+async def test_an_effect_cannot_end_the_inbox_transaction(tmp_path: Path, statement: str) -> None:
     """A statement that would commit half an event (or the events before it) is refused before it runs: the
     event fails alone and the events around it in the same transaction still commit."""
     db = tmp_path / "sink.db"
@@ -355,6 +355,62 @@ async def test_an_effect_cannot_end_or_nest_the_inbox_transaction(tmp_path: Path
     after = dump(db)
     assert [row[0] for row in after["asyncq_inbox"]] == ["e-0", "e-2"] and stock(db) == 2
     assert after["asyncq_inbox"][0] == before["asyncq_inbox"][0]
+
+
+ENDING = ["COMMIT", "commit transaction", "END", "ROLLBACK", "rollback transaction", ";COMMIT", "/* a */ /**/COMMIT"]
+ENDING += ["-- note\n  END", "\n\tRoLLbAcK", "BEGIN IMMEDIATE", "ROLLBACK/*then*/TO sp"]
+NOT_ENDING = ["ROLLBACK TO sp", "rollback transaction to savepoint sp", "SAVEPOINT sp2", "RELEASE sp", "SELECT 1"]
+NOT_ENDING += ["INSERT INTO t VALUES ('COMMIT')", "EXPLAIN COMMIT", "ENDX", "-- COMMIT", "/* COMMIT */ SELECT 1"]
+NOT_ENDING += ["/* COMMIT", "/* * / COMMIT */ SELECT 2", "SELECT 1 -- COMMIT"]
+
+
+def run_in_a_transaction(statement: str) -> bool:
+    """Run ``statement`` inside an open transaction (with a savepoint ``sp``); whether the transaction is still open
+    afterwards (a statement SQLite refuses leaves it open)."""
+    con = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        con.execute("CREATE TABLE t (x)")
+        con.execute("BEGIN")
+        con.execute("SAVEPOINT sp")
+        with contextlib.suppress(sqlite3.Error):
+            con.execute(statement)
+        return con.in_transaction
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("statement", ENDING)
+def test_statements_that_end_a_transaction_are_recognised(statement: str) -> None:
+    assert ends_transaction(statement)
+    if not statement.startswith(("BEGIN", "ROLLBACK/*")):  # these two fail inside a transaction: refused anyway
+        assert not run_in_a_transaction(statement)
+
+
+@pytest.mark.parametrize("statement", NOT_ENDING)
+def test_statements_that_keep_the_transaction_are_let_through(statement: str) -> None:
+    assert not ends_transaction(statement)
+    assert run_in_a_transaction(statement)
+
+
+async def test_an_effect_that_releases_the_inbox_savepoint_fails_its_whole_batch(tmp_path: Path) -> None:
+    """Savepoints are the effect's to use; releasing the inbox's own merges the event into the batch, so the batch
+    cannot keep its events apart any more: all of it is rolled back and every event is answered as failed."""
+    db = tmp_path / "sink.db"
+
+    def meddling(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        add_to_stock(tx, event_id, body)
+        if event_id == "e-2":
+            tx.execute("RELEASE inbox_event")
+
+    async with Inbox(db, effect=meddling, ddl=STOCK_TABLES) as inbox:
+        assert await inbox.receive("e-0", {"qty": 1}) == "applied"
+        before = dump(db)
+        outcomes = await asyncio.gather(
+            *(inbox.receive(f"e-{i}", {"qty": 1}) for i in (1, 2, 3)), return_exceptions=True
+        )
+        assert all(isinstance(outcome, sqlite3.OperationalError) for outcome in outcomes), outcomes
+        assert inbox.counters.failed == 3 and not write_lock_is_held(db)
+    assert dump(db) == before
 
 
 async def test_an_effect_may_use_savepoints_of_its_own(tmp_path: Path) -> None:

@@ -54,8 +54,8 @@ class AppTransaction:
 
     Usable only inside its block: afterwards every call raises ``RuntimeError`` (a statement would otherwise land
     in whatever transaction another task has open, or autocommit). A statement that ends the transaction itself
-    (``COMMIT``, ``ROLLBACK``, savepoints) is refused before it runs, with ``RuntimeError``: the block is rolled back
-    if that propagates, and still whole if the app catches it."""
+    (``COMMIT``, ``ROLLBACK``) is refused before it runs (``asyncq.store.sqlite.effects``), with ``RuntimeError``:
+    the block is rolled back if that propagates, and still whole if the app catches it."""
 
     def __init__(self, owner: AsyncFile) -> None:
         self._file = owner
@@ -76,11 +76,8 @@ class AppTransaction:
 
 
 def _execute_inside(con: sqlite3.Connection, statement: str, parameters: Sequence[Any] | dict[str, Any]) -> list[Any]:
-    with effect_transaction(con) as tx:  # refuses COMMIT, ROLLBACK, SAVEPOINT, RELEASE before they run
-        rows = tx.execute(statement, parameters)
-    if not con.in_transaction:  # SQLite rolled back by itself (disk full, I/O error)
-        raise RuntimeError("the statement ended the transaction: let the block commit or roll back")
-    return rows
+    with effect_transaction(con) as tx:  # BEGIN, COMMIT, ROLLBACK are refused before they run
+        return tx.execute(statement, parameters)
 
 
 TxT = TypeVar("TxT", bound=AppTransaction)

@@ -56,15 +56,15 @@ def record_events(
     results: list[InboxResult] = []
     with write_transaction(con):
         for event in events:
-            con.execute("SAVEPOINT asyncq_inbox_event")
+            con.execute("SAVEPOINT inbox_event")
             try:
                 results.append(record_event(con, event.id, event.canonical, event.body, now_ms, effect))
             except Exception as error:
                 if not con.in_transaction:  # SQLite rolled back by itself (disk full, I/O error): all of it failed
                     raise
-                con.execute("ROLLBACK TO asyncq_inbox_event")
+                con.execute("ROLLBACK TO inbox_event")
                 results.append(error)
-            con.execute("RELEASE asyncq_inbox_event")
+            con.execute("RELEASE inbox_event")
     return results
 
 
