@@ -13,7 +13,7 @@ import aiormq
 import pytest
 from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
 
-from asyncq.amqp import Delivery, IdempotentConsumer, Outcome, dead_messages, redrive
+from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome, dead_messages, redrive
 from asyncq.delivery.amqp import AmqpTransport
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(30)]
@@ -39,7 +39,7 @@ class Setup:
         await channel.declare_queue(self.queue, durable=True, arguments=self.arguments)  # type: ignore[attr-defined]
 
     def consumer(
-        self, effect: Callable[[sqlite3.Connection, Delivery], object], **options: object
+        self, effect: Callable[[EffectTransaction, Delivery], object], **options: object
     ) -> IdempotentConsumer:
         return IdempotentConsumer(
             self.db_path, effect, queue=self.queue, url=self.url, queue_arguments=self.arguments,
@@ -72,7 +72,7 @@ async def setup(tmp_path: Path, amqp_url: str) -> AsyncIterator[Setup]:
     await setup.transport.close()
 
 
-def issue(db: sqlite3.Connection, delivery: Delivery) -> None:
+def issue(db: EffectTransaction, delivery: Delivery) -> None:
     db.execute("INSERT INTO tickets VALUES (?)", (delivery.key,))
 
 
@@ -111,7 +111,7 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
     broken = threading.Event()
     broken.set()
 
-    def flaky(db: sqlite3.Connection, delivery: Delivery) -> None:
+    def flaky(db: EffectTransaction, delivery: Delivery) -> None:
         if broken.is_set() and delivery.key == "poison":
             raise RuntimeError("template missing")
         issue(db, delivery)
@@ -135,7 +135,7 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
 async def test_prefetch_bounds_the_unacknowledged_deliveries(setup: Setup) -> None:
     gate = threading.Event()
 
-    def held(db: sqlite3.Connection, delivery: Delivery) -> None:
+    def held(db: EffectTransaction, delivery: Delivery) -> None:
         gate.wait(DEADLINE)
         issue(db, delivery)
 
@@ -150,7 +150,7 @@ async def test_prefetch_bounds_the_unacknowledged_deliveries(setup: Setup) -> No
 async def test_graceful_stop_finishes_the_running_effect_and_returns_the_rest(setup: Setup) -> None:
     entered, gate = threading.Event(), threading.Event()
 
-    def held(db: sqlite3.Connection, delivery: Delivery) -> None:
+    def held(db: EffectTransaction, delivery: Delivery) -> None:
         entered.set()
         gate.wait(DEADLINE)
         issue(db, delivery)
@@ -167,6 +167,24 @@ async def test_graceful_stop_finishes_the_running_effect_and_returns_the_rest(se
     await running  # returns quietly after stop()
     assert setup.tickets() == ["R-0"] and ("R-0", Outcome.COMPLETED) in setup.outcomes
     await setup.until(lambda: queue_counts(setup.queue) == (4, 0), "the four unstarted deliveries back in the queue")
+
+
+def store_threads() -> int:
+    """The store's connection threads alive in this process (aiosqlite names each after its worker)."""
+    return sum("_connection_worker_thread" in thread.name for thread in threading.enumerate())
+
+
+async def test_run_returns_only_once_a_stop_has_closed_the_store(setup: Setup) -> None:
+    """As a SIGTERM handler does it: ``stop`` in a task of its own, and the app waits only for ``run``. The
+    broker connection closes first; ``run`` must still wait for the store, or the process cannot exit."""
+    before = store_threads()
+    consumer = setup.consumer(issue, concurrency=3)
+    await consumer.start()
+    assert store_threads() == before + 3
+    running = asyncio.create_task(consumer.run())
+    asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(consumer.stop()))
+    await asyncio.wait_for(running, DEADLINE)
+    assert store_threads() == before
 
 
 def test_settings_are_checked() -> None:

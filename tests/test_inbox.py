@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
@@ -19,8 +20,8 @@ from multidict import CIMultiDict
 
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent
-from asyncq.inbox import INBOX_KEY, Inbox, make_inbox_app
-from asyncq.store.sqlite.inbox import STOCK_TABLES, Effect, add_to_stock
+from asyncq.inbox import INBOX_KEY, STOCK_TABLES, Effect, EffectTransaction, Inbox, add_to_stock, make_inbox_app
+from asyncq.store.sqlite.effects import ends_transaction
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -62,9 +63,9 @@ async def post(session: aiohttp.ClientSession, url: str, data: Any, headers: Any
 async def test_fifty_simultaneous_posts_of_one_id_apply_once(tmp_path: Path) -> None:
     calls: list[str] = []
 
-    def counting(con: sqlite3.Connection, event_id: str, body: Any) -> None:
+    def counting(tx: EffectTransaction, event_id: str, body: Any) -> None:
         calls.append(event_id)
-        add_to_stock(con, event_id, body)
+        add_to_stock(tx, event_id, body)
 
     db = tmp_path / "sink.db"
     async with running_inbox(db, counting) as (url, inbox), aiohttp.ClientSession() as session:
@@ -190,8 +191,8 @@ async def test_oversized_bodies_are_413_by_header_and_while_reading(tmp_path: Pa
 async def test_effect_errors_roll_back_everything(tmp_path: Path) -> None:
     db = tmp_path / "sink.db"
 
-    def broken(con: sqlite3.Connection, event_id: str, body: Any) -> None:
-        add_to_stock(con, event_id, body)
+    def broken(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        add_to_stock(tx, event_id, body)
         raise RuntimeError("disk on fire")
 
     async with running_inbox(db) as (url, inbox), aiohttp.ClientSession() as session:
@@ -241,13 +242,29 @@ async def test_events_waiting_together_share_one_commit(tmp_path: Path) -> None:
     assert stock(db) == 40 and len(dump(db)["asyncq_inbox"]) == 40
 
 
+def write_lock_is_held(db: Path) -> bool:
+    """Whether another connection holds the file's write lock (a ``BEGIN IMMEDIATE`` that may not wait fails)."""
+    other = sqlite3.connect(db, timeout=0, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as error:
+        assert "locked" in str(error)
+        return True
+    finally:
+        other.close()
+
+
 async def test_the_effect_runs_inside_a_durable_write_transaction(tmp_path: Path) -> None:
     seen: list[tuple[bool, str, int]] = []
 
-    def probe(con: sqlite3.Connection, event_id: str, body: Any) -> None:
-        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
-        seen.append((con.in_transaction, mode, con.execute("PRAGMA synchronous").fetchone()[0]))
+    def probe(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        [(mode,)] = tx.execute("PRAGMA journal_mode")
+        [(synchronous,)] = tx.execute("PRAGMA synchronous")
+        seen.append((write_lock_is_held(tmp_path / "sink.db"), mode, synchronous))
 
+    assert not write_lock_is_held(tmp_path / "free.db")
     async with Inbox(tmp_path / "sink.db", effect=probe, clock=lambda: 1234) as inbox:
         assert await inbox.receive("e-1", {"qty": 1}) == "applied"
         assert await inbox.receive("e-1", {"qty": 1}) == "duplicate"
@@ -294,3 +311,139 @@ async def test_the_standalone_receiver_serves_until_a_stop_signal(tmp_path: Path
             process.kill()
             await process.wait()
     assert stock(db) == 6
+
+
+async def test_one_failing_effect_in_a_group_commit_rolls_back_alone(tmp_path: Path) -> None:
+    """Events written in one transaction: the one whose effect raises loses its row and its effect's rows (its
+    savepoint), the others commit in that same transaction."""
+    db = tmp_path / "sink.db"
+
+    def picky(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        add_to_stock(tx, event_id, body)
+        if event_id == "e-1":
+            raise RuntimeError("e-1 fails after its write")
+
+    async with Inbox(db, effect=picky, ddl=STOCK_TABLES) as inbox:
+        outcomes = await asyncio.gather(
+            *(inbox.receive(f"e-{i}", {"qty": 1}) for i in range(3)), return_exceptions=True
+        )
+        assert inbox.counters.commits == 1 and inbox.counters.failed == 1
+    assert outcomes[0] == outcomes[2] == "applied" and isinstance(outcomes[1], RuntimeError)
+    assert [row[0] for row in dump(db)["asyncq_inbox"]] == ["e-0", "e-2"] and stock(db) == 2
+
+
+@pytest.mark.parametrize("statement", ["COMMIT", "ROLLBACK", "END", "BEGIN", " /* why */ commit", ";; -- x\nRollback"])
+async def test_an_effect_cannot_end_the_inbox_transaction(tmp_path: Path, statement: str) -> None:
+    """A statement that would commit half an event (or the events before it) is refused before it runs: the
+    event fails alone and the events around it in the same transaction still commit."""
+    db = tmp_path / "sink.db"
+
+    def meddling(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        add_to_stock(tx, event_id, body)
+        if event_id == "e-1":
+            tx.execute(statement)
+
+    async with Inbox(db, effect=meddling, ddl=STOCK_TABLES) as inbox:
+        assert await inbox.receive("e-0", {"qty": 1}) == "applied"
+        before = dump(db)
+        outcomes = await asyncio.gather(
+            inbox.receive("e-1", {"qty": 5}), inbox.receive("e-2", {"qty": 1}), return_exceptions=True
+        )
+        assert isinstance(outcomes[0], RuntimeError) and "refused" in str(outcomes[0])
+        assert outcomes[1] == "applied" and inbox.counters.commits == 2
+        assert not write_lock_is_held(db)
+    after = dump(db)
+    assert [row[0] for row in after["asyncq_inbox"]] == ["e-0", "e-2"] and stock(db) == 2
+    assert after["asyncq_inbox"][0] == before["asyncq_inbox"][0]
+
+
+ENDING = ["COMMIT", "commit transaction", "END", "ROLLBACK", "rollback transaction", ";COMMIT", "/* a */ /**/COMMIT"]
+ENDING += ["-- note\n  END", "\n\tRoLLbAcK", "BEGIN IMMEDIATE", "ROLLBACK/*then*/TO sp"]
+NOT_ENDING = ["ROLLBACK TO sp", "rollback transaction to savepoint sp", "SAVEPOINT sp2", "RELEASE sp", "SELECT 1"]
+NOT_ENDING += ["INSERT INTO t VALUES ('COMMIT')", "EXPLAIN COMMIT", "ENDX", "-- COMMIT", "/* COMMIT */ SELECT 1"]
+NOT_ENDING += ["/* COMMIT", "/* * / COMMIT */ SELECT 2", "SELECT 1 -- COMMIT"]
+
+
+def run_in_a_transaction(statement: str) -> bool:
+    """Run ``statement`` inside an open transaction (with a savepoint ``sp``); whether the transaction is still open
+    afterwards (a statement SQLite refuses leaves it open)."""
+    con = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        con.execute("CREATE TABLE t (x)")
+        con.execute("BEGIN")
+        con.execute("SAVEPOINT sp")
+        with contextlib.suppress(sqlite3.Error):
+            con.execute(statement)
+        return con.in_transaction
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("statement", ENDING)
+def test_statements_that_end_a_transaction_are_recognised(statement: str) -> None:
+    assert ends_transaction(statement)
+    if not statement.startswith(("BEGIN", "ROLLBACK/*")):  # these two fail inside a transaction: refused anyway
+        assert not run_in_a_transaction(statement)
+
+
+@pytest.mark.parametrize("statement", NOT_ENDING)
+def test_statements_that_keep_the_transaction_are_let_through(statement: str) -> None:
+    assert not ends_transaction(statement)
+    assert run_in_a_transaction(statement)
+
+
+async def test_an_effect_that_releases_the_inbox_savepoint_fails_its_whole_batch(tmp_path: Path) -> None:
+    """Savepoints are the effect's to use; releasing the inbox's own merges the event into the batch, so the batch
+    cannot keep its events apart any more: all of it is rolled back and every event is answered as failed."""
+    db = tmp_path / "sink.db"
+
+    def meddling(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        add_to_stock(tx, event_id, body)
+        if event_id == "e-2":
+            tx.execute("RELEASE inbox_event")
+
+    async with Inbox(db, effect=meddling, ddl=STOCK_TABLES) as inbox:
+        assert await inbox.receive("e-0", {"qty": 1}) == "applied"
+        before = dump(db)
+        outcomes = await asyncio.gather(
+            *(inbox.receive(f"e-{i}", {"qty": 1}) for i in (1, 2, 3)), return_exceptions=True
+        )
+        assert all(isinstance(outcome, sqlite3.OperationalError) for outcome in outcomes), outcomes
+        assert inbox.counters.failed == 3 and not write_lock_is_held(db)
+    assert dump(db) == before
+
+
+async def test_an_effect_may_use_savepoints_of_its_own(tmp_path: Path) -> None:
+    def careful(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        tx.execute("SAVEPOINT mine")
+        add_to_stock(tx, event_id, {"qty": 100, "item": "tried"})
+        tx.execute("ROLLBACK TO mine")
+        tx.execute("RELEASE mine")
+        add_to_stock(tx, event_id, body)
+
+    async with Inbox(tmp_path / "sink.db", effect=careful, ddl=STOCK_TABLES) as inbox:
+        assert await inbox.receive("e-0", {"qty": 3}) == "applied"
+    assert dump(tmp_path / "sink.db")["stock"] == [("snack", 3)]
+
+
+async def test_the_effect_transaction_reads_rows_and_is_unusable_after_the_effect(tmp_path: Path) -> None:
+    kept: list[EffectTransaction] = []
+    read: list[list[Any]] = []
+
+    def remember(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        add_to_stock(tx, event_id, body)
+        read.append(tx.execute("SELECT item, qty FROM stock WHERE item = :item", {"item": "snack"}))
+        kept.append(tx)
+
+    async with Inbox(tmp_path / "sink.db", effect=remember, ddl=STOCK_TABLES) as inbox:
+        await inbox.receive("e-0", {"qty": 3})
+        await inbox.receive("e-1", {"qty": 4})
+        with pytest.raises(RuntimeError, match="effect has returned"):
+            kept[0].execute("DELETE FROM stock")
+    assert read == [[("snack", 3)], [("snack", 7)]] and stock(tmp_path / "sink.db") == 7
+
+
+def test_a_bad_path_is_refused_before_anything_opens() -> None:
+    for bad in ("", ":memory:", "postgresql://localhost/app", 7):
+        with pytest.raises(ValueError, match="db"):
+            Inbox(bad)

@@ -24,9 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import asyncq
 from asyncq.core.jobs import JobSpec
 from asyncq.errors import Permanent, Retryable
-from asyncq.inbox import make_inbox_app
+from asyncq.inbox import STOCK_TABLES, add_to_stock, make_inbox_app
 from asyncq.queue import Queue
-from asyncq.store.sqlite.inbox import STOCK_TABLES, add_to_stock
 from asyncq.web.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
 from asyncq.worker.pool import JobContext, Pool
 

@@ -21,10 +21,10 @@ from aiohttp import web
 from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent, Retryable
-from asyncq.inbox import make_inbox_app
-from asyncq.outbox import Outbox, Relay, add_sync
-from asyncq.store.sqlite import outbox as store
-from asyncq.worker.pool import RetryPolicy
+from asyncq.inbox import EffectTransaction, make_inbox_app
+from asyncq.outbox import Outbox, ReceiverFigures, Relay, add_sync
+from asyncq.store.port.outbox import Lease, Step
+from asyncq.worker.context import RetryPolicy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,7 +54,7 @@ class Receiver:
         self.arrived = asyncio.Event()
         self.release = asyncio.Event()
 
-    def effect(self, con: sqlite3.Connection, event_id: str, body: Any) -> None:
+    def effect(self, tx: EffectTransaction, event_id: str, body: Any) -> None:
         if event_id in self.poison:
             raise self.poison[event_id](f"{event_id} is poison")
         self.applied.append(event_id)
@@ -376,9 +376,9 @@ async def test_a_relay_that_lost_its_lease_can_never_mark_sent(tmp_path: Path, c
         assert (stored["state"], stored["attempts"], stored["sent_at"]) == ("unsent", 2, None)
         assert "busy" in stored["last_error"]  # what the current holder recorded, nothing from the stale one
 
-        stale = store.Lease("first", 1, None)
-        step = await first_box._run(store.advance, stale, clock.now, 60_000, 1, None)
-        assert step == store.Step(None, marked=False, started=False)
+        stale = Lease("first", 1, None)
+        step = await first_box.store.advance(stale, clock.now, 60_000, 1, None)
+        assert step == Step(None, marked=False, started=False)
         assert item(Path(db), "A")["state"] == "unsent"
         assert (await first.run_once()).stopped == "not-leader"  # it does not get the lease back either
         clock.now += took_over.wait_ms
@@ -475,7 +475,7 @@ async def test_figures_show_backlog_age_head_attempts_and_the_receivers_counts(t
                 "A",
                 0,
             )
-            assert before.receiver == store.ReceiverFigures(applied=2, duplicates=0, conflicts=0)
+            assert before.receiver == ReceiverFigures(applied=2, duplicates=0, conflicts=0)
 
             result = await relay.run_once()
             assert (result.sent, result.stopped, result.head_id) == (1, "alarm", "K")  # 409 is Permanent
@@ -486,8 +486,59 @@ async def test_figures_show_backlog_age_head_attempts_and_the_receivers_counts(t
     assert (after.alarm, after.head_id, after.head_state, after.head_attempts) == (True, "K", "alarm", 1)
     assert "409" in (after.head_last_error or "")
     assert (after.lease_owner, after.lease_token) == ("relay-1", 1)
-    assert after.receiver == store.ReceiverFigures(applied=2, duplicates=1, conflicts=1)
+    assert after.receiver == ReceiverFigures(applied=2, duplicates=1, conflicts=1)
 
     async with await Outbox.open(str(tmp_path / "app.db"), clock=clock) as reopened:
         figures = await Relay(reopened, FakeTransport(), stats_url=url + "/stats").figures()  # the receiver is gone
     assert figures.receiver is None and figures.receiver_error is not None and figures.unsent == 2
+
+
+async def test_run_rides_out_a_store_held_by_another_process(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Another connection holds the file's write lock: each pass fails with the store's busy error, which the
+    loop logs and waits out (nothing is delivered meanwhile); once the lock is gone, the item goes."""
+    db = tmp_path / "app.db"
+    caplog.set_level(logging.WARNING, logger="asyncq.outbox")
+    async with await Outbox.open(str(db), busy_timeout=0.02) as outbox:
+        await outbox.add("A", {"qty": 1})
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        transport = FakeTransport()
+        relay = Relay(outbox, transport, poll_ms=20)
+        running = asyncio.create_task(relay.run())
+        try:
+            async with asyncio.timeout(10):
+                while sum("locked" in r.getMessage() for r in caplog.records) < 2:
+                    await asyncio.sleep(0.01)
+            assert transport.delivered_ids() == [] and not running.done()
+            blocker.execute("ROLLBACK")
+            async with asyncio.timeout(10):
+                while transport.delivered_ids() != ["A"]:
+                    await asyncio.sleep(0.01)
+        finally:
+            blocker.close()
+            relay.stop()
+            await asyncio.wait_for(running, 10)
+    assert states(db) == [("A", "sent")]
+
+
+async def test_a_transaction_is_usable_only_inside_its_block(tmp_path: Path, clock: Clock) -> None:
+    db = tmp_path / "app.db"
+    async with await Outbox.open(str(db), clock=clock) as outbox:
+        with pytest.raises(RuntimeError, match="refused"):
+            async with outbox.transaction() as tx:
+                await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+                await tx.execute("COMMIT")  # refused before it runs: nothing is committed early
+        assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'orders'") == []
+        async with outbox.transaction() as tx:
+            await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+            with pytest.raises(RuntimeError, match="holds an open transaction"):
+                await outbox.add("A", {})  # would wait for its own block forever
+            with pytest.raises(RuntimeError, match="refused"):
+                await tx.execute("ROLLBACK")  # caught by the app: the block is still whole and commits
+            await tx.add("A", {"qty": 1})
+        assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'orders'") == [("orders",)]
+        with pytest.raises(RuntimeError, match="block has ended"):
+            await tx.add("B", {"qty": 1})
+        with pytest.raises(ValueError):
+            await Outbox.open(str(db), durability="fast")
+    assert states(db) == [("A", "unsent")]

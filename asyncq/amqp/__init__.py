@@ -1,20 +1,21 @@
-"""An idempotent RabbitMQ consumer: the completion key commits with the effect, the ack follows the commit."""
+"""An idempotent RabbitMQ consumer: the completion key commits with the effect, the ack follows the commit.
 
-from asyncq.amqp.consumer import (
-    DeadMessage,
-    Delivery,
-    Effect,
-    IdempotentConsumer,
-    Outcome,
-    dead_messages,
-    process_delivery,
-    redrive,
-)
+``asyncq.amqp.consumer`` holds the consumer, over the consumer store's port (``asyncq.store.port.amqp``; the
+SQLite driver is ``asyncq.store.sqlite.amqp``). An effect is written against ``EffectTransaction``.
+"""
+
+from asyncq.amqp.consumer import IdempotentConsumer, dead_messages, redrive
+from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.effects import EffectTransaction
+
+# The rule for one delivery on an open ``sqlite3`` connection (the SQLite driver's own, run by the consumer).
+from asyncq.store.sqlite.amqp import process_delivery
 
 __all__ = [
     "DeadMessage",
     "Delivery",
     "Effect",
+    "EffectTransaction",
     "IdempotentConsumer",
     "Outcome",
     "dead_messages",

@@ -1,7 +1,7 @@
 """The idempotent RabbitMQ consumer: the effect and its completion key commit together, the ack comes after.
 
 For each delivery the consumer runs the app's database effect and writes the message's completion key in
-one SQLite transaction, and acknowledges the delivery only once that transaction has committed:
+one transaction of its store, and acknowledges the delivery only once that transaction has committed:
 
 * a crash before COMMIT leaves no effect and no key; the broker redelivers and the effect runs again;
 * a crash after COMMIT but before the ack makes the broker redeliver a completed key: it is acknowledged
@@ -11,8 +11,10 @@ one SQLite transaction, and acknowledges the delivery only once that transaction
   parked as dead with its reason (:func:`dead_messages`) and acknowledged; :func:`redrive` republishes it.
 
 This makes a repeated delivery safe for the database effect only. It is not exactly-once delivery, and
-external side effects (e-mail, payments) need their own design. The rule itself is
-:func:`asyncq.store.sqlite.amqp.process_delivery`; this module only moves deliveries to it and answers the broker.
+external side effects (e-mail, payments) need their own design. The rule itself is the store's
+(``asyncq.store.port.amqp`` states it; the SQLite driver is ``asyncq.store.sqlite.amqp``); this module only
+moves deliveries to it and answers the broker. The effect is ``effect(tx, delivery)``, with ``tx`` an
+``EffectTransaction`` (``tx.execute(statement, parameters)``), run in the store's connection thread.
 
     async with IdempotentConsumer("app.db", issue_ticket, queue="registrations", concurrency=4) as consumer:
         await consumer.run()  # until consumer.stop() (e.g. from a SIGTERM handler)
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,30 +32,10 @@ import aio_pika
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from asyncq.core.clock import wall_clock_ms
-from asyncq.core.values import check_int
+from asyncq.core.values import check_int, check_time
 from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
-from asyncq.store.sqlite.amqp import (
-    DeadMessage,
-    Delivery,
-    Effect,
-    Outcome,
-    forget_dead,
-    get_dead,
-    list_dead,
-    open_store,
-    process_delivery,
-)
-
-__all__ = [
-    "DeadMessage",
-    "Delivery",
-    "Effect",
-    "IdempotentConsumer",
-    "Outcome",
-    "dead_messages",
-    "process_delivery",
-    "redrive",
-]
+from asyncq.store.opening import open_amqp_store, read_dead_messages
+from asyncq.store.port.amqp import AmqpStore, DeadMessage, Delivery, Effect, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +57,9 @@ class ConsumerStats:
 
 class IdempotentConsumer:
     """Consumes ``queue`` with at most ``prefetch`` unacknowledged deliveries and ``concurrency`` deliveries
-    in progress at once, each in a worker thread on its own SQLite connection to ``database``. SQLite runs
-    one write transaction at a time, so concurrency overlaps one delivery's effect with the others' commits,
-    acks and waits, not two effects with each other.
+    in progress at once, each on its own connection of the store at ``database`` (on SQLite, each with a thread
+    of its own). SQLite runs one write transaction at a time, so concurrency overlaps one delivery's effect with
+    the others' commits, acks and waits, not two effects with each other.
 
     ``queue_arguments`` declares the queue (durable) with those arguments, e.g. ``{"x-queue-type":
     "quorum"}``; ``declare=False`` uses an existing queue. ``key`` derives the completion key from a
@@ -116,7 +97,8 @@ class IdempotentConsumer:
         self._key = key or _message_id
         self._on_outcome = on_outcome
         self._clock = clock
-        self._connections: asyncio.Queue[sqlite3.Connection] = asyncio.Queue()
+        self._store: AmqpStore | None = None
+        self._slots = asyncio.Semaphore(self.concurrency)
         self._connection: AbstractConnection | None = None
         self._queue: AbstractQueue | None = None
         self._tag: str | None = None
@@ -137,12 +119,10 @@ class IdempotentConsumer:
         await self.stop()
 
     async def start(self) -> None:
-        """Open the database connections and the broker connection, then start consuming; on failure
-        everything opened so far is closed again."""
+        """Open the store (``concurrency`` connections) and the broker connection, then start consuming; on
+        failure everything opened so far is closed again."""
         try:
-            for _ in range(self.concurrency):
-                con = await asyncio.to_thread(open_store, self.database, check_same_thread=False)
-                self._connections.put_nowait(con)
+            self._store = await open_amqp_store(self.database, connections=self.concurrency)
             self._connection = await aio_pika.connect(self.url)
             self._connection.close_callbacks.add(self._on_connection_closed)
             self._queue = await self._open_queue(self._connection)
@@ -169,17 +149,23 @@ class IdempotentConsumer:
 
     async def stop(self, timeout: float | None = 30.0) -> None:
         """Stop taking deliveries, let running effects finish and be acknowledged (up to ``timeout``
-        seconds), then close: deliveries not yet started return to the queue."""
+        seconds), then close: deliveries not yet started return to the queue. :meth:`run` returns once all
+        is closed, the store included."""
         self._stopping = True
-        await self._cancel_consumer()
-        if self._handling:
-            await asyncio.wait(set(self._handling), timeout=timeout)
-        connection, self._connection = self._connection, None
-        if connection is not None and not connection.is_closed:
-            await connection.close()
-        while not self._connections.empty():
-            self._connections.get_nowait().close()
-        self._done.set()
+        try:
+            await self._cancel_consumer()
+            if self._handling:
+                await asyncio.wait(set(self._handling), timeout=timeout)
+            connection, self._connection = self._connection, None
+            if connection is not None and not connection.is_closed:
+                await connection.close()
+        finally:
+            store, self._store = self._store, None
+            try:
+                if store is not None:
+                    await store.close()
+            finally:
+                self._done.set()
 
     async def _cancel_consumer(self) -> None:
         queue, tag, self._tag = self._queue, self._tag, None
@@ -191,7 +177,8 @@ class IdempotentConsumer:
             log.debug("basic.cancel failed: %r", exc)
 
     def _on_connection_closed(self, *args: object) -> None:
-        self._done.set()
+        if not self._stopping:  # a stop closes the connection itself, and ``run`` waits for the stop to end
+            self._done.set()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         task = asyncio.current_task()
@@ -206,20 +193,18 @@ class IdempotentConsumer:
         delivery = self._delivery(message)
         self.stats.delivered += 1
         self.stats.redelivered += delivery.redelivered
-        con = await self._connections.get()
-        try:
-            if self._stopping:
-                outcome = Outcome.RETRY  # not started: back to the queue for the next consumer
-            else:
-                outcome = await asyncio.to_thread(
-                    process_delivery, con, delivery, self.effect,
-                    delivery_limit=self.delivery_limit, now=self._clock(),
-                )  # fmt: skip
-        except Exception:
-            log.exception("delivery %r could not be processed; requeueing it", delivery.key)
-            outcome = Outcome.RETRY
-        finally:
-            self._connections.put_nowait(con)
+        async with self._slots:
+            try:
+                if self._stopping or self._store is None:
+                    outcome = Outcome.RETRY  # not started: back to the queue for the next consumer
+                else:
+                    now_ms = check_time(self._clock(), "clock()")
+                    outcome = await self._store.process(
+                        delivery, self.effect, delivery_limit=self.delivery_limit, now_ms=now_ms
+                    )
+            except Exception:
+                log.exception("delivery %r could not be processed; requeueing it", delivery.key)
+                outcome = Outcome.RETRY
         await self._answer(message, delivery, outcome)
 
     async def _answer(self, message: AbstractIncomingMessage, delivery: Delivery, outcome: Outcome) -> None:
@@ -263,12 +248,8 @@ def _message_id(message: AbstractIncomingMessage) -> str | None:
 
 
 def dead_messages(database: object) -> list[DeadMessage]:
-    """The messages parked in ``database``, oldest first, each with its reason."""
-    con = open_store(database)
-    try:
-        return list_dead(con)
-    finally:
-        con.close()
+    """The messages parked in ``database``, oldest first, each with its reason (read synchronously)."""
+    return read_dead_messages(database)
 
 
 async def redrive(database: object, seq: int, transport: AmqpTransport) -> DeadMessage:
@@ -277,16 +258,16 @@ async def redrive(database: object, seq: int, transport: AmqpTransport) -> DeadM
     The broker's delivery headers are dropped, so the message starts with a fresh delivery count. A crash
     between the publish and the forget leaves the row to be redriven again: the key makes that harmless.
     """
-    con = open_store(database)
+    store = await open_amqp_store(database, connections=1)
     try:
-        dead = get_dead(con, seq)
+        dead = await store.get_dead(seq)
         if dead is None:
             raise LookupError(f"no parked message {seq}")
         if dead.key is None:
             raise ValueError(f"parked message {seq} has no message id; republishing it unchanged cannot help")
         headers = {name: value for name, value in dead.headers.items() if name not in _BROKER_HEADERS}
         await transport.publish(dead.key, dead.body, headers, content_type=dead.content_type, routing_key=dead.queue)
-        forget_dead(con, seq)
+        await store.forget_dead(seq)
         return dead
     finally:
-        con.close()
+        await store.close()

@@ -1,7 +1,8 @@
 """The receiving side: an aiohttp endpoint that applies each event's effect once, with its inbox row.
 
-``asyncq.inbox.receiver`` holds the facade and the HTTP handling; the SQLite statements are the driver's
-(``asyncq.store.sqlite.inbox``). ``python -m asyncq.inbox`` runs a receiver standalone.
+``asyncq.inbox.receiver`` holds the facade and the HTTP handling, over the inbox store's port
+(``asyncq.store.port.inbox``; the SQLite driver is ``asyncq.store.sqlite.inbox``). An effect is written against
+``EffectTransaction``; ``add_to_stock`` is the example. ``python -m asyncq.inbox`` runs a receiver standalone.
 """
 
 from asyncq.inbox.receiver import (
@@ -15,11 +16,18 @@ from asyncq.inbox.receiver import (
     parse_event,
     spawn,
 )
+from asyncq.inbox.stock import STOCK_TABLES, add_to_stock
+from asyncq.store.port.effects import EffectTransaction
+from asyncq.store.port.inbox import InboxEffect as Effect
 
 __all__ = [
     "INBOX_KEY",
+    "STOCK_TABLES",
+    "Effect",
+    "EffectTransaction",
     "Inbox",
     "InboxCounters",
+    "add_to_stock",
     "inbox_lifecycle",
     "inbox_routes",
     "main",

@@ -1,4 +1,4 @@
-"""The receiver side: an aiohttp endpoint that applies each event's effect once, with its inbox row, in SQLite.
+"""The receiver side: an aiohttp endpoint that applies each event's effect once, with its inbox row, in its store.
 
 ``POST /events`` (the path is configurable) takes a JSON body. The event's id is the ``Idempotency-Key``
 header if sent (the body is then any JSON value; an ``id`` in an object body must equal it), else the
@@ -20,15 +20,18 @@ the effect or SQLite fails         500     ``{"id", "status": "failed"}``: rolle
 "Same body" means the same canonical JSON (sorted keys, compact separators, ASCII escapes): key order and
 whitespace do not matter, ``1`` and ``1.0`` differ. ``GET /events/stats`` shows the counters.
 
-Durability: asyncq's ``full`` level (WAL with ``synchronous=FULL``, as ``Queue`` opens its files), and the ACK
-goes out only after ``COMMIT`` returned, so an acknowledged effect survives a power loss.
+Effects: ``effect(tx, event_id, body)`` runs synchronously inside the event's write transaction, in the store's
+writer thread; ``tx`` is an ``EffectTransaction`` (``tx.execute(statement, parameters)`` returns the rows), so the
+app's rows and the inbox row commit together. ``add_to_stock`` (``asyncq.inbox.stock``) is the example.
+
+Durability: the store's (SQLite: asyncq's ``full`` level, WAL with ``synchronous=FULL``, as ``Queue`` opens its
+files), and the ACK goes out only after the commit returned, so an acknowledged effect survives a power loss.
 
 Group commit: requests that arrive while a transaction is being written wait for the next one, which
-records all of them, each inside its own savepoint (a failing effect rolls back only its own event). Under
-load one fsync serves many requests; alone, a request still gets its own commit at once.
-
-Serialisation: all SQLite work runs in one dedicated thread owning the only connection, so concurrent
-requests queue in memory, in arrival order, instead of contending in SQLite's busy handler.
+records all of them, each on its own (a failing effect rolls back only its own event). Under load one
+fsync serves many requests; alone, a request still gets its own commit at once. The store's rules are
+``asyncq.store.port.inbox``'s; on SQLite one thread owns the only connection, so concurrent requests queue in
+memory, in arrival order, instead of contending in SQLite's busy handler.
 
 Counters: the table is the durable record (rows = applied, ``sum(duplicates)``, ``sum(conflicts)``);
 :attr:`Inbox.counters` also counts, since start, rejected (400/413) and failed requests, which leave no row.
@@ -38,16 +41,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import logging
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
@@ -55,20 +55,12 @@ from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jsontext import canonical_json, loads_strict
 from asyncq.core.values import check_identifier, check_int, check_time
 from asyncq.errors import Conflict, Permanent
-from asyncq.store.sqlite.connection import check_path, open_file
-from asyncq.store.sqlite.durability import FULL
-from asyncq.store.sqlite.inbox import (
-    INBOX_TABLES,
-    STOCK_TABLES,
-    TOTALS,
-    Effect,
-    add_to_stock,
-    record_events,
-)
+from asyncq.inbox.stock import STOCK_TABLES, add_to_stock
+from asyncq.store.opening import open_inbox_store, read_inbox_totals, store_path
+from asyncq.store.port.inbox import InboxEffect as Effect
+from asyncq.store.port.inbox import InboxEvent, InboxResult, InboxStore
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 MAX_BODY_BYTES = 65536
 
@@ -87,7 +79,8 @@ class InboxCounters:
 
 
 class Inbox:
-    """The durable receiver state: one SQLite file, one writer thread owning its only connection.
+    """The durable receiver state: an inbox store (on SQLite, one file and one writer thread owning its only
+    connection) and the group commit in front of it.
 
     ``ddl`` adds the effect's own ``CREATE … IF NOT EXISTS`` statements, run with the inbox's on open.
     Use as ``async with Inbox(db, effect=…) as inbox:`` or call :meth:`open` and :meth:`close`.
@@ -101,45 +94,32 @@ class Inbox:
         ddl: Iterable[str] = (),
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
-        self.db = check_path(db, "db")
+        self.db = store_path(db, "db")
         if effect is not None and not callable(effect):
             raise ValueError("effect must be None or callable")
         self.effect = effect
         self.counters = InboxCounters()
-        self._ddl = (*INBOX_TABLES, *ddl)
+        self._ddl = tuple(ddl)
         self._clock = clock
-        self._executor: ThreadPoolExecutor | None = None
-        self._con: sqlite3.Connection | None = None  # used only in the executor's thread
-        self._waiting: list[tuple[str, str, Any, asyncio.Future[str | Exception]]] = []
+        self._store: InboxStore | None = None
+        self._waiting: list[tuple[InboxEvent, asyncio.Future[InboxResult]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        """Start the writer thread and open the file there (tables created if missing, rows kept)."""
-        if self._executor is not None:
+        """Open the store (tables created if missing, rows kept)."""
+        if self._store is not None:
             raise RuntimeError("the inbox is already open")
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncq-inbox")
-        try:
-            self._con = await self._in_thread(
-                open_file, self.db, self._ddl, journal_mode=FULL.journal_mode, synchronous=FULL.synchronous, timeout=5.0
-            )
-        except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
-            raise
+        self._store = await open_inbox_store(self.db, ddl=self._ddl)
 
     async def close(self) -> None:
-        """Close the connection in its thread, after the writes already queued, and stop the thread."""
-        executor, con = self._executor, self._con
-        if executor is None:
+        """Close the store, after the writes already queued."""
+        store = self._store
+        if store is None:
             return
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
-        try:
-            if con is not None:
-                await self._in_thread(con.close)
-        finally:
-            self._executor = self._con = None
-            executor.shutdown(wait=False)
+        self._store = None
+        await store.close()
 
     async def __aenter__(self) -> Inbox:
         await self.open()
@@ -152,10 +132,9 @@ class Inbox:
         """Apply ``body`` under ``event_id`` once: ``'applied'`` or ``'duplicate'``; ``Conflict`` for the
         same id with another body. ``ValueError`` (bad id, body not strict JSON) before any change; an
         effect's exception rolls everything back and propagates."""
-        check_identifier(event_id, "event_id")
-        canonical = canonical_json(body)
-        future: asyncio.Future[str | Exception] = asyncio.get_running_loop().create_future()
-        self._waiting.append((event_id, canonical, body, future))
+        event = InboxEvent(check_identifier(event_id, "event_id"), canonical_json(body), body)
+        future: asyncio.Future[InboxResult] = asyncio.get_running_loop().create_future()
+        self._waiting.append((event, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_waiting())
         outcome = await future
@@ -173,45 +152,33 @@ class Inbox:
 
     async def totals(self) -> dict[str, int]:
         """The durable counts from the table: ``applied`` rows, ``duplicates`` and ``conflicts``."""
-
-        def read(con: sqlite3.Connection) -> tuple[int, int, int]:
-            applied, duplicates, conflicts = con.execute(TOTALS).fetchone()
-            return int(applied), int(duplicates), int(conflicts)
-
-        applied, duplicates, conflicts = await self._in_thread(self._with_connection, read)
-        return {"applied": applied, "duplicates": duplicates, "conflicts": conflicts}
+        return asdict(await self._opened().totals())
 
     async def _write_waiting(self) -> None:
         """Commit everything waiting, batch after batch, until nothing waits (the group commit)."""
         while self._waiting:
             batch, self._waiting = self._waiting, []
             try:
-                results = await self._in_thread(self._record, [event[:3] for event in batch])
+                results = await self._record([event for event, _future in batch])
                 self.counters.commits += 1
             except Exception as error:  # the whole transaction failed: every event in it gets the error
                 results = [error] * len(batch)
             except BaseException:
-                for *_event, future in batch:
+                for _event, future in batch:
                     future.cancel()
                 raise
-            for (*_event, future), result in zip(batch, results, strict=True):
+            for (_event, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
 
-    def _record(self, events: Sequence[tuple[str, str, Any]]) -> list[str | Exception]:
-        now_ms = check_time(self._clock(), "clock()")
-        return self._with_connection(record_events, events, now_ms, self.effect)
+    async def _record(self, events: list[InboxEvent]) -> list[InboxResult]:
+        store = self._opened()
+        return await store.record(events, check_time(self._clock(), "clock()"), self.effect)
 
-    def _with_connection(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._con is None:
+    def _opened(self) -> InboxStore:
+        if self._store is None:
             raise RuntimeError("the inbox is not open")
-        return fn(self._con, *args)
-
-    async def _in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._executor is None:
-            raise RuntimeError("the inbox is not open")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        return self._store
 
 
 # --- HTTP --------------------------------------------------------------------------------------------------------
@@ -358,7 +325,7 @@ async def serve(app: web.Application, host: str, port: int, path: str, ready: Ca
 def spawn(db: object, *, effect: str = "none", env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """Start ``python -m asyncq.inbox`` on ``db`` in a child process on a free loopback port; returns the process
     and the URL it printed. The caller stops it (SIGTERM stops it cleanly)."""
-    command = [sys.executable, "-m", "asyncq.inbox", "--db", check_path(db, "db"), "--effect", effect]
+    command = [sys.executable, "-m", "asyncq.inbox", "--db", store_path(db, "db"), "--effect", effect]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert process.stdout is not None
     url = process.stdout.readline().strip()
@@ -388,15 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def read_totals(path: str, timeout: float) -> dict[str, int]:
     """A receiver's durable counts (``applied`` rows, ``duplicates``, ``conflicts``) read from its file without an
     ``Inbox``: read-only, so nothing is created or changed; ``StoreError`` if ``path`` is missing or not an inbox.
-    (For ``asyncq status --inbox``; a reader of the inbox's store belongs behind the inbox's port.)"""
-    from contextlib import closing
-
-    from asyncq.store.sqlite.admin import connect_read_only, inspect
-
-    with closing(connect_read_only(path, timeout)) as con:
-        inspect(con, path, table="asyncq_inbox")
-        applied, duplicates, conflicts = con.execute(TOTALS).fetchone()
-    return {"applied": int(applied), "duplicates": int(duplicates), "conflicts": int(conflicts)}
+    (For ``asyncq status --inbox``.)"""
+    totals = read_inbox_totals(path, timeout=timeout)
+    return {"applied": totals.applied, "duplicates": totals.duplicates, "conflicts": totals.conflicts}
 
 
 if __name__ == "__main__":

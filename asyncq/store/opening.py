@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 
+from asyncq.store.port.amqp import AmqpStore, DeadMessage
+from asyncq.store.port.inbox import InboxStore, InboxTotals
+from asyncq.store.port.outbox import OutboxStore
 from asyncq.store.port.queue import QueueStore, StoreState
 
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -33,3 +37,50 @@ async def inspect_queue_store(target: object, *, busy_timeout: float) -> StoreSt
     from asyncq.store.sqlite.admin import inspect_target
 
     return await asyncio.to_thread(inspect_target, target, busy_timeout)
+
+
+def store_path(target: object, name: str = "path") -> str:
+    """``target`` as the text its store is opened from, checked before anything opens: ``ValueError`` for a
+    store URL (no such store yet) or for what is not a path to a local file."""
+    if isinstance(target, str) and target.startswith(URL_SCHEMES):
+        raise ValueError(f"asyncq has no PostgreSQL store yet: {name} must be a path to a SQLite file")
+    from asyncq.store.sqlite.connection import check_path
+
+    return check_path(target, name)
+
+
+async def open_inbox_store(target: object, *, ddl: Sequence[str] = ()) -> InboxStore:
+    """The inbox store ``target`` names, open: its tables and the effect's ``ddl`` created if missing."""
+    from asyncq.store.sqlite.inbox import SqliteInboxStore
+
+    return await SqliteInboxStore.open(store_path(target, "db"), ddl=ddl)
+
+
+async def open_outbox_store(target: object, *, durability: str, busy_timeout: float) -> OutboxStore:
+    """The outbox store ``target`` names, open (its tables created if missing, beside the app's own)."""
+    from asyncq.store.sqlite.outbox import SqliteOutboxStore
+
+    return await SqliteOutboxStore.open(store_path(target), durability=durability, busy_timeout=busy_timeout)
+
+
+async def open_amqp_store(target: object, *, connections: int) -> AmqpStore:
+    """The AMQP consumer's store ``target`` names, open for ``connections`` concurrent deliveries."""
+    from asyncq.store.sqlite.amqp import SqliteAmqpStore
+
+    return await SqliteAmqpStore.open(store_path(target, "database"), connections=connections)
+
+
+def read_dead_messages(target: object) -> list[DeadMessage]:
+    """The AMQP consumer's parked messages in the store ``target`` names, read synchronously (for an operator's
+    script; the consumer's tables are created if missing)."""
+    from asyncq.store.sqlite.amqp import read_dead
+
+    return read_dead(store_path(target, "database"))
+
+
+def read_inbox_totals(target: object, *, timeout: float) -> InboxTotals:
+    """A receiver's durable counts read-only from the inbox store ``target`` names (``StoreError`` if it is
+    missing or not an inbox; nothing is created or changed)."""
+    from asyncq.store.sqlite.inbox import read_totals_of_file
+
+    return read_totals_of_file(store_path(target, "db"), timeout)

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Callable
 
 import aiormq
-from asyncq.amqp import Delivery, IdempotentConsumer, Outcome
+from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome
 
 import broker
 import store
@@ -38,12 +37,12 @@ class TicketDesk:
         self._skipped: set[str] = set()
         self._lock = threading.Lock()  # effects run in the consumer's worker threads
 
-    def issue_ticket(self, db: sqlite3.Connection, delivery: Delivery) -> None:
+    def issue_ticket(self, db: EffectTransaction, delivery: Delivery) -> None:
         """``handler.py``'s rule, inside the transaction that also records asyncq's key: the completion
         key first, and the ticket only if that key is new."""
         job = delivery.json()
         assert isinstance(job, dict)
-        added = db.execute("INSERT OR IGNORE INTO completed VALUES (?)", (job["id"],)).rowcount
+        added = db.execute("INSERT OR IGNORE INTO completed VALUES (?) RETURNING 1", (job["id"],))
         if added:
             db.execute("INSERT INTO tickets(registration_id,name) VALUES (?,?)", (job["id"], job["name"]))
         if not added:

@@ -1,4 +1,4 @@
-"""The one seam between asyncio and the synchronous engine, and the file facade ``Queue`` and ``Outbox`` share.
+"""The one seam between asyncio and the synchronous engine: the file every SQLite store of the product runs on.
 
 A whole engine transaction runs as one call in the aiosqlite connection's own thread: one thread hop
 per transaction (≈ 55-60 µs here) instead of one per statement, and no await can land inside
@@ -6,7 +6,7 @@ per transaction (≈ 55-60 µs here) instead of one per statement, and no await 
 thread (commit or rollback), so a cancellation never leaves a lock behind; its outcome is then unknown
 to the caller and must be read back from the row (``Queue.reconcile``).
 
-The worker pool's group commit is the exception (``AsyncFile._run_held``): its statements run on the event
+The worker pool's group commit is the exception (``AsyncFile.run_held``): its statements run on the event
 loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; only a BEGIN that
 must wait for another process's lock, and every ``COMMIT`` (the disk's wait), run in the connection's
 thread. In that thread, each of a cycle's ~150 statement steps had to win the GIL back from a busy event
@@ -16,7 +16,7 @@ loop, and each hop cost 1-3 ms of the loop's time: a 1 ms cycle took 5 ms (docs/
 from __future__ import annotations
 
 import asyncio
-import re
+import functools
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -25,9 +25,8 @@ from typing import Any, Self, TypeVar, cast
 import aiosqlite
 import anyio
 
-from asyncq.core.values import check_time
 from asyncq.store.sqlite.busy import as_busy
-from asyncq.store.sqlite.connection import check_path
+from asyncq.store.sqlite.effects import effect_transaction
 
 T = TypeVar("T")
 
@@ -63,7 +62,8 @@ class AppTransaction:
 
     Usable only inside its block: afterwards every call raises ``RuntimeError`` (a statement would otherwise land
     in whatever transaction another task has open, or autocommit). A statement that ends the transaction itself
-    (``COMMIT``, ``ROLLBACK``) is refused the same way, and the block is rolled back."""
+    (``COMMIT``, ``ROLLBACK``) is refused before it runs (``asyncq.store.sqlite.effects``), with ``RuntimeError``:
+    the block is rolled back if that propagates, and still whole if the app catches it."""
 
     def __init__(self, owner: AsyncFile) -> None:
         self._file = owner
@@ -83,17 +83,9 @@ class AppTransaction:
         return await run_sync(self._file.conn, fn, *args)
 
 
-# Statements that would end (or nest) the block's transaction; ``ROLLBACK TO`` a savepoint stays inside it.
-_ENDS_TRANSACTION = re.compile(r"\s*(BEGIN|COMMIT|END)\b|\s*ROLLBACK\s*(TRANSACTION\s*)?(;|$)", re.IGNORECASE)
-
-
 def _execute_inside(con: sqlite3.Connection, statement: str, parameters: Sequence[Any] | dict[str, Any]) -> list[Any]:
-    if _ENDS_TRANSACTION.match(statement):
-        raise RuntimeError("the block's transaction commits or rolls back when the block ends: no BEGIN/COMMIT in it")
-    rows = con.execute(statement, parameters).fetchall()
-    if not con.in_transaction:
-        raise RuntimeError("the statement ended the transaction: let the block commit or roll back")
-    return rows
+    with effect_transaction(con) as tx:  # BEGIN, COMMIT, ROLLBACK are refused before they run
+        return tx.execute(statement, parameters)
 
 
 TxT = TypeVar("TxT", bound=AppTransaction)
@@ -107,10 +99,9 @@ class AsyncFile:
     store again would wait for itself forever: that is refused at once with ``RuntimeError``.
     """
 
-    def __init__(self, conn: aiosqlite.Connection, path: str, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, conn: aiosqlite.Connection, path: str) -> None:
         self.conn = conn
         self.path = path
-        self._clock = clock
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None  # the task inside ``transaction()``, if any
         self._waiters: set[asyncio.Event] = set()
@@ -138,13 +129,6 @@ class AsyncFile:
             raise
         return conn
 
-    @staticmethod
-    async def _connect(
-        path: object, busy_timeout: float, setup: Callable[[sqlite3.Connection], object]
-    ) -> tuple[aiosqlite.Connection, str]:
-        file = check_path(path)
-        return await AsyncFile.connect(file, busy_timeout, setup), file
-
     async def close(self) -> None:
         """Close the connection (waits for the transaction in progress)."""
         async with self._locked():
@@ -156,11 +140,6 @@ class AsyncFile:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def now(self) -> int:
-        """The clock's current time in milliseconds, checked (files opened with a clock)."""
-        assert self._clock is not None
-        return check_time(self._clock(), "clock()")
-
     @asynccontextmanager
     async def _locked(self) -> AsyncIterator[None]:
         if self._holder is not None and self._holder is asyncio.current_task():
@@ -171,12 +150,12 @@ class AsyncFile:
         async with self._lock:
             yield
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(sqlite3_connection, *args)`` in the connection's thread, after every call queued before it."""
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(sqlite3_connection, *args, **kwargs)`` in the connection's thread, after every call queued before
+        it."""
+        call = functools.partial(fn, **kwargs) if kwargs else fn
         async with self._locked():
-            return await run_sync(self.conn, fn, *args)
-
-    _run = run
+            return await run_sync(self.conn, call, *args)
 
     async def run_held(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(sqlite3_connection, *args)`` inside one write transaction, called on this (the loop's) thread.
@@ -221,8 +200,6 @@ class AsyncFile:
         for event in self._waiters:
             event.set()
 
-    _notify = notify
-
     async def wait_for_rows(self, timeout: float) -> None:
         """Return when this process commits new rows, or after ``timeout`` seconds; other processes' rows
         are only seen by polling."""
@@ -259,4 +236,42 @@ class AsyncFile:
         if tx.added:
             self.notify()
 
-    _transaction = open_transaction
+
+class FilePool:
+    """Several connections to one file, each an ``AsyncFile`` with its own thread: a call runs on a free one,
+    so up to ``len(files)`` calls run at once (SQLite still writes one transaction at a time; the others
+    overlap their reads, their waits and their commits' fsyncs with it)."""
+
+    def __init__(self, files: Sequence[AsyncFile]) -> None:
+        self.files = list(files)
+        self._free: asyncio.Queue[AsyncFile] = asyncio.Queue()
+        for file in self.files:
+            self._free.put_nowait(file)
+
+    @classmethod
+    async def open(
+        cls, path: str, size: int, busy_timeout: float, setup: Callable[[sqlite3.Connection], object]
+    ) -> FilePool:
+        """``size`` connections to ``path``, each set up by ``setup``; all closed again if one fails."""
+        files: list[AsyncFile] = []
+        try:
+            for _ in range(size):
+                files.append(AsyncFile(await AsyncFile.connect(path, busy_timeout, setup), path))
+        except BaseException:
+            for file in files:
+                await file.close()
+            raise
+        return cls(files)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(sqlite3_connection, *args)`` on a free connection, in its thread (waits for one to be free)."""
+        file = await self._free.get()
+        try:
+            return await file.run(fn, *args)
+        finally:  # a cancelled call's work may still be running: the next call on this file queues behind it
+            self._free.put_nowait(file)
+
+    async def close(self) -> None:
+        """Close every connection (each after the call in progress on it)."""
+        for file in self.files:
+            await file.close()

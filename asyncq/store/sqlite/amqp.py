@@ -1,4 +1,5 @@
-"""The idempotent consumer's tables and its one rule for a delivery, as short SQLite transactions.
+"""``SqliteAmqpStore``: the AMQP consumer's store port on one SQLite file (``asyncq.store.port.amqp`` states the
+rules), as short SQLite transactions.
 
 Three tables live beside the app's own in the same file (hence the ``asyncq_amqp_`` prefix):
 
@@ -9,20 +10,24 @@ Three tables live beside the app's own in the same file (hence the ``asyncq_amqp
 * ``asyncq_amqp_dead(key, …, reason)``: messages parked after too many deliveries or a ``Permanent``
   error, kept whole so that an operator can redrive them.
 
-:func:`process_delivery` decides, for one delivery, whether the broker should get an ack or a requeue.
+:func:`process_delivery` decides, for one delivery, whether the broker should get an ack or a requeue. The
+store runs it on one of its connections, each with a thread of its own (``asyncq.store.sqlite.aio.FilePool``).
 """
 
 from __future__ import annotations
 
-import enum
+import functools
 import json
 import sqlite3
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from asyncq.errors import Permanent
-from asyncq.store.sqlite.connection import open_file, write_transaction
+from asyncq.core.backoff import RetryPolicy
+from asyncq.core.failures import classify
+from asyncq.core.lifecycle import PERMANENT
+from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.sqlite.aio import FilePool
+from asyncq.store.sqlite.connection import check_path, configure, open_file, write_transaction
+from asyncq.store.sqlite.effects import effect_transaction
 
 TABLES = (
     "CREATE TABLE IF NOT EXISTS asyncq_amqp_completed (key TEXT PRIMARY KEY, at_ms INTEGER NOT NULL)",
@@ -64,59 +69,12 @@ FROM asyncq_amqp_dead WHERE seq = :seq
 DELETE_DEAD = "DELETE FROM asyncq_amqp_dead WHERE seq = :seq"
 
 
-class Outcome(enum.Enum):
-    """What became of one delivery, and so what the broker is told."""
-
-    COMPLETED = "completed"  # the effect and its key committed: ack
-    DUPLICATE = "duplicate"  # the key was already completed: ack, the effect does not run again
-    PARKED = "parked"  # parked as dead (delivery limit, Permanent, no key): ack
-    RETRY = "retry"  # the effect failed: requeue (nack) for another delivery
-
-    @property
-    def acks(self) -> bool:
-        """Whether the broker gets an ack (otherwise a requeueing nack)."""
-        return self is not Outcome.RETRY
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One delivery as the effect sees it, independent of the AMQP client."""
-
-    key: str | None
-    body: bytes
-    queue: str
-    redelivered: bool = False
-    delivery_count: int | None = None  # a quorum queue's x-delivery-count: earlier returns of this message
-    headers: Mapping[str, object] = field(default_factory=dict)
-    content_type: str | None = None
-
-    def json(self) -> object:
-        """The body decoded as UTF-8 JSON."""
-        return json.loads(self.body.decode("utf-8"))
-
-
-#: The database effect: runs inside the transaction that writes the completion key; raise to roll back.
-Effect = Callable[[sqlite3.Connection, Delivery], object]
-
-
-@dataclass(frozen=True)
-class DeadMessage:
-    """A parked message, with the reason it was parked."""
-
-    seq: int
-    key: str | None
-    queue: str
-    body: bytes
-    headers: dict[str, object]
-    content_type: str | None
-    deliveries: int
-    reason: str
-    at_ms: int
+BUSY_TIMEOUT_S = 5.0
 
 
 def open_store(path: object, *, check_same_thread: bool = True) -> sqlite3.Connection:
     """Open the SQLite file and create the consumer's tables if they are missing (rows are kept)."""
-    return open_file(path, TABLES, journal_mode="WAL", timeout=5.0, check_same_thread=check_same_thread)
+    return open_file(path, TABLES, journal_mode="WAL", timeout=BUSY_TIMEOUT_S, check_same_thread=check_same_thread)
 
 
 def process_delivery(
@@ -145,6 +103,10 @@ def process_delivery(
     return _run_effect(con, delivery, key, effect, deliveries, now)
 
 
+#: The consumer's retry is the broker's requeue, which has no delay: the policy only classifies.
+REQUEUE = RetryPolicy(jitter=lambda: 0.0)
+
+
 def _run_effect(
     con: sqlite3.Connection, delivery: Delivery, key: str, effect: Effect, deliveries: int, now: int
 ) -> Outcome:
@@ -152,12 +114,13 @@ def _run_effect(
         with write_transaction(con):
             if con.execute(INSERT_COMPLETED, {"key": key, "now": now}).rowcount == 0:
                 return Outcome.DUPLICATE
-            effect(con, delivery)
+            with effect_transaction(con) as tx:
+                effect(tx, delivery)
             con.execute(FORGET_ATTEMPTS, {"key": key})
             con.execute(FORGET_DEAD, {"key": key})
-    except Permanent as exc:
-        return _park(con, delivery, deliveries, f"permanent: {exc}", now)
-    except Exception as exc:
+    except Exception as exc:  # asyncq's one rule; a retry is a requeue, at once (the broker has no delay)
+        if classify(exc, max(deliveries, 1), REQUEUE).outcome == PERMANENT:
+            return _park(con, delivery, deliveries, f"permanent: {exc}", now)
         with write_transaction(con):
             con.execute(NOTE_ERROR, {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500]})
         return Outcome.RETRY
@@ -201,3 +164,54 @@ def forget_dead(con: sqlite3.Connection, seq: int) -> bool:
 def _dead(row: tuple[Any, ...]) -> DeadMessage:
     seq, key, queue, body, headers, content_type, deliveries, reason, at_ms = row
     return DeadMessage(seq, key, queue, bytes(body), json.loads(headers), content_type, deliveries, reason, at_ms)
+
+
+def read_dead(path: object) -> list[DeadMessage]:
+    """Every parked message in the file at ``path`` (its tables created if missing), on a connection of its own."""
+    con = open_store(path)
+    try:
+        return list_dead(con)
+    finally:
+        con.close()
+
+
+def _open_tables(con: sqlite3.Connection) -> None:
+    configure(con, "WAL", "FULL")
+    with write_transaction(con):
+        for statement in TABLES:
+            con.execute(statement)
+
+
+class SqliteAmqpStore:
+    """The consumer store's port on one SQLite file, with ``connections`` connections (one per concurrent
+    delivery). Open with ``await SqliteAmqpStore.open(path, connections=n)``."""
+
+    def __init__(self, pool: FilePool, location: str) -> None:
+        self._pool = pool
+        self.location = location
+
+    @classmethod
+    async def open(cls, path: object, *, connections: int = 1) -> SqliteAmqpStore:
+        """Open ``connections`` connections to ``path`` (the consumer's tables created if missing, rows kept)."""
+        file = check_path(path, "database")
+        return cls(await FilePool.open(file, connections, BUSY_TIMEOUT_S, _open_tables), file)
+
+    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> Outcome:
+        run = functools.partial(process_delivery, delivery_limit=delivery_limit, now=now_ms)
+        outcome: Outcome = await self._pool.run(run, delivery, effect)
+        return outcome
+
+    async def dead_messages(self) -> list[DeadMessage]:
+        dead: list[DeadMessage] = await self._pool.run(list_dead)
+        return dead
+
+    async def get_dead(self, seq: int) -> DeadMessage | None:
+        dead: DeadMessage | None = await self._pool.run(get_dead, seq)
+        return dead
+
+    async def forget_dead(self, seq: int) -> bool:
+        forgotten: bool = await self._pool.run(forget_dead, seq)
+        return forgotten
+
+    async def close(self) -> None:
+        await self._pool.close()

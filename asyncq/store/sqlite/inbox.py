@@ -1,21 +1,22 @@
-"""The inbox's storage: its table, named statements, and recording events with their effect.
+"""``SqliteInboxStore``: the inbox store's port on one SQLite file (``asyncq.store.port.inbox`` states the rules).
 
-``asyncq.inbox`` serves HTTP and runs these in its writer thread; see its docstring for the rules.
+All the inbox's SQLite work runs in one thread owning its only connection (``asyncq.store.sqlite.aio``), so
+concurrent requests queue in memory, in arrival order, instead of contending in SQLite's busy handler; the
+file is in WAL with ``synchronous=FULL`` (asyncq's ``full`` level), so a returned ``record`` is durable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sqlite3
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from asyncq.core.values import check_identifier, check_int
-from asyncq.errors import Permanent
-from asyncq.store.sqlite.connection import write_transaction
-
-#: The user's effect, run inside the inbox row's write transaction: ``effect(con, event_id, body)``.
-Effect = Callable[[sqlite3.Connection, str, Any], None]
-
+from asyncq.store.port.inbox import InboxEffect, InboxEvent, InboxResult, InboxTotals
+from asyncq.store.sqlite.aio import AsyncFile
+from asyncq.store.sqlite.connection import check_path, configure, write_transaction
+from asyncq.store.sqlite.durability import FULL
+from asyncq.store.sqlite.effects import effect_transaction
 
 INBOX_TABLES = (
     """CREATE TABLE IF NOT EXISTS asyncq_inbox (id TEXT PRIMARY KEY, body TEXT NOT NULL,
@@ -26,29 +27,11 @@ INSERT_EVENT = "INSERT INTO asyncq_inbox (id, body, applied_at_ms) VALUES (?, ?,
 COUNT_DUPLICATE = "UPDATE asyncq_inbox SET duplicates = duplicates + 1 WHERE id = ?"
 COUNT_CONFLICT = "UPDATE asyncq_inbox SET conflicts = conflicts + 1 WHERE id = ?"
 TOTALS = "SELECT count(*), coalesce(sum(duplicates), 0), coalesce(sum(conflicts), 0) FROM asyncq_inbox"
-
-# The example effect's table: what `--effect stock` and the examples use.
-STOCK_TABLES = ("CREATE TABLE IF NOT EXISTS stock (item TEXT PRIMARY KEY, qty INTEGER NOT NULL)",)
-
-
-def add_to_stock(con: sqlite3.Connection, event_id: str, body: Any) -> None:
-    """Example effect: add the body's ``qty`` (int 1-1000) to the ``stock`` row of its ``item`` (default
-    ``snack``). A body without a valid ``qty`` is ``Permanent``: no retry can fix it."""
-    try:
-        if type(body) is not dict:
-            raise ValueError("body must be a JSON object")
-        qty = check_int(body.get("qty"), "qty", 1, 1000)
-        item = check_identifier(body.get("item", "snack"), "item")
-    except ValueError as exc:
-        raise Permanent(str(exc)) from None
-    con.execute(
-        "INSERT INTO stock (item, qty) VALUES (?, ?) ON CONFLICT(item) DO UPDATE SET qty = qty + excluded.qty",
-        (item, qty),
-    )
+BUSY_TIMEOUT_S = 5.0
 
 
 def record_event(
-    con: sqlite3.Connection, event_id: str, canonical: str, body: Any, now_ms: int, effect: Effect | None
+    con: sqlite3.Connection, event_id: str, canonical: str, body: object, now_ms: int, effect: InboxEffect | None
 ) -> str:
     """Inside the caller's transaction: a new id gets its row and the effect (``'applied'``); a known id with
     the same canonical body counts a duplicate (``'duplicate'``), with another body a conflict (``'conflict'``)."""
@@ -56,9 +39,8 @@ def record_event(
     if row is None:
         con.execute(INSERT_EVENT, (event_id, canonical, now_ms))
         if effect is not None:
-            effect(con, event_id, body)
-            if not con.in_transaction:
-                raise RuntimeError("the effect ended the inbox transaction")
+            with effect_transaction(con) as tx:
+                effect(tx, event_id, body)
         return "applied"
     if row[0] == canonical:
         con.execute(COUNT_DUPLICATE, (event_id,))
@@ -68,20 +50,69 @@ def record_event(
 
 
 def record_events(
-    con: sqlite3.Connection, events: Sequence[tuple[str, str, Any]], now_ms: int, effect: Effect | None
-) -> list[str | Exception]:
-    """Record ``(event_id, canonical, body)`` events in one write transaction, each in its own savepoint:
-    an event whose effect raises is rolled back alone and gets its exception as its result."""
-    results: list[str | Exception] = []
+    con: sqlite3.Connection, events: Sequence[InboxEvent], now_ms: int, effect: InboxEffect | None
+) -> list[InboxResult]:
+    """Record ``events`` in one write transaction, each in its own savepoint: an event whose effect raises is
+    rolled back alone and gets its exception as its result."""
+    results: list[InboxResult] = []
     with write_transaction(con):
-        for event_id, canonical, body in events:
+        for event in events:
             con.execute("SAVEPOINT inbox_event")
             try:
-                results.append(record_event(con, event_id, canonical, body, now_ms, effect))
+                results.append(record_event(con, event.id, event.canonical, event.body, now_ms, effect))
             except Exception as error:
-                if not con.in_transaction:
+                if not con.in_transaction:  # SQLite rolled back by itself (disk full, I/O error): all of it failed
                     raise
                 con.execute("ROLLBACK TO inbox_event")
                 results.append(error)
             con.execute("RELEASE inbox_event")
     return results
+
+
+def read_totals(con: sqlite3.Connection) -> InboxTotals:
+    """The durable counts: rows, ``sum(duplicates)``, ``sum(conflicts)``."""
+    applied, duplicates, conflicts = con.execute(TOTALS).fetchone()
+    return InboxTotals(int(applied), int(duplicates), int(conflicts))
+
+
+def read_totals_of_file(path: str, timeout: float) -> InboxTotals:
+    """``read_totals`` on a read-only connection of its own to an existing inbox file."""
+    from asyncq.store.sqlite.admin import connect_read_only, inspect
+
+    with contextlib.closing(connect_read_only(path, timeout)) as con:
+        inspect(con, path, table="asyncq_inbox")
+        return read_totals(con)
+
+
+def _open_tables(con: sqlite3.Connection, ddl: Sequence[str]) -> None:
+    configure(con, FULL.journal_mode, FULL.synchronous)
+    with write_transaction(con):
+        for statement in (*INBOX_TABLES, *ddl):
+            con.execute(statement)
+
+
+class SqliteInboxStore:
+    """The inbox store's port on one SQLite file. Open with ``await SqliteInboxStore.open(path, ddl=…)``."""
+
+    def __init__(self, file: AsyncFile) -> None:
+        self._file = file
+        self.location = file.path
+
+    @classmethod
+    async def open(cls, path: object, *, ddl: Sequence[str] = ()) -> SqliteInboxStore:
+        """Open ``path`` (created if missing, rows kept) and run the inbox's and ``ddl``'s ``CREATE … IF NOT
+        EXISTS`` statements in one transaction."""
+        file = check_path(path, "db")
+        setup = functools.partial(_open_tables, ddl=tuple(ddl))
+        return cls(AsyncFile(await AsyncFile.connect(file, BUSY_TIMEOUT_S, setup), file))
+
+    async def record(self, events: Sequence[InboxEvent], now_ms: int, effect: InboxEffect | None) -> list[InboxResult]:
+        results: list[InboxResult] = await self._file.run(record_events, events, now_ms, effect)
+        return results
+
+    async def totals(self) -> InboxTotals:
+        totals: InboxTotals = await self._file.run(read_totals)
+        return totals
+
+    async def close(self) -> None:
+        await self._file.close()

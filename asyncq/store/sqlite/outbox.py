@@ -1,13 +1,6 @@
-"""The product outbox's named statements, and each transition as one short transaction (the tables are
-``OUTBOX_TABLES`` in ``asyncq.store.sqlite.schema``).
-
-An item moves only along these edges (``docs/outbox.md`` draws them)::
-
-    [add] ──► unsent ──(verified ACK, fenced)──► sent
-              unsent ──(failure, budget spent or Permanent, fenced)──► alarm
-              alarm  ──(retry: operator, audited)──► unsent
-    unsent | alarm ──(quarantine: operator, audited with the items that now go first)──► quarantined
-       quarantined ──(requeue: operator, audited with the items that went first)──► unsent
+"""``SqliteOutboxStore``: the outbox store's port on one SQLite file, beside the app's own tables (the port,
+``asyncq.store.port.outbox``, draws the edges an item moves along). Its named statements, and each transition
+as one short transaction (the tables are ``OUTBOX_TABLES`` in ``asyncq.store.sqlite.schema``).
 
 Relay writes (start an attempt, mark sent, record a failure) run in the same transaction as a renewal of the
 relay's lease by owner and token, so a relay that lost its lease changes nothing. Operator writes are not
@@ -18,33 +11,37 @@ one relay runs per outbox file.
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import secrets
-import socket
 import sqlite3
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from asyncq.core.clock import wall_clock_ms
-from asyncq.core.jobs import MAX_BODY_BYTES, body_text
-from asyncq.core.values import check_identifier, check_time
+from asyncq.core.values import check_time
 from asyncq.errors import Conflict
-from asyncq.store.sqlite.connection import configure, write_transaction
+from asyncq.store.port.outbox import (
+    ALARM,
+    AUDIT_IDS_MAX,
+    DEFAULT_TOPIC,
+    OPERATOR_MOVES,
+    QUARANTINED,
+    UNSENT,
+    AuditEntry,
+    Failure,
+    Figures,
+    Item,
+    Lease,
+    NewItem,
+    OutboxStoreTransaction,
+    Step,
+)
+from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
+from asyncq.store.sqlite.connection import check_path, configure, write_transaction
+from asyncq.store.sqlite.durability import LEVELS
 from asyncq.store.sqlite.schema import OUTBOX_TABLES
 
-UNSENT, SENT, ALARM, QUARANTINED = "unsent", "sent", "alarm", "quarantined"
-DEFAULT_TOPIC = "default"
 LEASE_NAME = "relay"
-# action: (the states it moves an item from, the state it moves it to)
-OPERATOR_MOVES = {
-    "retry": ((ALARM, UNSENT), UNSENT),
-    "quarantine": ((UNSENT, ALARM), QUARANTINED),
-    "requeue": ((QUARANTINED,), UNSENT),
-}
-TEXT_MAX = 500
-AUDIT_IDS_MAX = 1000  # ids listed in one audit row; ``skipped_count`` is always exact
-
 ITEM_COLUMNS = "seq, id, topic, body, created_at, state, attempts, budget_from, last_error, next_attempt_at, sent_at"
 HAS_TABLES = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'asyncq_outbox_lease'"
 INSERT_ITEM = """INSERT INTO asyncq_outbox (id, topic, body, created_at, state, next_attempt_at)
@@ -83,156 +80,6 @@ WHERE name = :name AND owner = :owner AND token = :token RETURNING lease_until""
 LEASE_RELEASE = """UPDATE asyncq_outbox_lease SET owner = NULL, lease_until = NULL
 WHERE name = :name AND owner = :owner AND token = :token"""
 LEASE_READ = "SELECT owner, token, lease_until FROM asyncq_outbox_lease WHERE name = :name"
-
-
-@dataclass(frozen=True)
-class Item:
-    """One stored outbox item; ``body`` is its canonical JSON text."""
-
-    seq: int
-    id: str
-    topic: str
-    body: str
-    created_at: int
-    state: str
-    attempts: int
-    budget_from: int
-    last_error: str | None
-    next_attempt_at: int
-    sent_at: int | None
-
-
-@dataclass(frozen=True)
-class Lease:
-    """The relay lease as stored: ``owner`` is ``None`` when free; ``token`` is the fence."""
-
-    owner: str | None
-    token: int
-    lease_until: int | None
-
-
-@dataclass(frozen=True)
-class Step:
-    """What one fenced relay write did: the renewed lease (``None``: lost, nothing changed), whether the
-    delivered item was marked sent, and whether the next item's attempt was counted (it is unsent and due)."""
-
-    lease: Lease | None
-    marked: bool
-    started: bool
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A failed delivery to record: the error text, when to try again, and whether to alarm at once."""
-
-    error: str
-    next_attempt_at: int
-    permanent: bool
-    alarm_after: int
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """One operator action: ``skipped_ahead_of`` lists (up to 1000) ids that go, or went, before this item."""
-
-    id: str
-    at_ms: int
-    action: str
-    from_state: str
-    note: str
-    reason: str | None
-    attempts: int
-    last_error: str | None
-    skipped_ahead_of: list[str]
-    skipped_count: int
-
-
-@dataclass(frozen=True)
-class ReceiverFigures:
-    """The receiver's durable inbox counts (``GET …/events/stats``, its ``table`` part)."""
-
-    applied: int
-    duplicates: int
-    conflicts: int
-
-    @classmethod
-    def from_stats(cls, answer: object) -> ReceiverFigures:
-        """The counts from an ``asyncq.inbox`` stats answer; ``ValueError`` if they are not there."""
-        table = answer.get("table") if type(answer) is dict else None
-        found = [table.get(name) for name in ("applied", "duplicates", "conflicts")] if type(table) is dict else []
-        counts = [count for count in found if type(count) is int]
-        if len(counts) != 3:
-            raise ValueError("the receiver did not answer with inbox counts")
-        return cls(*counts)
-
-
-@dataclass(frozen=True)
-class Figures:
-    """What an operator watches. ``unsent`` counts the items waiting (states ``unsent`` and ``alarm``, of
-    which ``alarmed`` in alarm); ``alarm`` is true when the head item is in alarm; ``quarantined`` items are
-    not sent and are counted apart. ``receiver`` is filled by ``Relay.figures`` when it knows the receiver."""
-
-    now_ms: int
-    unsent: int
-    alarm: bool
-    alarmed: int
-    quarantined: int
-    oldest_unsent_age_ms: int | None
-    head_id: str | None
-    head_state: str | None
-    head_attempts: int
-    head_last_error: str | None
-    lease_owner: str | None
-    lease_token: int
-    lease_until: int | None
-    receiver: ReceiverFigures | None = None
-    receiver_error: str | None = None
-
-
-@dataclass(frozen=True)
-class NewItem:
-    """An item to add, checked: an identifier id and topic, and the body as canonical JSON text."""
-
-    id: str
-    topic: str
-    body: str
-
-    @classmethod
-    def check(cls, item_id: object, body: object, topic: object) -> NewItem:
-        """``ValueError`` for a bad id or topic, or a body that is not JSON or over 64 KiB."""
-        return cls(check_identifier(item_id, "id"), check_identifier(topic, "topic"), body_text(body, MAX_BODY_BYTES))
-
-
-# Why a relay pass stopped (``alarm`` is the state's name).
-IDLE, MORE, FAILED, BACKOFF = "idle", "more", "failed", "backoff"
-NOT_LEADER, LEASE_LOST, CHANGED, STOPPING = "not-leader", "lease-lost", "changed", "stopping"
-
-
-@dataclass(frozen=True)
-class RelayResult:
-    """One ``Relay.run_once``: how many items it marked sent, why it stopped (``idle``, ``more``, ``failed``,
-    ``backoff``, ``alarm``, ``not-leader``, ``lease-lost``, ``changed``, ``stopping``), the head item it
-    stopped at, how long to wait before the next pass, the delivery error if any, and the lease token."""
-
-    sent: int
-    stopped: str
-    head_id: str | None = None
-    wait_ms: int = 0
-    error: str | None = None
-    token: int | None = None
-
-
-def check_text(value: object, name: str) -> str:
-    """Free text for notes and reasons: 1-500 printable characters."""
-    if type(value) is not str or not 0 < len(value) <= TEXT_MAX or not value.isprintable():
-        raise ValueError(f"{name} must be a str of 1-{TEXT_MAX} printable characters")
-    return value
-
-
-def default_owner() -> str:
-    """A relay owner name unique to this process and object: host, pid and random bits."""
-    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:30] or "host"
-    return f"relay-{host}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def ensure_tables(con: sqlite3.Connection) -> None:
@@ -446,3 +293,87 @@ def read_figures(con: sqlite3.Connection, now_ms: int) -> Figures:
         lease_token=lease.token,
         lease_until=lease.lease_until,
     )
+
+
+class SqliteOutboxTransaction(AppTransaction):
+    """An open ``BEGIN IMMEDIATE`` on the outbox's connection: the app's SQL and its items commit together."""
+
+    async def add(self, item: NewItem, now_ms: int) -> bool:
+        added: bool = await self._run_step(add_in_transaction, item, now_ms)
+        self.added += added
+        return added
+
+
+class SqliteOutboxStore:
+    """The outbox store's port on one SQLite file. Open with ``await SqliteOutboxStore.open(path)``."""
+
+    #: A busy or locked file surfaces as ``OperationalError``: the relay tries again later.
+    busy_errors: tuple[type[Exception], ...] = (sqlite3.OperationalError,)
+
+    def __init__(self, file: AsyncFile) -> None:
+        self._file = file
+        self.location = file.path
+
+    @classmethod
+    async def open(cls, path: object, *, durability: str = "full", busy_timeout: float = 5.0) -> SqliteOutboxStore:
+        """Open (creating the outbox tables if missing) ``path`` at a durability level of ``LEVELS``."""
+        level = LEVELS.get(durability)
+        if level is None:
+            raise ValueError(f"durability must be one of {sorted(LEVELS)}")
+        file = check_path(path)
+        setup = functools.partial(open_tables, journal_mode=level.journal_mode, synchronous=level.synchronous)
+        return cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
+
+    async def add(self, item: NewItem, now_ms: int) -> bool:
+        added: bool = await self._file.run(add, item, now_ms)
+        return added
+
+    def transaction(self) -> AbstractAsyncContextManager[OutboxStoreTransaction]:
+        return self._file.open_transaction(SqliteOutboxTransaction(self._file))
+
+    async def get(self, item_id: str) -> Item | None:
+        found: Item | None = await self._file.run(get_item, item_id)
+        return found
+
+    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> AuditEntry:
+        entry: AuditEntry = await self._file.run(operator_move, item_id, action, now_ms, note, reason)
+        return entry
+
+    async def audit(self, item_id: str | None) -> list[AuditEntry]:
+        entries: list[AuditEntry] = await self._file.run(read_audit, item_id)
+        return entries
+
+    async def figures(self, now_ms: int) -> Figures:
+        figures: Figures = await self._file.run(read_figures, now_ms)
+        return figures
+
+    async def hold_lease(self, held: Lease | None, owner: str, now_ms: int, lease_ms: int) -> tuple[Lease, bool]:
+        found: tuple[Lease, bool] = await self._file.run(hold_lease, held, owner, now_ms, lease_ms)
+        return found
+
+    async def renew_lease(self, lease: Lease, now_ms: int, lease_ms: int) -> Lease | None:
+        renewed: Lease | None = await self._file.run(renew_lease, lease, now_ms, lease_ms)
+        return renewed
+
+    async def release_lease(self, lease: Lease) -> bool:
+        released: bool = await self._file.run(release_lease, lease)
+        return released
+
+    async def head_batch(self, limit: int) -> list[Item]:
+        items: list[Item] = await self._file.run(head_batch, limit)
+        return items
+
+    async def advance(self, lease: Lease, now_ms: int, lease_ms: int, sent: int | None, start: int | None) -> Step:
+        step: Step = await self._file.run(advance, lease, now_ms, lease_ms, sent, start)
+        return step
+
+    async def record_failure(
+        self, lease: Lease, now_ms: int, lease_ms: int, seq: int, failure: Failure
+    ) -> tuple[Lease | None, str | None]:
+        recorded: tuple[Lease | None, str | None] = await self._file.run(
+            record_failure, lease, now_ms, lease_ms, seq, failure
+        )
+        return recorded
+
+    async def close(self) -> None:
+        await self._file.close()
