@@ -193,6 +193,7 @@ def zygote() -> None:
 async def open_and_enqueue(config: dict[str, Any]) -> None:
     """``Queue.open`` and one enqueue: which step failed, how, and how long it took."""
     from asyncq import Queue
+    from asyncq.errors import StoreError
 
     started = time.monotonic()
     record: dict[str, Any] = {"opened": False, "added": None, "error": None}
@@ -203,7 +204,7 @@ async def open_and_enqueue(config: dict[str, Any]) -> None:
             record["added"] = await queue.enqueue(config["job"], {"n": 1})
         finally:
             await queue.close()
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, StoreError) as exc:
         record["error"] = _error(exc)
     _emit(record | {"seconds": time.monotonic() - started})
 

@@ -120,7 +120,6 @@ def test_a_write_command_facing_a_held_lock_fails_after_its_timeout(locked: Path
     assert template_print == fingerprint(locked)
 
 
-@pytest.mark.xfail(strict=True, reason="SqliteQueueStore.backup passes force= to AsyncFile.run, which takes none")
 def test_a_backup_facing_a_held_lock_is_not_kept_waiting(locked: Path) -> None:
     done = run_cli("backup", "b.db", "--db", "q.db", "--timeout", "0.2", cwd=locked.parent)
     assert done.returncode == 0, done.stderr

@@ -135,12 +135,6 @@ def test_prune_in_an_app_file_keeps_space_until_asked_to_vacuum(tmp_path: Path) 
     assert rows(tmp_path / "app.db", "PRAGMA auto_vacuum") == [(2,)]
 
 
-BACKUP_FORCE = pytest.mark.xfail(
-    strict=True, reason="SqliteQueueStore.backup passes force= to AsyncFile.run, which takes no keyword arguments"
-)
-
-
-@BACKUP_FORCE
 def test_backup_writes_a_checked_copy_and_refuses_to_overwrite(db: Path) -> None:
     data = run_json("backup", "--db", "q.db", "copy.db", cwd=db.parent)
     assert data["source"] == "q.db" and data["path"] == "copy.db" and data["check"] == "ok"
@@ -155,7 +149,6 @@ def test_backup_writes_a_checked_copy_and_refuses_to_overwrite(db: Path) -> None
     assert sorted(p.name for p in db.parent.iterdir() if "partial" in p.name) == []
 
 
-@BACKUP_FORCE
 def test_backup_into_an_existing_directory_writes_the_queue_file_name_there(db: Path) -> None:
     (db.parent / "backups").mkdir()
     before = fingerprint(db)
@@ -190,7 +183,6 @@ asyncio.run(main())
 """
 
 
-@BACKUP_FORCE
 def test_backup_while_a_writer_commits_is_a_consistent_snapshot(tmp_path: Path) -> None:
     assert run_cli("init", "--db", "q.db", cwd=tmp_path).returncode == 0
     writer = subprocess.Popen(

@@ -69,8 +69,9 @@ def test_work_burst_drains_the_queue_into_a_real_inbox(tmp_path: Path, receiver:
     assert data["queues"] == ["default"] and data["stale_finishes"] == 0 and data["handler_errors"] == 0
     assert set(data) == {
         "path", "owner", "queues", "seconds", "claimed", "finished", "stale_finishes", "leases_lost",
-        "handler_errors", "commits",
+        "handler_errors", "commits", "internal_errors", "store_busy",
     }  # fmt: skip
+    assert data["internal_errors"] == data["store_busy"] == 0
     status = run_json("status", "--db", "q.db", "--inbox", "sink.db", cwd=tmp_path)
     assert status["by_status"] == {"pending": 0, "leased": 0, "done": 400, "dead": 0}
     assert status["inbox"] == {"file": "sink.db", "applied": 400, "duplicates": 0, "conflicts": 0}

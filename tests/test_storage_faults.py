@@ -284,7 +284,10 @@ def test_the_command_says_a_zero_byte_file_is_not_a_queue_and_only_init_makes_on
     for command in (["status"], ["jobs"], ["enqueue", "e-1", "{}"]):
         done = run_cli(*command, "--db", "q.db", cwd=tmp_path)
         assert done.returncode == 1 and done.stdout == "" and "Traceback" not in done.stderr, done
-        assert done.stderr == "asyncq: error: q.db is not an asyncq queue (it has no asyncq_jobs table)\n"
+        assert (
+            done.stderr
+            == "asyncq: error: q.db is not an asyncq queue (it has no queue tables; `asyncq init` adds them)\n"
+        )
         assert path.stat().st_size == 0 and [p.name for p in tmp_path.iterdir()] == ["q.db"]
     assert run_cli("init", "--db", "q.db", cwd=tmp_path).returncode == 0
     assert run_cli("status", "--db", "q.db", cwd=tmp_path).returncode == 0

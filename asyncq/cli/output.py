@@ -242,7 +242,8 @@ def render_work(data: dict[str, Any]) -> str:
     return (
         f"worker {data['owner']} on {', '.join(data['queues'])}: claimed {data['claimed']}, "
         f"finished {counts(data['finished'])}, stale finishes {data['stale_finishes']}, leases lost "
-        f"{data['leases_lost']}, handler errors {data['handler_errors']}, in {data['seconds']:.1f}s"
+        f"{data['leases_lost']}, handler errors {data['handler_errors']}, internal errors "
+        f"{data.get('internal_errors', 0)}, store busy {data.get('store_busy', 0)}, in {data['seconds']:.1f}s"
     )
 
 

@@ -105,6 +105,8 @@ def read_only_part(path: str) -> str | None:
     which SQLite creates with the file's mode, so they stay read-only after the file is made writable again), or
     its directory; ``None`` if all of them are writable."""
     folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"its directory {folder} does not exist"
     if os.path.exists(path) and not os.access(path, os.W_OK):
         return "the file is read-only: make it writable (chmod u+w) to change the queue"
     for side in SIDE_FILES:
@@ -119,8 +121,23 @@ def read_only_part(path: str) -> str | None:
 
 
 def connect_read_only(path: str, timeout: float) -> sqlite3.Connection:
-    """A read-only connection to an existing file (a receiver's, for its totals)."""
-    return sqlite3.connect(read_only_uri(path), uri=True, isolation_level=None, timeout=timeout)
+    """A read-only connection to an existing file; a closed WAL file in a directory we cannot write is read
+    ``immutable`` (``may_open_immutable``), and a file we cannot read at all is a ``StoreError`` saying why."""
+    con = sqlite3.connect(read_only_uri(path), uri=True, isolation_level=None, timeout=timeout)
+    try:
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # SQLite opens lazily: fail here, not later
+        return con
+    except sqlite3.OperationalError as error:
+        con.close()
+        if may_open_immutable(path):
+            return sqlite3.connect(read_only_uri(path, immutable=True), uri=True, isolation_level=None, timeout=timeout)
+        blocker = read_only_part(path)
+        if blocker is None:
+            raise
+        raise StoreError(f"{path}: {blocker}") from error
+    except sqlite3.DatabaseError as error:
+        con.close()
+        raise StoreError(f"{path} is not a SQLite database ({error})") from None
 
 
 def inspect(con: sqlite3.Connection, path: str, *, table: str | None = _JOBS) -> QueueFile:
@@ -135,8 +152,9 @@ def inspect(con: sqlite3.Connection, path: str, *, table: str | None = _JOBS) ->
     except sqlite3.DatabaseError as error:
         raise StoreError(f"{path} is not a SQLite database ({error})") from None
     if table is not None and found is None:
-        kind = "an asyncq queue" if table == _JOBS else "an asyncq inbox"
-        raise StoreError(f"{path} is not {kind} (it has no {table} table)")
+        if table == _JOBS:
+            raise StoreError(f"{path} is not an asyncq queue (it has no queue tables; `asyncq init` adds them)")
+        raise StoreError(f"{path} is not an asyncq inbox (it has no {table} table)")
     return QueueFile(path, mode, version, vacuum)
 
 

@@ -23,7 +23,7 @@ from asyncq.store.sqlite import admin, engine
 from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
-from asyncq.store.sqlite.migrations import SCHEMA_VERSION, migrate_in_transaction, prepare_new_file
+from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
 
@@ -32,10 +32,7 @@ def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
     prepare_new_file(con)
     configure(con, level.journal_mode, level.synchronous)
     with write_transaction(con):
-        found = migrate_in_transaction(con)
-        # A write even when nothing migrates, so that a file we cannot write fails here, at open, with its cause
-        # named, not at the first enqueue.
-        con.execute(f"PRAGMA user_version = {max(found, SCHEMA_VERSION)}")
+        migrate_in_transaction(con)
 
 
 def _check_reader(con: sqlite3.Connection, path: str) -> None:
@@ -90,6 +87,9 @@ class SqliteQueueStore:
         file = check_path(path)
         if read_only:
             return await cls._open_reader(file, busy_timeout)
+        blocker = admin.read_only_part(file)  # at open, not at the first write: SQLite would open it and wait
+        if blocker is not None:
+            raise StoreError(f"{file}: {blocker}")
         level = _level(durability, file)
         try:
             conn = await AsyncFile.connect(file, busy_timeout, functools.partial(_open_and_migrate, level=level))

@@ -1,0 +1,111 @@
+"""A no-op pool, this checkout against a baseline commit, side by side in one invocation.
+
+    .venv/bin/python benchmarks/ab_pool.py --baseline 72d33eb          # 16 and 64 tasks, 7 runs a side
+    .venv/bin/python benchmarks/ab_pool.py --baseline HEAD~3 --tasks 16 --runs 11 --jobs 20000
+
+The baseline is checked out (``git worktree``) into a temporary folder. Each run is a child process with
+``PYTHONPATH`` on one tree: a fresh WAL+FULL file, ``enqueue_many`` of ``--jobs`` jobs in batches of 500, then
+``Pool(queue, concurrency=N).run(burst=True)`` with a handler that does nothing; jobs/s counts both phases.
+Sides alternate run by run, so drift on a noisy machine falls on both; the table holds medians and the ratio
+this/baseline. The child uses only the API both trees share. With ``--write`` the table goes into the
+``ab-pool`` section of ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from _report import environment, markdown_table, print_table, write_section
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import asyncio, json, sys, tempfile, time, os
+from asyncq import JobSpec, Pool, Queue
+
+async def main(jobs, tasks):
+    folder = tempfile.mkdtemp()
+    async with await Queue.open(os.path.join(folder, "q.db")) as queue:
+        started = time.perf_counter()
+        for start in range(0, jobs, 500):
+            await queue.enqueue_many([JobSpec(f"j{n}", {"n": n}) for n in range(start, min(jobs, start + 500))])
+        enqueued = time.perf_counter()
+        pool = Pool(queue, concurrency=tasks)
+
+        async def handler(body, context):
+            return None
+
+        pool.register("default", handler)
+        await pool.run(burst=True)
+        drained = time.perf_counter()
+        stats = await queue.stats()
+    assert stats.by_status["done"] == jobs, stats.by_status
+    print(json.dumps({"enqueue": enqueued - started, "drain": drained - enqueued}))
+
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+def run_once(tree: Path, jobs: int, tasks: int) -> float:
+    """One child on ``tree``: its jobs/s, enqueue and drain together."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(jobs), str(tasks)],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    return jobs / (times["enqueue"] + times["drain"])
+
+
+def checkout(ref: str, folder: Path) -> Path:
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref], check=True, capture_output=True
+    )
+    return folder
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", required=True, help="a git commit to compare with")
+    parser.add_argument("--tasks", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--write", action="store_true", help="write the ab-pool section of docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        baseline = checkout(args.baseline, Path(scratch) / "baseline")
+        try:
+            rows = []
+            for tasks in args.tasks:
+                sides: dict[str, list[float]] = {"baseline": [], "this": []}
+                for n in range(args.runs):
+                    order = [("baseline", baseline), ("this", ROOT)]
+                    for name, tree in order if n % 2 == 0 else order[::-1]:
+                        sides[name].append(run_once(tree, args.jobs, tasks))
+                base, this = statistics.median(sides["baseline"]), statistics.median(sides["this"])
+                rows.append([tasks, f"{base:,.0f}", f"{this:,.0f}", f"{this / base:.2f}x"])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)], check=False)
+    headers = ["tasks", f"baseline {args.baseline} jobs/s", "this checkout jobs/s", "this / baseline"]
+    print_table(f"no-op pool, WAL+FULL, {args.jobs:,} jobs, medians of {args.runs} alternating runs", headers, rows)
+    if args.write:
+        command = f"`.venv/bin/python benchmarks/ab_pool.py --baseline {args.baseline} --runs {args.runs}`"
+        body = f"{command} ({environment()}):\n\n{markdown_table(headers, rows)}\n"
+        write_section("ab-pool", body)
+
+
+if __name__ == "__main__":
+    main()
