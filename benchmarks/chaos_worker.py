@@ -1,0 +1,116 @@
+"""A chaos worker process: an ``asyncq.Pool`` delivering over HTTP (``HttpTransport`` + ``deliver_with``).
+
+    python benchmarks/chaos_worker.py --store sqlite --queue Q --url URL --owner W --events FILE [...]
+
+runs ``Pool.serve`` until SIGTERM. What the checker cannot read from the stores afterwards is appended to
+``--events`` (shared by all workers, opened ``O_APPEND``), one ``os.write`` per line, so every line is in the
+kernel before the step it records goes on, and survives the SIGKILL of this process:
+
+- ``S <job id> <token> <owner>`` when a handler starts a delivery, before its request is sent;
+- ``X <owner>`` for each finish the queue rejected as stale, ``L <owner>`` for each lease lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chaos_store import open_queue  # noqa: E402
+
+from asyncq import HttpTransport, Pool, deliver_with  # noqa: E402
+
+
+class EventLog:
+    """Appends one line per event with a single ``write`` on an ``O_APPEND`` descriptor."""
+
+    def __init__(self, path: str, owner: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.owner = owner
+
+    def write(self, line: str) -> None:
+        os.write(self.fd, (line + "\n").encode())
+
+
+class StartLogged:
+    """A transport that records each delivery's start in the event log, then delivers through ``inner``."""
+
+    def __init__(self, inner: HttpTransport, events: EventLog) -> None:
+        self.inner = inner
+        self.events = events
+
+    async def deliver(self, job_id: str, body: Any, headers: Mapping[str, str]) -> None:
+        self.events.write(f"S {job_id} {headers['Asyncq-Token']} {self.events.owner}")
+        await self.inner.deliver(job_id, body, headers)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class LoggingObserver:
+    """A pool observer that records stale finishes and lost leases in the event log."""
+
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+
+    def on_claimed(self, count: int) -> None:
+        pass
+
+    def on_finished(self, outcome: str, status: str | None) -> None:
+        if status is None:
+            self.events.write(f"X {self.events.owner}")
+
+    def on_delivery(self, seconds: float, outcome: str) -> None:
+        pass
+
+    def on_lease_lost(self) -> None:
+        self.events.write(f"L {self.events.owner}")
+
+
+async def work(args: argparse.Namespace) -> None:
+    """Serve a pool on the queue until SIGTERM."""
+    events = EventLog(args.events, args.owner)
+    transport = StartLogged(HttpTransport(args.url, timeout=args.delivery_timeout), events)
+    queue = await open_queue(args.store, args.queue)
+    try:
+        pool = Pool(
+            queue,
+            concurrency=args.concurrency,
+            owner=args.owner,
+            lease_ms=args.lease_ms,
+            poll_max=args.poll_max,
+            observer=LoggingObserver(events),
+        )
+        pool.register("default", deliver_with(transport))
+        await pool.serve(grace=2.0)
+    finally:
+        await transport.close()
+        await queue.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--queue", required=True, help="the store's location (a file for SQLite)")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--owner", required=True)
+    parser.add_argument("--events", required=True)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--lease-ms", type=int, default=1000)
+    parser.add_argument("--poll-max", type=float, default=0.2)
+    parser.add_argument("--delivery-timeout", type=float, default=5.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(work(args))
+
+
+if __name__ == "__main__":
+    main()
