@@ -4,14 +4,15 @@
 
 What happens, all on this machine (docs/reliability.md tells the figures of a long run and a CI-sized one):
 
-1. ``--jobs`` jobs go into a queue file (one is held back, see 4), each with ``--max-attempts`` attempts.
+1. ``--jobs`` jobs go into a queue file, each with ``--max-attempts`` attempts, in parts: as each step of the
+   nemesis starts (60 %, 30 %, 5 %, 5 %, and one probe job during the last stop), so every fault has work.
 2. The project's receiver starts (``python -m asyncq.inbox --effect stock``, its own SQLite file), and
    ``--workers`` worker processes, each an ``asyncq.Pool`` delivering with ``HttpTransport`` + ``deliver_with``
    (``chaos_worker.py``), which record each delivery's start in a shared log before sending it.
 3. The nemesis (``chaos_nemesis.py``, seeded by ``--seed``) SIGKILLs a random worker every 200-300 ms and
    restarts it, for 60 % of ``--duration``; then also SIGKILLs and restarts the receiver every 1-2 s, for the
    other 40 %; then SIGSTOPs a worker past its lease and resumes it; then SIGSTOPs a worker while it holds the
-   store's write lock (and enqueues the held-back job meanwhile) and resumes it.
+   store's write lock (and enqueues the probe job meanwhile) and resumes it.
 4. A quiet drain: no more faults, until no job is pending or leased (``--drain-timeout`` at most); then every
    process gets SIGTERM.
 5. The checker (``chaos_check.py``) reads every store through fresh connections and prints one JSON line on
@@ -38,12 +39,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_check import body_of, check, failed, percentile  # noqa: E402
-from chaos_fleet import Fleet, WorkerOptions  # noqa: E402
-from chaos_nemesis import Nemesis, Plan, RecoveryWatch  # noqa: E402
-from chaos_store import STORES  # noqa: E402
+from chaos_check import body_of, check, failed, percentile
+from chaos_fleet import Fleet, WorkerOptions
+from chaos_nemesis import Nemesis, Plan, RecoveryWatch
+from chaos_store import STORES
 
-from asyncq import JobSpec  # noqa: E402
+from asyncq import JobSpec
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -107,27 +108,45 @@ def nemesis_figures(nemesis: Nemesis, fleet: Fleet) -> dict[str, Any]:
     }
 
 
+# The share of the jobs enqueued as each step of the nemesis starts (the probe job aside).
+SHARES = {"worker_kills": 0.6, "receiver_kills": 0.3, "stop_past_lease": 0.05, "stop_holding_lock": 0.05}
+
+
+def parts(specs: list[JobSpec]) -> dict[str, list[JobSpec]]:
+    """``specs`` cut into consecutive parts by ``SHARES`` (the last step takes the rest)."""
+    cut, start, result = list(SHARES), 0, {}
+    for step in cut:
+        end = len(specs) if step == cut[-1] else start + round(SHARES[step] * len(specs))
+        result[step], start = specs[start:end], end
+    return result
+
+
 def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """The whole run; the report's figures."""
     started = time.monotonic()
     store = STORES[args.store](folder)
     ids = [f"job-{n:06d}" for n in range(args.jobs)]
     specs = [JobSpec(job_id, json.loads(body_of(job_id)), max_attempts=args.max_attempts) for job_id in ids]
-    asyncio.run(store.enqueue(specs[:-1]))
+    feeding = parts(specs[:-1])
     options = WorkerOptions(args.store, store.location, folder / "events.log", args.concurrency, args.lease_ms)
     fleet = Fleet(folder, options)
     nemesis = Nemesis(fleet, store, random.Random(args.seed), RecoveryWatch(store))
     stop_past_lease = 2.5 * args.lease_ms / 1000 if args.stop_past_lease is None else args.stop_past_lease
     plan = Plan(0.6 * args.duration, 0.4 * args.duration, stop_past_lease, args.stop_holding_lock)
+
+    def feed(step: str) -> None:
+        asyncio.run(store.enqueue(feeding[step]))
+        say(f"{step}: {len(feeding[step])} jobs enqueued; {store.counts()}", started)
+
     try:
         fleet.start_receiver()
         fleet.start_workers(args.workers)
-        say(f"{args.jobs - 1} jobs enqueued, {args.workers} workers and the receiver started: nemesis", started)
-        nemesis.run(plan, lambda: asyncio.run(store.enqueue(specs[-1:])))
+        nemesis.watch.start()
+        nemesis.run(plan, feed, lambda: asyncio.run(store.enqueue(specs[-1:])))
         say(f"nemesis done ({nemesis.kills} kills, {store.counts()}): quiet drain", started)
         drained_in = drain(nemesis, store, args.drain_timeout)
-        nemesis.watch.poll()
     finally:
+        nemesis.watch.stop()
         ends = fleet.stop_all()
         store.close()
     say(f"drained in {drained_in} s; checking", started)

@@ -88,6 +88,7 @@ def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, st
         "dead": len(dead),
         "dead_by_reason": dict(sorted(Counter(str(job.reason) for job in dead).items())),
         "dead_never_started": sum(1 for job in dead if starts[job.id] == 0),
+        "dead_every_attempt_started": sum(1 for job in dead if starts[job.id] >= job.attempts),
         "dead_but_applied": sum(1 for job in dead if job.id in inbox.effects),
         # An attempt is counted at claim: those no handler started were spent by kills (or lost leases).
         "attempts_without_start": sum(max(0, job.attempts - starts[job.id]) for job in rows.values()),
@@ -112,6 +113,7 @@ def check(store: Any, inbox_path: Path, events_path: Path, expected: set[str]) -
         "dead": figures["dead"],
         "dead_by_reason": figures["dead_by_reason"],
         "dead_never_started": figures["dead_never_started"],
+        "dead_every_attempt_started": figures["dead_every_attempt_started"],
         "dead_but_applied": figures["dead_but_applied"],
         "attempts_without_start": figures["attempts_without_start"],
         "redeliveries": sum(count - 1 for count in events.starts.values() if count > 1),

@@ -1,16 +1,17 @@
 """The chaos harness's nemesis: a seeded schedule of SIGKILLs and SIGSTOPs, and the recovery it measures.
 
-The schedule, in order (every random choice from one ``random.Random(seed)``):
+The schedule, in order (every random choice from one ``random.Random(seed)``); as each step starts, its part
+of the jobs is enqueued (``feed``), so that every fault has work to hit however fast the machine drains:
 
 1. worker kills: every 200-300 ms a random worker is SIGKILLed and its slot restarted at once;
 2. the same, and every 1-2 s the receiver is SIGKILLed too and restarted after 50-300 ms (same port);
-3. a worker holding leases is SIGSTOPped past its lease (``stop_past_lease_s``), then resumed (SIGCONT);
+3. a worker holding leases (and not the write lock) is SIGSTOPped past its lease, then resumed (SIGCONT);
 4. a worker is SIGSTOPped while it holds the store's write lock (``Store.write_lock_holder``: the lock's owner
    is asked, the process stopped, and the lock asked again while it is frozen; a process that let go in
    between is resumed and the catch tried again), held for ``stop_holding_lock_s``, then resumed. Meanwhile
-   the job held back from the initial enqueue is enqueued, to see whether producers get through.
+   the one job held back from every part is enqueued (the probe), to see whether a producer gets through.
 
-Between the steps the nemesis restarts any process that exited on its own (``Fleet.restart_exited``) and
+Meanwhile the nemesis restarts any process that exited on its own (``Fleet.restart_exited``), and a thread
 polls the jobs the killed workers held: the time from a kill to the job's re-claim (a new token) is the
 recovery time.
 """
@@ -52,35 +53,57 @@ class Plan:
 
 @dataclass
 class RecoveryWatch:
-    """The jobs killed workers held, until each is re-claimed (a new token) or swept dead (same token)."""
+    """The jobs killed workers held, polled every ``TICK`` in a thread of its own (so that a blocking step
+    of the nemesis, such as a receiver's restart, does not delay the measure) until each one is re-claimed (a
+    new token: its recovery time is from the kill to the poll that saw it) or swept dead (same token)."""
 
     store: Store
     outstanding: dict[str, tuple[float, int]] = field(default_factory=dict)  # id: (killed at, token)
     recovery_ms: list[float] = field(default_factory=list)
     orphaned: int = 0
     swept: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _done: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._watch, name="recovery-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling (after one last poll)."""
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.poll()
 
     def add(self, leases: dict[str, int], killed_at: float) -> None:
-        self.orphaned += len(leases)
-        for job_id, token in leases.items():
-            if job_id in self.outstanding:  # re-claimed and orphaned again between two polls
-                self.recovery_ms.append((killed_at - self.outstanding[job_id][0]) * 1000)
-            self.outstanding[job_id] = (killed_at, token)
+        with self._lock:
+            self.orphaned += len(leases)
+            for job_id, token in leases.items():
+                if job_id in self.outstanding:  # re-claimed and orphaned again between two polls
+                    self.recovery_ms.append((killed_at - self.outstanding[job_id][0]) * 1000)
+                self.outstanding[job_id] = (killed_at, token)
+
+    def _watch(self) -> None:
+        while not self._done.wait(TICK):
+            self.poll()
 
     def poll(self) -> None:
-        if not self.outstanding:
-            return
-        states = self.store.lease_states(list(self.outstanding))
+        with self._lock:
+            ids = list(self.outstanding)
+        states = self.store.lease_states(ids) if ids else {}
         now = time.monotonic()
-        for job_id, (status, token) in states.items():
-            killed_at, orphan_token = self.outstanding[job_id]
-            if token != orphan_token:
-                self.recovery_ms.append((now - killed_at) * 1000)
-            elif status != "leased":
-                self.swept += 1
-            else:
-                continue
-            del self.outstanding[job_id]
+        with self._lock:
+            for job_id, (status, token) in states.items():
+                killed_at, orphan_token = self.outstanding.get(job_id, (now, token))
+                if token != orphan_token:
+                    self.recovery_ms.append((now - killed_at) * 1000)
+                elif status != "leased":
+                    self.swept += 1
+                else:
+                    continue
+                del self.outstanding[job_id]
 
 
 @dataclass
@@ -97,16 +120,17 @@ class Nemesis:
     probe: dict[str, Any] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
 
-    def run(self, plan: Plan, enqueue_probe: Callable[[], None]) -> None:
-        """The four steps in order (a stop of 0 seconds is skipped); the backlog is noted before each."""
-        self.note_backlog("worker_kills")
+    def run(self, plan: Plan, feed: Callable[[str], None], enqueue_probe: Callable[[], None]) -> None:
+        """The four steps in order (a stop of 0 seconds is skipped). As each starts, ``feed(step)`` enqueues
+        its part of the jobs, and the backlog is noted."""
+        self.begin("worker_kills", feed)
         self.kill_phase(plan.kill_phase_s, receiver=False)
-        self.note_backlog("receiver_kills")
+        self.begin("receiver_kills", feed)
         self.kill_phase(plan.receiver_phase_s, receiver=True)
+        self.begin("stop_past_lease", feed)
         if plan.stop_past_lease_s > 0:
-            self.note_backlog("stop_past_lease")
             self.stop_past_lease(plan.stop_past_lease_s)
-        self.note_backlog("stop_holding_lock")
+        self.begin("stop_holding_lock", feed)
         if plan.stop_holding_lock_s > 0:
             self.stop_holding_lock(plan.stop_holding_lock_s, enqueue_probe)
         else:
@@ -114,7 +138,10 @@ class Nemesis:
         if not self.probe["ok"]:  # it must get in now that nothing is stopped
             enqueue_probe()
             self.probe["retried_after_resume"] = True
-        self.note_backlog("drain")
+
+    def begin(self, step: str, feed: Callable[[str], None]) -> None:
+        feed(step)
+        self.note_backlog(step)
 
     def note_backlog(self, step: str) -> None:
         """How many jobs are pending or leased as ``step`` starts (a fault with no work to hit proves little)."""
@@ -123,7 +150,6 @@ class Nemesis:
 
     def tick(self) -> None:
         self.fleet.restart_exited()
-        self.watch.poll()
 
     def idle_until(self, moment: float) -> None:
         """Keep ticking until ``moment`` (monotonic): the schedule's own pace."""
@@ -165,19 +191,22 @@ class Nemesis:
     # -- stops ------------------------------------------------------------------------------------------
 
     def stop_past_lease(self, seconds: float) -> None:
-        """SIGSTOP a worker that holds leases for ``seconds``, then SIGCONT it."""
+        """SIGSTOP a worker that holds leases, but not the write lock (that is the next step), for
+        ``seconds``, then SIGCONT it."""
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and self.backlog["stop_past_lease"]:
             slot = self.rng.choice(self.fleet.slots)
-            if self.store.leases_of(slot.owner) and slot.process is not None:
+            if slot.process is not None and self.store.leases_of(slot.owner):
                 pid = slot.process.pid
                 os.kill(pid, signal.SIGSTOP)
-                wait_stopped(pid)
-                held = len(self.store.leases_of(slot.owner))
-                self.idle_until(time.monotonic() + seconds)
-                os.kill(pid, signal.SIGCONT)
-                self.stops.append({"kind": "past_lease", "owner": slot.owner, "seconds": seconds, "leases": held})
-                return
+                if wait_stopped(pid) and self.store.write_lock_holder() != pid:
+                    held = len(self.store.leases_of(slot.owner))
+                    self.idle_until(time.monotonic() + seconds)
+                    os.kill(pid, signal.SIGCONT)
+                    stop = {"kind": "past_lease", "owner": slot.owner, "seconds": seconds, "leases": held}
+                    self.stops.append(stop | {"holding_write_lock": False})
+                    return
+                os.kill(pid, signal.SIGCONT)  # caught holding the write lock: try another moment
             self.idle_until(time.monotonic() + TICK)
         self.stops.append({"kind": "past_lease", "skipped": "no worker held a lease"})
 

@@ -24,9 +24,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos_store import open_queue  # noqa: E402
+from chaos_store import open_queue
 
-from asyncq import HttpTransport, Pool, deliver_with  # noqa: E402
+from asyncq import HttpTransport, Pool, deliver_with
 
 
 class EventLog:

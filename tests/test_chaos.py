@@ -91,7 +91,7 @@ def test_the_nemesis_really_killed_and_stopped_processes_that_held_work(main_run
     assert report["orphaned_by_kills"] > 0
     recovery = report["recovery_ms"]
     assert recovery["reclaimed"] > 0 and recovery["unresolved"] == 0
-    assert 0 < recovery["p50"] <= recovery["p99"] < 10 * LEASE_MS  # orphaned leases are taken back, and soon
+    assert 0 < recovery["p50"] <= recovery["p99"] and recovery["p50"] < 5 * LEASE_MS  # taken back, and soon
     past_lease, holding_lock = report["stops"]
     assert past_lease["kind"] == "past_lease" and past_lease["leases"] > 0
     assert past_lease["seconds"] > LEASE_MS / 1000
