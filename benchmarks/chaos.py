@@ -9,10 +9,10 @@ What happens, all on this machine (docs/reliability.md tells the figures of a lo
 2. The project's receiver starts (``python -m asyncq.inbox --effect stock``, its own SQLite file), and
    ``--workers`` worker processes, each an ``asyncq.Pool`` delivering with ``HttpTransport`` + ``deliver_with``
    (``chaos_worker.py``), which record each delivery's start in a shared log before sending it.
-3. The nemesis (``chaos_nemesis.py``, seeded by ``--seed``) SIGKILLs a random worker every 200-300 ms and
-   restarts it, for 60 % of ``--duration``; then also SIGKILLs and restarts the receiver every 1-2 s, for the
-   other 40 %; then SIGSTOPs a worker past its lease and resumes it; then SIGSTOPs a worker while it holds the
-   store's write lock (and enqueues the probe job meanwhile) and resumes it.
+3. The nemesis (``chaos_nemesis.py``, seeded by ``--seed``) SIGKILLs a random worker holding leases every
+   200-300 ms and restarts it, for 60 % of ``--duration``; then also SIGKILLs and restarts the receiver every
+   1-2 s, for the other 40 %; then SIGSTOPs a worker past its lease and resumes it; then SIGSTOPs a worker while
+   it holds the store's write lock (and enqueues the probe job meanwhile) and resumes it.
 4. A quiet drain: no more faults, until no job is pending or leased (``--drain-timeout`` at most); then every
    process gets SIGTERM.
 5. The checker (``chaos_check.py``) reads every store through fresh connections and prints one JSON line on
@@ -90,6 +90,7 @@ def nemesis_figures(nemesis: Nemesis, fleet: Fleet) -> dict[str, Any]:
     causes = Counter(exit.last_stderr for exit in fleet.self_exits)
     return {
         "kills": nemesis.kills,
+        "kills_skipped": nemesis.kills_skipped,
         "receiver_kills": nemesis.receiver_kills,
         "stops": nemesis.stops,
         "self_exits": len(fleet.self_exits),

@@ -3,7 +3,8 @@
 The schedule, in order (every random choice from one ``random.Random(seed)``); as each step starts, its part
 of the jobs is enqueued (``feed``), so that every fault has work to hit however fast the machine drains:
 
-1. worker kills: every 200-300 ms a random worker is SIGKILLed and its slot restarted at once;
+1. worker kills: every 200-300 ms a random worker holding leases is SIGKILLed and its slot restarted at once
+   (when none holds a lease, that kill is skipped: a worker still starting up has nothing to lose);
 2. the same, and every 1-2 s the receiver is SIGKILLed too and restarted after 50-300 ms (same port);
 3. a worker holding leases (and not the write lock) is SIGSTOPped past its lease, then resumed (SIGCONT);
 4. a worker is SIGSTOPped while it holds the store's write lock (``Store.write_lock_holder``: the lock's owner
@@ -36,6 +37,7 @@ class Store(Protocol):
     """What the nemesis asks of a store (``chaos_store``)."""
 
     def leases_of(self, owner: str) -> dict[str, int]: ...
+    def lease_owners(self) -> set[str]: ...
     def lease_states(self, ids: list[str]) -> dict[str, tuple[str, int]]: ...
     def write_lock_holder(self) -> int | None: ...
     def counts(self) -> dict[str, int]: ...
@@ -115,6 +117,7 @@ class Nemesis:
     rng: random.Random
     watch: RecoveryWatch
     kills: int = 0
+    kills_skipped: int = 0  # kill times at which no worker held a lease
     receiver_kills: int = 0
     stops: list[dict[str, Any]] = field(default_factory=list)
     probe: dict[str, Any] = field(default_factory=dict)
@@ -168,11 +171,21 @@ class Nemesis:
             if time.monotonic() >= end:
                 return
             if time.monotonic() >= next_kill:
-                self.kill_worker(self.rng.choice(self.fleet.slots))
+                self.kill_a_worker()
                 next_kill = time.monotonic() + self.rng.uniform(0.2, 0.3)
             if time.monotonic() >= next_receiver:
                 self.kill_receiver(self.rng.uniform(0.05, 0.3))
                 next_receiver = time.monotonic() + self.rng.uniform(1.0, 2.0)
+
+    def kill_a_worker(self) -> None:
+        """Kill a random worker among those holding leases. A worker still starting up holds nothing to lose,
+        and at four kills a second on two busy cores most kills would find one starting: those are skipped."""
+        owners = self.store.lease_owners()
+        working = [slot for slot in self.fleet.slots if slot.owner in owners]
+        if working:
+            self.kill_worker(self.rng.choice(working))
+        else:
+            self.kills_skipped += 1
 
     def kill_worker(self, slot: Slot) -> None:
         """SIGKILL, note the leases it died with, restart the slot."""
@@ -235,18 +248,18 @@ class Nemesis:
             self.stops.append({"kind": "holding_write_lock", "skipped": "not caught in 30 s", "misses": misses})
             self.run_probe(enqueue_probe, during=None)
         else:
-            exits_before = len(self.fleet.self_exits)
+            exits_before, pid = len(self.fleet.self_exits), slot.process.pid
             prober = threading.Thread(target=self.run_probe, args=(enqueue_probe, "holding_write_lock"))
             prober.start()
             self.idle_until(time.monotonic() + seconds)
-            os.kill(slot.process.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGCONT)
             prober.join()
             stop = {"kind": "holding_write_lock", "owner": slot.owner, "seconds": seconds, "verified": True}
             stop |= {"misses": misses, "self_exits_meanwhile": len(self.fleet.self_exits) - exits_before}
             self.stops.append(stop)
 
     def run_probe(self, enqueue_probe: Callable[[], None], during: str | None) -> None:
-        """Enqueue the held-back job; its outcome and how long it took go to ``probe``."""
+        """Enqueue the probe job; its outcome and how long it took go to ``probe``."""
         started = time.monotonic()
         try:
             enqueue_probe()

@@ -81,6 +81,12 @@ class SqliteStore:
             rows = con.execute("SELECT id, token FROM asyncq_jobs WHERE status = 'leased' AND owner = ?", (owner,))
             return dict(rows.fetchall())
 
+    def lease_owners(self) -> set[str]:
+        """The owners holding at least one lease (expired or not)."""
+        with fresh_connection(self.path) as con:
+            rows = con.execute("SELECT DISTINCT owner FROM asyncq_jobs WHERE status = 'leased'").fetchall()
+        return {owner for (owner,) in rows}
+
     def lease_states(self, ids: Sequence[str]) -> dict[str, tuple[str, int]]:
         """``{job id: (status, token)}`` for ``ids``."""
         with fresh_connection(self.path) as con:

@@ -2,9 +2,10 @@
 
     python benchmarks/chaos_worker.py --store sqlite --queue Q --url URL --owner W --events FILE [...]
 
-runs ``Pool.serve`` until SIGTERM. What the checker cannot read from the stores afterwards is appended to
-``--events`` (shared by all workers, opened ``O_APPEND``), one ``os.write`` per line, so every line is in the
-kernel before the step it records goes on, and survives the SIGKILL of this process:
+runs ``Pool.serve`` until SIGTERM (the harness forks it from a fork server instead: ``forked_main``). What
+the checker cannot read from the stores afterwards is appended to ``--events`` (shared by all workers, opened
+``O_APPEND``), one ``os.write`` per line, so every line is in the kernel before the step it records goes on,
+and survives the SIGKILL of this process:
 
 - ``S <job id> <token> <owner>`` when a handler starts a delivery, before its request is sent;
 - ``X <owner>`` for each finish the queue rejected as stale, ``L <owner>`` for each lease lost.
@@ -96,7 +97,7 @@ async def work(args: argparse.Namespace) -> None:
         await queue.close()
 
 
-def main() -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True)
     parser.add_argument("--queue", required=True, help="the store's location (a file for SQLite)")
@@ -107,9 +108,21 @@ def main() -> None:
     parser.add_argument("--lease-ms", type=int, default=1000)
     parser.add_argument("--poll-max", type=float, default=0.2)
     parser.add_argument("--delivery-timeout", type=float, default=5.0)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(work(args))
+
+
+def forked_main(argv: list[str], stderr_path: str) -> None:
+    """``main`` in a process forked by the harness's fork server (``chaos_fleet``): stderr to ``stderr_path``."""
+    errors = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(errors, 2)
+    os.close(errors)
+    main(argv)
 
 
 if __name__ == "__main__":

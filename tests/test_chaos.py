@@ -2,11 +2,11 @@
 
 Two runs, each once for the module (``docs/reliability.md`` has their figures and a longer run's):
 
-- the main run: 20,000 jobs, 3 worker processes delivering over HTTP to the inbox receiver, 20 s of SIGKILLs
-  (workers every 200-300 ms, then the receiver too), a worker SIGSTOPped past its lease, another while it holds
-  the write lock; then the quiet drain and the checker (about 40 s on 2 shared cores);
-- a short run with one attempt per job and no stops (about 10 s): with a single attempt, any attempt a kill
-  spends on a job no handler started leaves that job dead, never sent.
+- the main run: 10,000 jobs, 3 worker processes delivering over HTTP to the inbox receiver, 20 s of SIGKILLs
+  (a worker holding leases every 200-300 ms, then the receiver too), a worker SIGSTOPped past its lease,
+  another while it holds the write lock; then the quiet drain and the checker (40-80 s on 2 shared cores);
+- a short run with one attempt per job and no stops (8 s of kills, about 15 s): with a single attempt, any
+  attempt a kill spends on a job no handler started leaves that job dead, never sent.
 
 Sizes and seed can be changed: ``ASYNCQ_CHAOS_JOBS``, ``ASYNCQ_CHAOS_DURATION``, ``ASYNCQ_CHAOS_SEED``.
 """
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "chaos.py"
 SEED = int(os.environ.get("ASYNCQ_CHAOS_SEED", "19"))
-JOBS = int(os.environ.get("ASYNCQ_CHAOS_JOBS", "20000"))
+JOBS = int(os.environ.get("ASYNCQ_CHAOS_JOBS", "10000"))
 DURATION = float(os.environ.get("ASYNCQ_CHAOS_DURATION", "20"))
 LEASE_MS = 1000
 
@@ -53,12 +53,13 @@ def run_chaos(folder: Path, *options: str) -> tuple[int, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any]]:
     options = ["--seed", str(SEED), "--jobs", str(JOBS), "--workers", "3", "--duration", str(DURATION)]
+    options += ["--store", "sqlite"]  # every store the project has: today, only SQLite (chaos_store.STORES)
     return run_chaos(tmp_path_factory.mktemp("chaos"), *options)
 
 
 @pytest.fixture(scope="module")
 def one_attempt_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any]]:
-    options = ["--seed", str(SEED), "--jobs", "5000", "--workers", "3", "--duration", "4", "--max-attempts", "1"]
+    options = ["--seed", str(SEED), "--jobs", "5000", "--workers", "3", "--duration", "8", "--max-attempts", "1"]
     return run_chaos(tmp_path_factory.mktemp("chaos1"), *options, "--stop-past-lease", "0", "--stop-holding-lock", "0")
 
 
@@ -85,8 +86,9 @@ def test_chaos_loses_nothing_applies_nothing_twice_and_leaves_nothing_unfinished
 
 def test_the_nemesis_really_killed_and_stopped_processes_that_held_work(main_run: tuple[int, dict[str, Any]]) -> None:
     _code, report = main_run
-    assert report["kills"] >= DURATION * 0.6 / 0.3 * 0.8  # a kill every 200-300 ms, allowing for restarts' time
-    assert report["receiver_kills"] >= 2
+    # A kill every 200-300 ms (skipped when no worker holds a lease: on a loaded machine, many are starting).
+    assert report["kills"] + report["kills_skipped"] >= DURATION / 0.3 * 0.5
+    assert report["kills"] >= 3 and report["receiver_kills"] >= 2
     assert all(jobs > 0 for jobs in report["backlog"].values()), report["backlog"]  # each step had work to hit
     assert report["orphaned_by_kills"] > 0
     recovery = report["recovery_ms"]
