@@ -34,13 +34,13 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chaos_check import body_of, check, failed, percentile
-from chaos_fleet import Fleet, WorkerOptions
+from chaos_fleet import Fleet, SelfExit, WorkerOptions
 from chaos_nemesis import Nemesis, Plan, RecoveryWatch
 from chaos_store import STORES
 
@@ -122,12 +122,17 @@ def parts(specs: list[JobSpec]) -> dict[str, list[JobSpec]]:
     return result
 
 
-def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    """The whole run; the report's figures."""
-    started = time.monotonic()
-    store = STORES[args.store](folder)
-    ids = [f"job-{n:06d}" for n in range(args.jobs)]
-    specs = [JobSpec(job_id, json.loads(body_of(job_id)), max_attempts=args.max_attempts) for job_id in ids]
+class Exercised(NamedTuple):
+    """What a run leaves for the report."""
+
+    fleet: Fleet
+    nemesis: Nemesis
+    drained_in: float | None
+    ends: list[SelfExit]
+
+
+def exercise(args: argparse.Namespace, folder: Path, store: Any, specs: list[JobSpec], started: float) -> Exercised:
+    """Start the processes, run the nemesis, drain, stop everything."""
     feeding = parts(specs[:-1])
     options = WorkerOptions(args.store, store.location, folder / "events.log", args.concurrency, args.lease_ms)
     fleet = Fleet(folder, options)
@@ -151,8 +156,18 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         ends = fleet.stop_all()
         store.close()
     say(f"drained in {drained_in} s; checking", started)
+    return Exercised(fleet, nemesis, drained_in, ends)
+
+
+def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """The whole run; the report's figures, the headline first."""
+    started = time.monotonic()
+    store = STORES[args.store](folder)
+    ids = [f"job-{n:06d}" for n in range(args.jobs)]
+    specs = [JobSpec(job_id, json.loads(body_of(job_id)), max_attempts=args.max_attempts) for job_id in ids]
+    fleet, nemesis, drained_in, ends = exercise(args, folder, store, specs, started)
     report: dict[str, Any] = {"store": args.store, "seed": args.seed, "jobs": args.jobs, "workers": args.workers}
-    report |= check(store, fleet.inbox, options.events, set(ids))
+    report |= check(store, fleet.inbox, fleet.options.events, set(ids))
     report |= nemesis_figures(nemesis, fleet)
     report["final_exit_codes"] = dict(Counter(str(end.code) for end in ends))
     report["unclean_stops"] = [vars(end) for end in ends if end.code not in (0, -15)]
@@ -165,6 +180,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 HEADLINE = (
     "jobs",
     "kills",
+    "receiver_kills",
     "lost",
     "duplicated",
     "unexpected",
