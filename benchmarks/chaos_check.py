@@ -34,19 +34,26 @@ class WorkerEvents(NamedTuple):
     """What the workers' event log recorded (``chaos_worker``)."""
 
     starts: Counter[str]
+    failures: Counter[str]  # failed deliveries by job id
+    failure_kinds: Counter[str]  # failed deliveries by error type
     stale_finishes: int
     leases_lost: int
 
 
 def read_events(path: Path) -> WorkerEvents:
     starts: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+    failure_kinds: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     for line in path.read_text().splitlines() if path.exists() else []:
         kind, *rest = line.split()
         kinds[kind] += 1
         if kind == "S":
             starts[rest[0]] += 1
-    return WorkerEvents(starts, kinds["X"], kinds["L"])
+        elif kind == "F":
+            failures[rest[0]] += 1
+            failure_kinds[rest[3]] += 1
+    return WorkerEvents(starts, failures, failure_kinds, kinds["X"], kinds["L"])
 
 
 def percentile(values: Sequence[float], percent: float) -> float | None:
@@ -74,8 +81,9 @@ def unexpected_at_receiver(inbox: InboxRows, expected: set[str], starts: Counter
     return +found
 
 
-def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, starts: Counter[str]) -> dict[str, Any]:
+def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, events: WorkerEvents) -> dict[str, Any]:
     """Lost, non-terminal and dead figures from the queue's rows and the receiver's effects."""
+    starts, failures = events.starts, events.failures
     rows = {job.id: job for job in jobs}
     dead = [job for job in rows.values() if job.status == "dead"]
     statuses = Counter(job.status for job in rows.values())
@@ -89,6 +97,7 @@ def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, st
         "dead_by_reason": dict(sorted(Counter(str(job.reason) for job in dead).items())),
         "dead_never_started": sum(1 for job in dead if starts[job.id] == 0),
         "dead_every_attempt_started": sum(1 for job in dead if starts[job.id] >= job.attempts),
+        "dead_every_attempt_failed": sum(1 for job in dead if failures[job.id] >= job.attempts),
         "dead_but_applied": sum(1 for job in dead if job.id in inbox.effects),
         # An attempt is counted at claim: those no handler started were spent by kills (or lost leases).
         "attempts_without_start": sum(max(0, job.attempts - starts[job.id]) for job in rows.values()),
@@ -99,7 +108,7 @@ def check(store: Any, inbox_path: Path, events_path: Path, expected: set[str]) -
     """The checker's figures about the stores (the nemesis adds its own)."""
     events = read_events(events_path)
     inbox = read_inbox(inbox_path)
-    figures = job_figures(store.jobs(), expected, inbox, events.starts)
+    figures = job_figures(store.jobs(), expected, inbox, events)
     unexpected = unexpected_at_receiver(inbox, expected, events.starts)
     if figures["unexpected_jobs"]:
         unexpected["job_row_unknown_or_other_body"] = figures["unexpected_jobs"]
@@ -114,9 +123,11 @@ def check(store: Any, inbox_path: Path, events_path: Path, expected: set[str]) -
         "dead_by_reason": figures["dead_by_reason"],
         "dead_never_started": figures["dead_never_started"],
         "dead_every_attempt_started": figures["dead_every_attempt_started"],
+        "dead_every_attempt_failed": figures["dead_every_attempt_failed"],
         "dead_but_applied": figures["dead_but_applied"],
         "attempts_without_start": figures["attempts_without_start"],
         "redeliveries": sum(count - 1 for count in events.starts.values() if count > 1),
+        "failed_deliveries": dict(events.failure_kinds.most_common()),
         "duplicates_absorbed": sum(duplicates for _id, _body, duplicates, _conflicts in inbox.events),
         "stale_finishes_rejected": events.stale_finishes,
         "leases_lost": events.leases_lost,

@@ -8,6 +8,7 @@ the checker cannot read from the stores afterwards is appended to ``--events`` (
 and survives the SIGKILL of this process:
 
 - ``S <job id> <token> <owner>`` when a handler starts a delivery, before its request is sent;
+- ``F <job id> <token> <owner> <error type>`` when a delivery fails (the receiver down, an error answer);
 - ``X <owner>`` for each finish the queue rejected as stale, ``L <owner>`` for each lease lost.
 """
 
@@ -42,15 +43,21 @@ class EventLog:
 
 
 class StartLogged:
-    """A transport that records each delivery's start in the event log, then delivers through ``inner``."""
+    """A transport that records each delivery's start (and failure) in the event log, delivering through
+    ``inner``."""
 
     def __init__(self, inner: HttpTransport, events: EventLog) -> None:
         self.inner = inner
         self.events = events
 
     async def deliver(self, job_id: str, body: Any, headers: Mapping[str, str]) -> None:
-        self.events.write(f"S {job_id} {headers['Asyncq-Token']} {self.events.owner}")
-        await self.inner.deliver(job_id, body, headers)
+        token = headers["Asyncq-Token"]
+        self.events.write(f"S {job_id} {token} {self.events.owner}")
+        try:
+            await self.inner.deliver(job_id, body, headers)
+        except Exception as error:
+            self.events.write(f"F {job_id} {token} {self.events.owner} {type(error).__name__}")
+            raise
 
     async def close(self) -> None:
         await self.inner.close()

@@ -29,7 +29,7 @@ JOBS = int(os.environ.get("ASYNCQ_CHAOS_JOBS", "10000"))
 DURATION = float(os.environ.get("ASYNCQ_CHAOS_DURATION", "20"))
 LEASE_MS = 1000
 
-pytestmark = pytest.mark.timeout(240 + int(DURATION) * 3)
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240 + int(DURATION) * 3)]
 
 
 def run_chaos(folder: Path, *options: str) -> tuple[int, dict[str, Any]]:

@@ -58,6 +58,7 @@ def test_a_clean_run_is_clean(tmp_path: Path) -> None:
     assert report["failed"] == [] and report["unexpected_by_kind"] == {}
     assert report["done"] == 5 and report["dead_by_reason"] == {"exhausted": 1}
     assert report["dead_never_started"] == 1 and report["attempts_without_start"] == 1
+    assert report["dead_every_attempt_failed"] == 0 and report["failed_deliveries"] == {}
     assert report["redeliveries"] == report["duplicates_absorbed"] == 0
     assert report["integrity"] == {"queue": "ok", "inbox": "ok"}
 
@@ -75,6 +76,7 @@ def test_each_fault_is_counted_once_and_fails_the_run(tmp_path: Path) -> None:
         queue.execute("UPDATE asyncq_jobs SET status = 'pending', owner = NULL WHERE id = ?", (IDS[4],))
     with open(tmp_path / "events.log", "a") as events:
         events.write(f"S {IDS[0]} 2 another-worker\nX another-worker\nL another-worker\n")
+        events.write("S job-000005 1 another-worker\nF job-000005 1 another-worker Retryable\n")
 
     report = run_check(tmp_path)
 
@@ -86,6 +88,8 @@ def test_each_fault_is_counted_once_and_fails_the_run(tmp_path: Path) -> None:
     }
     assert report["failed"] == ["lost", "duplicated", "unexpected", "non_terminal"]
     assert report["redeliveries"] == 1
+    assert report["dead_never_started"] == 0 and report["dead_every_attempt_failed"] == 1
+    assert report["failed_deliveries"] == {"Retryable": 1}
     assert report["stale_finishes_rejected"] == report["leases_lost"] == 1
 
 
