@@ -19,6 +19,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+# ``python -m asyncq.inbox``, and SIGTERM when the harness dies (prctl PR_SET_PDEATHSIG), so no receiver outlives it.
+RECEIVER = (
+    "import ctypes, runpy, signal; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    "runpy.run_module('asyncq.inbox', run_name='__main__', alter_sys=True)"
+)
 # Workers are forked from a server that has imported them once (``Forked``).
 FORK_SERVER = multiprocessing.get_context("forkserver")
 FORK_SERVER.set_forkserver_preload(["__main__", "chaos_worker"])
@@ -72,7 +77,8 @@ class Forked:
     def __init__(self, argv: list[str], stderr: Path) -> None:
         import chaos_worker
 
-        self._process = FORK_SERVER.Process(target=chaos_worker.forked_main, args=(argv, str(stderr)), daemon=True)
+        arguments = (argv, str(stderr), os.getpid())
+        self._process = FORK_SERVER.Process(target=chaos_worker.forked_main, args=arguments, daemon=True)
         self._process.start()
         assert self._process.pid is not None
         self.pid: int = self._process.pid
@@ -136,10 +142,10 @@ class Fleet:
     # -- the receiver -------------------------------------------------------------------------------------
 
     def start_receiver(self, attempts: int = 50) -> None:
-        """Start ``python -m asyncq.inbox`` (the project's receiver, its ``stock`` effect): on a free port the
+        """Start the project's receiver (``python -m asyncq.inbox``, its ``stock`` effect): on a free port the
         first time, on the same port after (the workers keep their URL); a port not free yet is tried again."""
         for _ in range(attempts):
-            command = [sys.executable, "-m", "asyncq.inbox", "--db", str(self.inbox), "--effect", "stock"]
+            command = [sys.executable, "-c", RECEIVER, "--db", str(self.inbox), "--effect", "stock"]
             command += ["--port", str(self.port)]
             with open(self.folder / "receiver.stderr", "ab") as errors:
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=child_env())

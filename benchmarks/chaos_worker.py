@@ -18,7 +18,10 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -124,12 +127,26 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(work(args))
 
 
-def forked_main(argv: list[str], stderr_path: str) -> None:
-    """``main`` in a process forked by the harness's fork server (``chaos_fleet``): stderr to ``stderr_path``."""
+def forked_main(argv: list[str], stderr_path: str, harness_pid: int) -> None:
+    """``main`` in a process forked by the harness's fork server (``chaos_fleet``): stderr to ``stderr_path``,
+    and a SIGTERM to itself once the harness is gone, so no worker outlives a killed run (the fork server
+    itself lives as long as any worker it forked: each holds its liveness pipe)."""
     errors = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(errors, 2)
     os.close(errors)
+    threading.Thread(target=stop_when_gone, args=(harness_pid,), daemon=True).start()
     main(argv)
+
+
+def stop_when_gone(pid: int, every: float = 0.5) -> None:
+    """Send this process SIGTERM once process ``pid`` no longer exists."""
+    while True:
+        time.sleep(every)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,19 +36,22 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240 + int(DURATION) * 3)]
 def run_chaos(folder: Path, *options: str) -> tuple[int, dict[str, Any]]:
     """Run the harness in ``folder``; its exit code and the JSON line it printed last."""
     command = [sys.executable, str(SCRIPT), "--dir", str(folder), "--lease-ms", str(LEASE_MS), *options]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=200 + DURATION * 3,
-        cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # A session of its own: on a timeout, its whole process group (workers, fork server, receiver) is killed.
+    harness = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder, env=env, start_new_session=True
     )
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"the harness printed nothing (exit {done.returncode}):\n{done.stderr[-3000:]}"
+    try:
+        stdout, stderr = harness.communicate(timeout=200 + DURATION * 3)
+    except subprocess.TimeoutExpired:
+        os.killpg(harness.pid, signal.SIGKILL)
+        stdout, stderr = harness.communicate()
+        raise AssertionError(f"the harness ran past its timeout:\n{stderr[-3000:]}") from None
+    lines = stdout.strip().splitlines()
+    assert lines, f"the harness printed nothing (exit {harness.returncode}):\n{stderr[-3000:]}"
     report: dict[str, Any] = json.loads(lines[-1])
     print(f"\n{' '.join(command[1:])}\n{lines[-1]}")
-    return done.returncode, report
+    return harness.returncode, report
 
 
 @pytest.fixture(scope="module")
