@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import chaos_worker
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # ``python -m asyncq.inbox``, and SIGTERM when the harness dies (prctl PR_SET_PDEATHSIG), so no receiver outlives it.
@@ -51,9 +53,12 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> bool:
     """Poll ``/proc`` until ``pid`` is in the stopped state (``T``): a SIGSTOP is delivered asynchronously."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] == "T":
-                return True
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return True
+        except FileNotFoundError:  # it died (and was reaped) meanwhile
+            return False
         time.sleep(0.001)
     return False
 
@@ -71,12 +76,10 @@ class Forked:
     """A worker process forked by the fork server, with ``subprocess.Popen``'s methods the fleet uses.
 
     The fork server has imported ``chaos_worker`` (asyncq, aiohttp) once: a restart is a fork, not a new
-    interpreter importing everything again (0.4 CPU-seconds each, which at four kills a second would take
-    most of two cores and leave the workers hardly any time to claim before their next kill)."""
+    interpreter importing everything again (0.4 CPU-seconds each, which at up to four kills a second would take
+    most of one of the two cores the harness is sized for)."""
 
     def __init__(self, argv: list[str], stderr: Path) -> None:
-        import chaos_worker
-
         arguments = (argv, str(stderr), os.getpid())
         self._process = FORK_SERVER.Process(target=chaos_worker.forked_main, args=arguments, daemon=True)
         self._process.start()
