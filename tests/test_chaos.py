@@ -109,11 +109,6 @@ def test_the_nemesis_really_killed_and_stopped_processes_that_held_work(main_run
     assert report["enqueue_during_stop"]["during"] == "holding_write_lock"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (issue 19): a worker SIGSTOPped holding the write lock past the 5 s busy timeout makes "
-    "the other pools raise 'database is locked' out of Pool.serve; the pool should retry a locked store",
-)
 def test_no_worker_exits_while_another_is_stopped_holding_the_write_lock(main_run: tuple[int, dict[str, Any]]) -> None:
     _code, report = main_run
     holding_lock = report["stops"][-1]
@@ -130,11 +125,6 @@ def test_the_one_attempt_run_is_correct_and_killed_workers_that_held_jobs(
     assert report["recovery_ms"]["swept_dead"] > 0  # one attempt: an orphaned job is not claimed again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (issue 19): the attempt is counted at claim, so a SIGKILL spends an attempt of every "
-    "job the pool had prefetched and never started; with one attempt those jobs end dead/exhausted, never sent",
-)
 def test_a_sigkill_spends_no_attempt_of_a_job_no_handler_started(one_attempt_run: tuple[int, dict[str, Any]]) -> None:
     _code, report = one_attempt_run
     assert report["attempts_without_start"] == 0

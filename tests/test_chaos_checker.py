@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import asyncq.inbox
+import asyncq.inbox.receiver
 from asyncq import Inbox, JobSpec, Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -33,7 +33,7 @@ async def build(folder: Path) -> None:
     store = SqliteStore(folder)
     await store.enqueue([JobSpec(job_id, {"item": job_id, "qty": 1}) for job_id in IDS])
     await store.enqueue([JobSpec("job-000005", {"item": "job-000005", "qty": 1}, max_attempts=1)])
-    effect, ddl = asyncq.inbox.EFFECTS["stock"]
+    effect, ddl = asyncq.inbox.receiver.EFFECTS["stock"]
     async with await Queue.open(store.location) as queue, Inbox(folder / "inbox.db", effect=effect, ddl=ddl) as inbox:
         tickets = await queue.claim("checker-test", limit=6)
         for ticket in tickets:
