@@ -66,7 +66,6 @@ def test_the_readme_quickstart_is_the_example() -> None:
         assert line in readme and line in example, line
 
 
-@pytest.mark.xfail(strict=True, reason="the README's snippet inserts into orders without creating it (lead's file)")
 def test_the_readme_quickstart_creates_the_table_it_inserts_into_and_runs_twice() -> None:
     readme = (ROOT / "README.md").read_text()
     example = (ROOT / "examples" / "quickstart.py").read_text()
