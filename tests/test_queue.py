@@ -1,5 +1,5 @@
 """The ``Queue`` facade on real SQLite files: what it adds over its store (canonical bodies, rows built from its
-clock, ``reconcile``). The store's own rules are tested for every driver in ``tests/store/``.
+clock, ``reconcile``). The store's own rules are tested for every driver in ``tests/conformance/``.
 
 Time is the injected clock ``t[0]`` (milliseconds); no test sleeps to let time pass. Every file is read
 back through an independent ``sqlite3`` connection, so the checks see what is on disk, not what the

@@ -1,7 +1,7 @@
 """The queue store's port: what ``Queue`` (and through it the pool, the CLI, the dashboard and the metrics) asks
 of a store.
 
-What every store must guarantee (the conformance suite in ``tests/store/`` checks each):
+What every store must guarantee (the conformance suite in ``tests/conformance/`` checks each):
 
 - **Atomic claim.** A claim sweeps unclaimable rows (deadline passed, attempts used up) to ``dead`` and leases
   ready jobs, oldest first, in one transaction; no job is leased twice at once; each claim gives the job a new
