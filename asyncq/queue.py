@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from typing import Any, Self
+from typing import Any
 
 from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.failures import ErrorText, error_text
@@ -41,10 +41,10 @@ from asyncq.core.values import (
     check_duration,
     check_identifier,
     check_int,
-    check_time,
     duration_ms,
 )
 from asyncq.errors import StoreError
+from asyncq.store.facade import StoreFacade
 from asyncq.store.opening import inspect_queue_store, open_queue_store
 from asyncq.store.port.queue import JobFilter, QueueStore, StoreState, StoreTransaction
 
@@ -72,12 +72,11 @@ class Transaction:
         return (await self._inner.enqueue_rows([row]))[0]
 
 
-class Queue:
+class Queue(StoreFacade[QueueStore]):
     """A durable job queue. Open with ``await Queue.open(path)`` (``async with`` closes it)."""
 
     def __init__(self, store: QueueStore, clock: Clock = wall_clock_ms, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-        self.store = store
-        self._clock = clock
+        super().__init__(store, clock)
         self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
 
     @classmethod
@@ -102,25 +101,6 @@ class Queue:
         _flag(read_only, "read_only")
         store = await open_queue_store(path, durability=durability, busy_timeout=busy_timeout, read_only=read_only)
         return cls(store, clock, max_body_bytes)
-
-    @property
-    def path(self) -> str:
-        """Where the store lives."""
-        return self.store.location
-
-    async def close(self) -> None:
-        """Close the store (after the transaction in progress)."""
-        await self.store.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def now(self) -> int:
-        """The clock's current time in milliseconds, checked."""
-        return check_time(self._clock(), "clock()")
 
     # -- producers ------------------------------------------------------------------------------------
 

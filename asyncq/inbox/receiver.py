@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -59,6 +58,7 @@ from asyncq.inbox.stock import STOCK_TABLES, add_to_stock
 from asyncq.store.opening import open_inbox_store, read_inbox_totals, store_path
 from asyncq.store.port.inbox import InboxEffect as Effect
 from asyncq.store.port.inbox import InboxEvent, InboxResult, InboxStore
+from asyncq.web.serving import serve
 
 log = logging.getLogger(__name__)
 
@@ -300,26 +300,6 @@ def make_inbox_app(
 # --- standalone: python -m asyncq.inbox --------------------------------------------------------------------------
 
 EFFECTS: dict[str, tuple[Effect | None, tuple[str, ...]]] = {"none": (None, ()), "stock": (add_to_stock, STOCK_TABLES)}
-
-
-async def serve(app: web.Application, host: str, port: int, path: str, ready: Callable[[str], object]) -> None:
-    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT; ``ready`` gets the receiver's bound URL."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        ready(f"http://{shown}:{bound_port}{path}")
-        await stop.wait()
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-        await runner.cleanup()
 
 
 def spawn(db: object, *, effect: str = "none", env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:

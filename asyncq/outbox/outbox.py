@@ -12,13 +12,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 
 from asyncq.core.clock import Clock, wall_clock_ms
-from asyncq.core.values import check_identifier, check_time
+from asyncq.core.values import check_identifier
 from asyncq.delivery.http import check_url
+from asyncq.store.facade import StoreFacade
 from asyncq.store.opening import open_outbox_store
 from asyncq.store.port.outbox import (
     DEFAULT_TOPIC,
@@ -62,12 +63,11 @@ class OutboxTransaction:
         return added
 
 
-class Outbox:
+class Outbox(StoreFacade[OutboxStore]):
     """The outbox of one store, beside the app's own tables. Open with ``await Outbox.open(path)``."""
 
     def __init__(self, store: OutboxStore, clock: Clock = wall_clock_ms) -> None:
-        self.store = store
-        self._clock = clock
+        super().__init__(store, clock)
         self._waiters: set[asyncio.Event] = set()  # set after this process adds items (a relay's wake-up)
 
     @classmethod
@@ -76,27 +76,8 @@ class Outbox:
     ) -> Outbox:
         """Open (creating the outbox tables if missing) ``path``; ``durability`` as for ``Queue.open``."""
         if not callable(clock):
-            raise TypeError("clock must be a callable returning epoch milliseconds")
+            raise TypeError("clock must be a callable returning epoch milliseconds")  # before the file is made
         return cls(await open_outbox_store(path, durability=durability, busy_timeout=busy_timeout), clock)
-
-    @property
-    def path(self) -> str:
-        """Where the store lives."""
-        return self.store.location
-
-    async def close(self) -> None:
-        """Close the store (after the transaction in progress)."""
-        await self.store.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def now(self) -> int:
-        """The clock's current time in milliseconds, checked."""
-        return check_time(self._clock(), "clock()")
 
     def notify(self) -> None:
         """Wake the tasks of this process waiting for items."""
