@@ -202,3 +202,38 @@ def test_backup_while_a_writer_commits_is_a_consistent_snapshot(tmp_path: Path) 
         assert jobs == data["jobs"]["pending"] and jobs % 50 == 0  # whole transactions only
         counts.append(jobs)
     assert counts[0] >= 1000 and counts == sorted(counts)
+
+
+def test_show_and_dead_print_the_errors_a_pool_kept(tmp_path: Path) -> None:
+    """End to end: a pool's handler fails twice (the second time for good), and the command shows why."""
+
+    async def fail_twice() -> None:
+        from asyncq import Permanent, Pool, RetryPolicy
+
+        async with await Queue.open(tmp_path / "q.db") as queue:
+            await queue.enqueue("card-1", {"amount": 5}, max_attempts=3)
+            calls = []
+
+            async def charge(body: Any, context: Any) -> None:
+                calls.append(context.attempt)
+                if context.attempt == 1:
+                    raise ConnectionError("gateway timed out")
+                raise Permanent("card declined")
+
+            pool = Pool(queue, retry=RetryPolicy(jitter=lambda: 0.0))
+            pool.register("default", charge)
+            for _ in range(2):
+                await pool.run(burst=True)
+            assert calls == [1, 2]
+
+    asyncio.run(fail_twice())
+    shown = run_json("show", "card-1", "--db", "q.db", cwd=tmp_path)
+    errors = [(e["attempt"], e["type"], e["message"]) for e in shown["job"]["errors"]]
+    assert errors == [(1, "ConnectionError", "gateway timed out"), (2, "asyncq.errors.Permanent", "card declined")]
+    assert "card declined" in shown["job"]["errors"][1]["traceback"]
+    text = run_cli("show", "card-1", "--db", "q.db", cwd=tmp_path).stdout
+    assert "ConnectionError: gateway timed out" in text and "asyncq.errors.Permanent: card declined" in text
+    dead = run_cli("dead", "--db", "q.db", cwd=tmp_path).stdout
+    assert "card-1" in dead and "card declined" in dead
+    listed = run_json("dead", "--db", "q.db", cwd=tmp_path)["jobs"]
+    assert [job["last_error"]["message"] for job in listed] == ["card declined"]

@@ -259,3 +259,30 @@ def test_no_module_but_asyncq_metrics_imports_prometheus_client() -> None:
     code = f"import sys\nfor name in {modules!r}:\n    __import__(name)\nprint('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert done.stdout.strip() == "False"
+
+
+async def test_a_store_locked_elsewhere_is_counted_and_the_pool_goes_on(path: Path) -> None:
+    async with await Queue.open(path, busy_timeout=0.05) as queue:
+        for n in range(10):
+            await queue.enqueue(f"j{n}", {})
+        metrics = PoolMetrics()
+        pool = Pool(queue, concurrency=2, poll_min=0.01, poll_max=0.05, observer=metrics)
+
+        async def handler(body: Any, context: JobContext) -> None:
+            return None
+
+        pool.register("default", handler)
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
+        running = asyncio.create_task(pool.run(burst=True))
+        async with asyncio.timeout(10):
+            while pool.counters.store_busy < 2:
+                await asyncio.sleep(0.01)  # polled under a deadline: the pool retries on its own schedule
+        blocker.execute("COMMIT")
+        blocker.close()
+        async with asyncio.timeout(10):
+            await running
+        assert (await queue.stats()).by_status["done"] == 10
+    samples = await scrape_registry(metrics.registry)
+    assert value(samples, "asyncq_store_busy_total") == pool.counters.store_busy >= 2
+    assert pool.counters.internal_errors == 0  # the observer had the method: nothing failed around it

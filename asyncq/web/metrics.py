@@ -104,6 +104,11 @@ class PoolMetrics:
         self.stale_finishes = Counter("asyncq_stale_finishes", "Finishes refused as stale (lease lost).", registry=into)
         self.retries = Counter("asyncq_retries", "Failed attempts put back to pending.", registry=into)
         self.leases_lost = Counter("asyncq_leases_lost", "Handlers cancelled after a refused renewal.", registry=into)
+        self.store_busy = Counter(
+            "asyncq_store_busy",
+            "Store calls that found the lock held elsewhere past the busy timeout (retried).",
+            registry=into,
+        )
         self.delivery = Histogram(
             "asyncq_delivery_seconds", "Handler time by outcome.", ["outcome"], buckets=DELIVERY_BUCKETS, registry=into
         )
@@ -134,6 +139,10 @@ class PoolMetrics:
     def on_lease_lost(self) -> None:
         """A handler was cancelled because its lease was taken away."""
         self.leases_lost.inc()
+
+    def on_store_busy(self) -> None:
+        """Another process held the store's lock past the busy timeout; the pool waits and tries again."""
+        self.store_busy.inc()
 
 
 class QueueCollector(Collector):
