@@ -129,6 +129,7 @@ class Pool:
             raise ValueError(f"linger must be at most half the lease ({self.lease_ms / 2000} s), got {linger!r}")
         self.counters = PoolCounters()
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
+        self._observed = observer is not None
         self._handlers: dict[str, Handler] = {}
         # (the flight, outcome, delay_ms, error): the flight's ticket may still be renewed until the commit
         self._results: list[tuple[_InFlight, str, int, ErrorText | None]] = []
@@ -377,7 +378,10 @@ class Pool:
         self._wake.set()
 
     def _observe(self, event: str, *args: object) -> None:
-        """Tell the observer, which must never raise: if it does, log and count it, and carry on."""
+        """Tell the observer, which must never raise: if it does, log and count it, and carry on. A pool given no
+        observer skips this (twice a job: the cost showed in the no-op benchmark)."""
+        if not self._observed:
+            return
         try:
             getattr(self.observer, event)(*args)
         except Exception as error:

@@ -117,14 +117,17 @@ def claim_rows_in_transaction(
     limit: int = 1,
     scope: dict[str, Any] | None = None,
     count: bool = True,
+    sweep: bool = True,
 ) -> list[tuple[Any, ...]]:
     """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the CLAIM
     statement returns them, oldest first (``seq, id, payload…, owner, token, attempts, lease_until, deadline,
-    max_attempts``). ``count=False`` claims ahead: the attempt is counted when a handler starts the job."""
+    max_attempts``). ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
+    ``sweep=False`` skips the sweep, already run in this transaction (the sweeps cover every queue)."""
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
     params |= scope or {}
-    con.execute(sql(layout, "SWEEP_DEADLINE"), params)
-    con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
+    if sweep:
+        con.execute(sql(layout, "SWEEP_DEADLINE"), params)
+        con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
     return sorted(con.execute(sql(layout, "CLAIM"), params).fetchall())
 
 
@@ -281,9 +284,17 @@ def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishR
     """The decision on ``state`` as a row of the finish's compare-and-set, or ``None`` if stale. A job claimed
     ahead whose attempt was not counted yet is decided as the attempt it is (one more), and the row counts it."""
     fence, decided = item.fence, state
-    if not item.counted:
-        fence = fence._replace(attempt=fence.attempt + 1)
-        decided = state._replace(attempts=state.attempts + 1)
+    if not item.counted:  # built directly: NamedTuple._replace costs 1.5 µs, a constructor 0.3
+        fence = Fence(fence.owner, fence.token, fence.attempt + 1, fence.lease_until)
+        decided = JobState(
+            state.status,
+            state.attempts + 1,
+            state.max_attempts,
+            state.token,
+            state.owner,
+            state.lease_until,
+            state.deadline,
+        )
     change = decide_finish(decided, fence, item.outcome, now_ms, item.delay_ms)
     if change is None:
         return None
@@ -411,6 +422,8 @@ def settle_and_claim_in_transaction(
     them were counted, and the activations."""
     activated = _activate(con, layout, started) if started else []
     statuses = finish_in_transaction(con, layout, items, now_ms)
+    if (total is None or total > 0) and any(limit > 0 for _scope, limit in wants):
+        _sweep(con, layout, now_ms)
     counted_rows = _claim_wants(
         con, layout, owner, now_ms, lease_ms, wants, start_now if start_now is not None else total, True
     )
@@ -437,9 +450,15 @@ def _claim_wants(
             limit = min(limit, total - len(claimed))
         if limit > 0:
             claimed += claim_rows_in_transaction(
-                con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope, count=count
+                con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope, count=count, sweep=False
             )
     return claimed
+
+
+def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:
+    """Park every unclaimable row (deadline passed, attempts used up) as dead, in every queue: once a claim."""
+    con.execute(sql(layout, "SWEEP_DEADLINE"), {"now": now_ms})
+    con.execute(sql(layout, "SWEEP_EXHAUSTED"), {"now": now_ms})
 
 
 def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:
