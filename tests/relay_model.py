@@ -98,7 +98,8 @@ class Model:
     settings: Settings
     items: dict[str, Item] = field(default_factory=dict)
     lease: list[Any] = field(default_factory=lambda: [None, 0, None])  # owner, token, lease_until
-    held: tuple[str, int] | None = None  # the current relay's lease (owner, token), as it believes
+    # Each relay object's lease as it believes it holds it, ``(owner, token)``, by owner; ``owner`` is the current one.
+    held: dict[str, tuple[str, int] | None] = field(default_factory=lambda: {"relay-0": None})
     owner: str = "relay-0"
     receiver: Receiver = field(default_factory=Receiver)
     app: list[tuple[int, int]] = field(default_factory=list)
@@ -131,22 +132,26 @@ class Model:
         return entry
 
     def release(self) -> None:
-        if self.held is not None and (self.lease[0], self.lease[1]) == self.held:
+        """The current relay stops cleanly: its lease (if it still holds it) is freed; the token stays."""
+        held = self.held.pop(self.owner)
+        if held is not None and (self.lease[0], self.lease[1]) == held:
             self.lease[0] = self.lease[2] = None
-        self.held = None
 
     # -- one relay pass -----------------------------------------------------------------------------------------
 
-    def run_once(self, now: int) -> Result:
+    def run_once(self, now: int, relay: str | None = None) -> Result:
+        """One pass of the relay ``relay`` (the current one by default): renew the lease it holds (by owner and
+        token, even past its end if nobody took it), or take a free or expired one with the next token."""
+        relay = relay or self.owner
         owner, token, until = self.lease
-        mine = self.held is not None and (owner, token) == self.held
+        mine = self.held[relay] is not None and (owner, token) == self.held[relay]
         if not mine and (owner is None or until <= now):
-            self.lease[:2], mine = [self.owner, token + 1], True
+            self.lease[:2], mine = [relay, token + 1], True
         if not mine:
-            self.held = None
+            self.held[relay] = None
             wait = max(1, min((until if until is not None else now) - now, self.settings.lease_ms))
             return Result(0, "not-leader", None, wait, None, token)
-        self.lease[2], self.held = now + self.settings.lease_ms, (self.lease[0], self.lease[1])
+        self.lease[2], self.held[relay] = now + self.settings.lease_ms, (self.lease[0], self.lease[1])
         waiting = sorted((item for item in self.items.values() if item.state in WAITING), key=lambda i: i.seq)
         batch = [copy.copy(item) for item in waiting[: self.settings.batch]]  # read before the first send
         return self.dispatch(batch, now)._replace(token=self.lease[1])

@@ -6,7 +6,8 @@ injected clock for all. Rules: add items (the same id and body again is a no-op,
 ``Conflict``; also inside an app transaction that commits or raises), relay passes, the clock jumping by powers of
 4 ms either way, the receiver stopped, started and restarted on its port, the receiver answering 503, 422, a
 500 after applying, or an ACK for another id (for every item or one), an operator's retry, and the relay crashing
-(its lease left to expire) or stopping cleanly (the lease released), with the outbox closed and reopened.
+(its lease left to expire), stalling (it runs again later, believing it holds its lease) or stopping cleanly
+(the lease released), with the outbox closed and reopened.
 
 After every step every row of the outbox, its lease, the app's table, the inbox and the effects must equal the
 model, and the relay's promises hold on their own: every item is applied at most once, the effects come in the
@@ -34,7 +35,14 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from relay_model import Model, Result, Settings
 
 from asyncq import Conflict, HttpTransport, Outbox, Relay, RetryPolicy
@@ -146,6 +154,7 @@ class RelayMachine(RuleBasedStateMachine):
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), trust_env=False)
         self.transport = HttpTransport(f"http://127.0.0.1:{self.port}/events", session=self.session, timeout=5.0)
         self.relay = self.new_relay()
+        self.stalled: dict[str, Relay] = {}  # relays that crashed-stopped and may come back (same outbox connection)
 
     def new_relay(self) -> Relay:
         retry = RetryPolicy(base_ms=SETTINGS.base_ms, cap_ms=SETTINGS.cap_ms, jitter=lambda: 1.0)
@@ -245,12 +254,12 @@ class RelayMachine(RuleBasedStateMachine):
         self.clock[0] += wait
         now = self.clock[0]
 
-        async def product() -> Result:
-            result = await self.relay.run_once()
-            error = error_type(result.error)
-            return Result(result.sent, result.stopped, result.head_id, result.wait_ms, error, result.token)
+        self.step("relay.run_once", lambda: self.relay_result(self.relay), lambda m: m.run_once(now))
 
-        self.step("relay.run_once", product, lambda m: m.run_once(now))
+    async def relay_result(self, relay: Relay) -> Result:
+        result = await relay.run_once()
+        error = error_type(result.error)
+        return Result(result.sent, result.stopped, result.head_id, result.wait_ms, error, result.token)
 
     @rule(action=st.sampled_from(("restart", "stop", "start")))
     def receiver(self, action: str) -> None:
@@ -275,22 +284,45 @@ class RelayMachine(RuleBasedStateMachine):
 
         self.step(f"retry {item_id}", product, lambda m: m.retry(item_id, "fixed it", now))
 
-    @rule(jump=st.sampled_from(JUMPS))
-    def tick(self, jump: int) -> None:
-        self.clock[0] += jump
+    @rule(jump=st.sampled_from(JUMPS), to_lease_end=st.one_of(st.none(), st.sampled_from((-1, 0, 1))))
+    def tick(self, jump: int, to_lease_end: int | None = None) -> None:
+        """Move the clock by ``jump``, or to the relay lease's end ± 1 ms (where it is taken over, or not)."""
+        until = self.model.lease[2]
+        if to_lease_end is None or until is None:
+            self.clock[0] += jump
+        else:
+            self.clock[0] = until + to_lease_end
 
-    @rule(clean=st.booleans(), reopen=st.booleans())
-    def restart_relay(self, clean: bool, reopen: bool) -> None:
-        """A new relay under a new owner: after a clean stop (lease released) or a crash (lease left to expire)."""
-        if clean:
+    @rule(how=st.sampled_from(("clean", "crash", "stall")), reopen=st.booleans())
+    def restart_relay(self, how: str, reopen: bool) -> None:
+        """A new relay under a new owner, after the old one stopped cleanly (lease released), crashed (its lease left
+        to expire) or stalled (it may run again later, believing it still holds its lease)."""
+        if how == "clean":
             self.run(self.relay.release())
             self.model.release()
-        if reopen:
+        elif how == "stall" and not reopen:
+            self.stalled[self.model.owner] = self.relay
+        else:
+            del self.model.held[self.model.owner]
+        if reopen:  # the stalled relays' connection closes with it: they are gone (crashed) too
+            for owner in self.stalled:
+                del self.model.held[owner]
+            self.stalled.clear()
             self.run(self.outbox.close())
             self.outbox = self.run(Outbox.open(self.outbox_path, clock=lambda: self.clock[0], durability="normal"))
         self.restarts += 1
-        self.model.owner, self.model.held = f"relay-{self.restarts}", None
+        self.model.owner = f"relay-{self.restarts}"
+        self.model.held[self.model.owner] = None
         self.relay = self.new_relay()
+
+    @precondition(lambda self: self.stalled)
+    @rule(pick=st.integers(0, 7))
+    def stalled_relay_pass(self, pick: int) -> None:
+        """A stalled relay runs a pass again: only with the lease's current token may it write anything."""
+        owner = sorted(self.stalled)[pick % len(self.stalled)]
+        now = self.clock[0]
+        self.step(f"stalled {owner}.run_once", lambda: self.relay_result(self.stalled[owner]),
+                  lambda m: m.run_once(now, owner))  # fmt: skip
 
     # -- what must hold ----------------------------------------------------------------------------------------
 
