@@ -193,6 +193,8 @@ class Model:
     def fail(self, item: Item, snapshot: Item, error: str, sent: int, now: int) -> Result:
         attempt = max(1, snapshot.attempts + 1 - snapshot.budget_from)
         delay = int(min(self.settings.cap_ms, self.settings.base_ms * 2 ** (min(attempt, 16) - 1)))
+        if error == "Permanent":  # the one failure rule: a permanent error waits for nothing (it alarms at once)
+            delay = 0
         item.error, item.next_attempt_at = error, now + delay
         if error == "Permanent" or item.attempts - item.budget_from >= self.settings.alarm_after:
             item.state = "alarm"

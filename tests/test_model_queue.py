@@ -288,7 +288,7 @@ class QueueMachine(RuleBasedStateMachine):
         ticket = self.ticket(pick, moment)
         ticket, now = ticket if forgery is None else forge(ticket, forgery), self.clock[0]
         wait = self.delay(ticket, delay)
-        self.step(f"finish {ticket} {outcome} {wait}", lambda: self.queue.finish(ticket, outcome, wait),
+        self.step(f"finish {ticket} {outcome} {wait}", lambda: self.queue.finish(ticket, outcome, delay_ms=wait),
                   lambda m: m.finish(ticket, outcome, wait, now))  # fmt: skip
 
     @precondition(lambda self: self.tickets)
@@ -314,7 +314,7 @@ class QueueMachine(RuleBasedStateMachine):
                 return None
             return ticket_view(replace(ticket, fence=ticket.fence._replace(lease_until=lease_until)))
 
-        renewed = self.step(f"extend {ticket} {lease_ms}", lambda: self.queue.extend(ticket, lease_ms), model,
+        renewed = self.step(f"extend {ticket} {lease_ms}", lambda: self.queue.extend(ticket, lease_ms=lease_ms), model,
                             lambda found: None if found is None else ticket_view(found))  # fmt: skip
         if renewed is not None:
             self.tickets.append(renewed)
@@ -335,11 +335,13 @@ class QueueMachine(RuleBasedStateMachine):
         """Redrive (dead only) or cancel (pending only); anything else is ValueError and changes nothing."""
         now = self.clock[0]
         if action == "redrive":
-            self.step(f"redrive {job_id}", lambda: self.queue.redrive(job_id, note, ttl_ms=ttl_ms),
+            self.step(f"redrive {job_id}", lambda: _audited(self.queue.redrive(job_id, note, ttl_ms=ttl_ms)),
                       lambda m: m.redrive(job_id, note, ttl_ms, now))  # fmt: skip
         else:
             self.step(
-                f"cancel {job_id}", lambda: self.queue.cancel(job_id, note), lambda m: m.cancel(job_id, note, now)
+                f"cancel {job_id}",
+                lambda: _audited(self.queue.cancel(job_id, note)),
+                lambda m: m.cancel(job_id, note, now),
             )
 
     @rule(jump=st.sampled_from(JUMPS), job_id=st.sampled_from(IDS), offset=st.sampled_from((-1, 0, 1)),
@@ -393,3 +395,10 @@ def test_queue_matches_its_model() -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+async def _audited(call: Any) -> bool:
+    """A redrive or cancel returns the audit row it wrote (checked against the file by the machine): ``True``."""
+    entry = await call
+    assert entry.seq > 0 and entry.action in ("redrive", "cancel"), entry
+    return True

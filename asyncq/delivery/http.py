@@ -34,7 +34,6 @@ import ipaddress
 import logging
 import math
 import re
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -43,6 +42,7 @@ from aiohttp.payload import BytesPayload
 from yarl import URL
 
 from asyncq.core.ack import verify_ack
+from asyncq.core.clock import wall_clock_ms
 from asyncq.core.values import check_identifier, check_int, check_seconds
 from asyncq.delivery.base import Body, encode_body
 from asyncq.errors import AsyncqError, BadAck, Permanent, Retryable
@@ -244,7 +244,9 @@ class HttpTransport:
         status = response.status
         where = f"{self.url.host} answered {status}"
         if status in (408, 429) or 500 <= status <= 599:
-            delay = retry_after_ms(response.headers.get("Retry-After"), now=time.time(), cap_ms=self.retry_after_cap_ms)
+            delay = retry_after_ms(
+                response.headers.get("Retry-After"), now=wall_clock_ms() / 1000, cap_ms=self.retry_after_cap_ms
+            )
             return Retryable(where, delay_ms=delay)
         if 300 <= status <= 399:
             return BadAck(f"{where} (redirects are not followed)")
