@@ -8,48 +8,16 @@ queue's connection believes.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
+from conformance.sqlite_files import job_row, snapshot
 from conftest import T0
 
 from asyncq.queue import Queue
 
 pytestmark = pytest.mark.timeout(20)
-
-
-# --- helpers -----------------------------------------------------------------------------------------
-
-
-def read(path: Path, statement: str, parameters: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Rows of ``statement`` read through a fresh, independent connection."""
-    con = sqlite3.connect(path, timeout=5)
-    try:
-        return con.execute(statement, parameters).fetchall()
-    finally:
-        con.close()
-
-
-def snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of asyncq's two tables, to prove a refused call changed nothing."""
-    return {
-        "jobs": read(path, "SELECT * FROM asyncq_jobs ORDER BY seq"),
-        "audit": read(path, "SELECT * FROM asyncq_audit ORDER BY seq"),
-    }
-
-
-def job_row(path: Path, job_id: str) -> dict[str, Any]:
-    con = sqlite3.connect(path, timeout=5)
-    con.row_factory = sqlite3.Row
-    try:
-        row = con.execute("SELECT * FROM asyncq_jobs WHERE id = ?", (job_id,)).fetchone()
-    finally:
-        con.close()
-    assert row is not None, job_id
-    return dict(row)
 
 
 # --- enqueue -----------------------------------------------------------------------------------------
