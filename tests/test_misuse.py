@@ -63,7 +63,10 @@ async def test_calling_the_queue_inside_its_own_transaction_fails_at_once(queue:
 async def test_another_task_waits_for_the_block_instead(queue: Queue, path: Path) -> None:
     async with queue.transaction() as tx:
         waiting = asyncio.create_task(queue.enqueue("other-task", {}))
-        await asyncio.sleep(0.05)
+        lock = queue.store._file._lock  # type: ignore[attr-defined]  # the SQLite store's write lock
+        async with asyncio.timeout(5):
+            while not lock._waiters:  # the other task queues on the lock the block holds (no sleep: a yield)
+                await asyncio.sleep(0)
         assert not waiting.done()
         await tx.enqueue("block", {})
     assert await waiting is True

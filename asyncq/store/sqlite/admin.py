@@ -166,14 +166,6 @@ def check_version(file: QueueFile, *, writing: bool) -> None:
         raise StoreError(f"{file.path} has schema version {file.schema_version}: run `asyncq init` to migrate it")
 
 
-def probe(path: str, timeout: float, *, writing: bool) -> QueueFile:
-    """Check, read-only, that ``path`` is a queue a command may open (it must exist already)."""
-    with closing(connect_read_only(path, timeout)) as con:
-        file = inspect(con, path)
-    check_version(file, writing=writing)
-    return file
-
-
 @contextmanager
 def snapshot(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One read transaction, so that several statements see the same state of the file."""
