@@ -61,6 +61,8 @@ class Layout:
     ddl: tuple[str, ...]
     #: The table that keeps each failed attempt's error (the product's); ``None`` keeps none (the lab's).
     errors: str | None = None
+    #: The table of job counts its triggers keep (the product's, ``JOB_COUNTS``); ``None`` keeps none (the lab's).
+    counts: str | None = None
 
 
 LAB = Layout(
@@ -75,6 +77,7 @@ PRODUCT = Layout(
     jobs="asyncq_jobs",
     audit="asyncq_audit",
     errors="asyncq_errors",
+    counts="asyncq_counts",
     payload=("queue", "body"),
     scope="AND queue = :queue",
     ddl=(
@@ -99,6 +102,45 @@ AUDIT_JOB_SEQ = (
     "ALTER TABLE asyncq_audit ADD COLUMN job_seq INTEGER",
     "UPDATE asyncq_audit SET job_seq = (SELECT seq FROM asyncq_jobs j WHERE j.id = asyncq_audit.id)",
     "CREATE INDEX IF NOT EXISTS asyncq_audit_job ON asyncq_audit(job_seq)",
+)
+
+# Version 5: what ``Queue.stats()`` counts, kept as jobs move instead of counted by a scan. One row per cell
+# ``(status, attempts, reason)`` holds how many jobs are in it (a few dozen cells, one page): by status, dead jobs by
+# reason and the live jobs' attempts are sums over cells. Triggers on ``asyncq_jobs`` keep it, in the statement that
+# moves a row, so every path is counted exactly (the engine's statements, operators, prune, an app's own SQL) and a
+# rollback takes its counts back with it. A reason is never NULL in a key (a NULL would make a new cell per row):
+# no reason is ``''``. An update fires only when it assigns a counted column (``UPDATE OF``: a lease renewal does
+# not) and changes the cell (``WHEN``). Cells that reach 0 stay (their number is bounded). The lab's tables, exactly
+# as its contract writes them, have none of this.
+_CELL_OF_NEW = "NEW.status, NEW.attempts, ifnull(NEW.reason, '')"
+_CELL_OF_OLD = "OLD.status, OLD.attempts, ifnull(OLD.reason, '')"
+JOB_COUNTS = (
+    """CREATE TABLE IF NOT EXISTS asyncq_counts (status TEXT NOT NULL, attempts INTEGER NOT NULL,
+  reason TEXT NOT NULL, jobs INTEGER NOT NULL, PRIMARY KEY (status, attempts, reason)) WITHOUT ROWID""",
+    f"""CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_insert AFTER INSERT ON asyncq_jobs BEGIN
+  INSERT INTO asyncq_counts VALUES ({_CELL_OF_NEW}, 1) ON CONFLICT DO UPDATE SET jobs = jobs + 1;
+END""",
+    f"""CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_delete AFTER DELETE ON asyncq_jobs BEGIN
+  INSERT INTO asyncq_counts VALUES ({_CELL_OF_OLD}, -1) ON CONFLICT DO UPDATE SET jobs = jobs - 1;
+END""",
+    f"""CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_update AFTER UPDATE OF status, attempts, reason ON asyncq_jobs
+  WHEN (OLD.status, OLD.attempts, OLD.reason) IS NOT (NEW.status, NEW.attempts, NEW.reason) BEGIN
+  INSERT INTO asyncq_counts VALUES ({_CELL_OF_OLD}, -1), ({_CELL_OF_NEW}, 1)
+  ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs;
+END""",
+    # The oldest ready job's ``available_at``: the first entry of this index. It indexes an expression that no
+    # lifecycle statement names, so that the claim's planner can never take it for ``asyncq_jobs_pending`` (a claim
+    # walks that one in ``seq`` order); only ``asyncq.store.sqlite.stats`` reads it. One entry per pending job.
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_ready_at ON asyncq_jobs(available_at + 0) WHERE status = 'pending'",
+)
+
+# Every cell counted from the rows: how version 5 fills the table of an existing file, in the migration's
+# transaction (under the write lock, once: the same transaction moves ``user_version`` on), and what tests
+# compare the kept counts with.
+RECOUNT = (
+    "DELETE FROM asyncq_counts",
+    "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs"
+    " GROUP BY 1, 2, 3",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one
