@@ -139,8 +139,7 @@ END""",
 # compare the kept counts with.
 RECOUNT = (
     "DELETE FROM asyncq_counts",
-    "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs"
-    " GROUP BY 1, 2, 3",
+    "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs GROUP BY 1, 2, 3",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one

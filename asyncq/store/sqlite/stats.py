@@ -75,7 +75,8 @@ def sum_cells(cells: list[tuple[object, ...]]) -> tuple[dict[str, int], dict[str
     for status, tries, reason, jobs in cells:
         count = int(str(jobs))
         if count < 0:
-            log.warning("asyncq_counts holds %d jobs in %s: the kept counts disagree with the rows", count, (status, tries, reason))
+            cell = (status, tries, reason)
+            log.warning("asyncq_counts holds %d jobs in %s: the kept counts disagree with the rows", count, cell)
         by_status[str(status)] += count
         if status == "dead":
             dead[str(reason)] += count
