@@ -132,6 +132,9 @@ END""",
     # lifecycle statement names, so that the claim's planner can never take it for ``asyncq_jobs_pending`` (a claim
     # walks that one in ``seq`` order); only ``asyncq.store.sqlite.stats`` reads it. One entry per pending job.
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_ready_at ON asyncq_jobs(available_at + 0) WHERE status = 'pending'",
+    # Dead jobs in ``seq`` order, for listings (``asyncq.store.sqlite.admin``): the newest dead jobs a dashboard
+    # shows on every refresh are the last entries. Only a job that dies writes an entry; a done job writes none.
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_dead ON asyncq_jobs(status) WHERE status = 'dead'",
 )
 
 # Every cell counted from the rows: how version 5 fills the table of an existing file, in the migration's
