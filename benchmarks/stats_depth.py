@@ -20,6 +20,9 @@
 4. EXPLAIN QUERY PLAN of every statement on the deepest file, of the dashboard's listings, and of the claim (it
    must not take the new index).
 
+Instructions per job: ``valgrind --tool=callgrind .venv/bin/python benchmarks/stats_depth.py --one-side v5 --jobs
+10000`` and the same with ``--jobs 0``, for each side (``v4``, ``v5``, ``engine``); the difference over 10,000.
+
 Run ``.venv/bin/python benchmarks/stats_depth.py`` (two to four minutes; about 1 GB of temporary file; rewrites
 its section of docs/benchmarks.md), ``--depths 0,100000`` for other depths (writes nothing), or ``--quick`` for a
 smoke run (< 20 s, writes nothing).
@@ -73,7 +76,8 @@ V4 = {
 }
 V5 = {name: text.format(jobs=PRODUCT.jobs, counts=PRODUCT.counts) for name, text in stats.NAMES.items()}
 V5_ONLY = ("DROP TRIGGER asyncq_jobs_count_insert", "DROP TRIGGER asyncq_jobs_count_delete",
-           "DROP TRIGGER asyncq_jobs_count_update", "DROP INDEX asyncq_jobs_ready_at",
+           "DROP TRIGGER asyncq_jobs_count_leave", "DROP TRIGGER asyncq_jobs_count_enter",
+           "DROP INDEX asyncq_jobs_ready_at",
            "DROP INDEX asyncq_jobs_dead")  # fmt: skip
 ENGINE_UPSERT = "INSERT INTO asyncq_counts VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs"
 
@@ -256,16 +260,14 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
 def count_by_engine(
     con: sqlite3.Connection, finishes: list[Finish], statuses: list[str | None], claimed: list[tuple[Any, ...]]
 ) -> None:
-    """The prototype's counting of one group commit: each landed finish leaves its leased cell for its new one,
-    each claimed row leaves a pending cell; one upsert a changed cell."""
+    """The prototype's counting of one group commit, on v5's cells (jobs not leased): each landed finish enters its
+    new cell, each claimed row leaves a pending cell; one upsert a changed cell."""
     delta: Counter[tuple[str, int, str]] = Counter()
     for finish, status in zip(finishes, statuses, strict=True):
         if status is not None:
-            delta[("leased", finish.fence.attempt, "")] -= 1
             delta[(status, finish.fence.attempt, "")] += 1
     for row in claimed:
         delta[("pending", row[6] - 1, "")] -= 1
-        delta[("leased", row[6], "")] += 1
     con.executemany(ENGINE_UPSERT, [(*cell, n) for cell, n in delta.items() if n])
 
 
@@ -282,6 +284,21 @@ async def fresh_file(path: Path, drop: tuple[str, ...]) -> sqlite3.Connection:
 V4_SIDE = "v4: no counts"
 V5_SIDE = "v5: counting triggers + ready and dead indexes (what ships)"
 ENGINE_SIDE = "v4 + counts kept by the engine (prototype, this path only)"
+
+
+SIDES = {"v4": V4_SIDE, "v5": V5_SIDE, "engine": ENGINE_SIDE}
+
+
+def one_side(side: str, jobs: int) -> None:
+    """``jobs`` lifecycles of one side after 1,000 warm ones, synchronous=OFF: run it with 0 and with N jobs under
+    ``valgrind --tool=callgrind`` and divide the difference by N for instructions per job."""
+    with tempfile.TemporaryDirectory(prefix="asyncq-stats-") as tmp:
+        con = asyncio.run(fresh_file(Path(tmp) / "side.db", () if side == "v5" else V5_ONLY))
+        con.execute("PRAGMA synchronous=OFF")
+        lifecycle_round(con, 0, 1_000, side == "engine")
+        if jobs:
+            lifecycle_round(con, 1_000, jobs, side == "engine")
+        con.close()
 
 
 def cost_per_job(folder: Path, settings: Settings) -> dict[str, float]:
@@ -377,7 +394,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny depths, few samples; docs are not written")
     parser.add_argument("--depths", help="comma-separated depths instead of the default ones (writes no docs)")
+    parser.add_argument("--one-side", choices=SIDES, help="only run --jobs lifecycles of one side (for callgrind)")
+    parser.add_argument("--jobs", type=int, default=10_000, help="lifecycles for --one-side, after 1,000 warm ones")
     args = parser.parse_args()
+    if args.one_side:
+        one_side(args.one_side, args.jobs)
+        return
     settings = QUICK_RUN if args.quick else FULL_RUN
     if args.depths:
         settings = replace(settings, depths=tuple(sorted(int(depth) for depth in args.depths.split(","))))

@@ -17,10 +17,11 @@ def read(path: Path, statement: str, parameters: tuple[Any, ...] = ()) -> list[t
         con.close()
 
 
-#: The job counts the triggers keep (``schema.JOB_COUNTS``), and the same cells counted from the rows.
+#: The job counts the triggers keep (``schema.JOB_COUNTS``: jobs not leased), and the same cells counted from the rows.
 KEPT_COUNTS = "SELECT status, attempts, reason, jobs FROM asyncq_counts WHERE jobs <> 0 ORDER BY 1, 2, 3"
 COUNTED_ROWS = (
-    "SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    "SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs WHERE status <> 'leased'"
+    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
 )
 
 

@@ -105,29 +105,32 @@ AUDIT_JOB_SEQ = (
 )
 
 # Version 5: what ``Queue.stats()`` counts, kept as jobs move instead of counted by a scan. One row per cell
-# ``(status, attempts, reason)`` holds how many jobs are in it (a few dozen cells, one page): by status, dead jobs by
-# reason and the live jobs' attempts are sums over cells. Triggers on ``asyncq_jobs`` keep it, in the statement that
-# moves a row, so every path is counted exactly (the engine's statements, operators, prune, an app's own SQL) and a
-# rollback takes its counts back with it. A reason is never NULL in a key (a NULL would make a new cell per row):
-# no reason is ``''``. An update fires only when it assigns a counted column (``UPDATE OF``: a lease renewal does
-# not) and changes the cell (``WHEN``). Cells that reach 0 stay (their number is bounded). The lab's tables, exactly
-# as its contract writes them, have none of this.
+# ``(status, attempts, reason)`` of the jobs that are not leased holds how many jobs are in it (a few dozen cells, one
+# page): pending, done and dead by status, dead jobs by reason, pending jobs by attempts. Leased jobs are in flight,
+# few, and read from their own index (``asyncq.store.sqlite.stats``); leaving them out makes a job's lifecycle write
+# three cells (its insert, its claim, its finish) instead of five, and a lease renewal or a job claimed ahead being
+# started writes none. Triggers on ``asyncq_jobs`` keep the cells in the statement that moves a row, so every path is
+# counted exactly (the engine's statements, operators, prune, an app's own SQL) and a rollback takes its counts back
+# with it. An update fires only when it assigns a counted column (``UPDATE OF``) and changes the cell (``WHEN``); the
+# row leaves its old cell and enters its new one in two triggers, each a one-row upsert (the cheapest form measured:
+# docs/architecture.md). A reason is never NULL in a key (a NULL would make a new cell per row): no reason is
+# ``''``. Cells that reach 0 stay (their number is bounded). The lab's tables, exactly as its contract writes them,
+# have none of this.
 _CELL_OF_NEW = "NEW.status, NEW.attempts, ifnull(NEW.reason, '')"
 _CELL_OF_OLD = "OLD.status, OLD.attempts, ifnull(OLD.reason, '')"
+_CELL_CHANGED = "(OLD.status, OLD.attempts, OLD.reason) IS NOT (NEW.status, NEW.attempts, NEW.reason)"
+_UPSERT = "INSERT INTO asyncq_counts VALUES ({cell}, {n}) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs;"
 JOB_COUNTS = (
     """CREATE TABLE IF NOT EXISTS asyncq_counts (status TEXT NOT NULL, attempts INTEGER NOT NULL,
   reason TEXT NOT NULL, jobs INTEGER NOT NULL, PRIMARY KEY (status, attempts, reason)) WITHOUT ROWID""",
-    f"""CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_insert AFTER INSERT ON asyncq_jobs BEGIN
-  INSERT INTO asyncq_counts VALUES ({_CELL_OF_NEW}, 1) ON CONFLICT DO UPDATE SET jobs = jobs + 1;
-END""",
-    f"""CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_delete AFTER DELETE ON asyncq_jobs BEGIN
-  INSERT INTO asyncq_counts VALUES ({_CELL_OF_OLD}, -1) ON CONFLICT DO UPDATE SET jobs = jobs - 1;
-END""",
-    f"""CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_update AFTER UPDATE OF status, attempts, reason ON asyncq_jobs
-  WHEN (OLD.status, OLD.attempts, OLD.reason) IS NOT (NEW.status, NEW.attempts, NEW.reason) BEGIN
-  INSERT INTO asyncq_counts VALUES ({_CELL_OF_OLD}, -1), ({_CELL_OF_NEW}, 1)
-  ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs;
-END""",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_insert AFTER INSERT ON asyncq_jobs WHEN NEW.status <> 'leased'"
+    f" BEGIN {_UPSERT.format(cell=_CELL_OF_NEW, n=1)} END",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_delete AFTER DELETE ON asyncq_jobs WHEN OLD.status <> 'leased'"
+    f" BEGIN {_UPSERT.format(cell=_CELL_OF_OLD, n=-1)} END",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_leave AFTER UPDATE OF status, attempts, reason ON asyncq_jobs"
+    f" WHEN OLD.status <> 'leased' AND {_CELL_CHANGED} BEGIN {_UPSERT.format(cell=_CELL_OF_OLD, n=-1)} END",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_enter AFTER UPDATE OF status, attempts, reason ON asyncq_jobs"
+    f" WHEN NEW.status <> 'leased' AND {_CELL_CHANGED} BEGIN {_UPSERT.format(cell=_CELL_OF_NEW, n=1)} END",
     # The oldest ready job's ``available_at``: the first entry of this index. It indexes an expression that no
     # lifecycle statement names, so that the claim's planner can never take it for ``asyncq_jobs_pending`` (a claim
     # walks that one in ``seq`` order); only ``asyncq.store.sqlite.stats`` reads it. One entry per pending job.
@@ -142,7 +145,8 @@ END""",
 # compare the kept counts with.
 RECOUNT = (
     "DELETE FROM asyncq_counts",
-    "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs GROUP BY 1, 2, 3",
+    "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs"
+    " WHERE status <> 'leased' GROUP BY 1, 2, 3",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one

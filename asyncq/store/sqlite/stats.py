@@ -1,10 +1,11 @@
 """What an operator reads about a queue: counts by status and reason, age of the oldest ready job,
 leases in flight by owner, attempts. One read transaction, all statements by name here.
 
-No figure scans the table, whatever the depth (``benchmarks/stats_depth.py``; plans in docs/benchmarks.md). Counts
-by status, dead jobs by reason and the live jobs' attempts are sums over the few cells of ``asyncq_counts``, kept
-by triggers in every transaction that moves a job (``schema.JOB_COUNTS``). The oldest ready job is the first entry
-of the ``asyncq_jobs_ready_at`` index. Expired leases and leases by owner read the ``leased`` index: in flight only.
+No figure scans the table, whatever the depth (``benchmarks/stats_depth.py``; plans in docs/benchmarks.md). Jobs not
+leased are counted by the cells of ``asyncq_counts``, which triggers keep in every transaction that moves a job
+(``schema.JOB_COUNTS``): pending, done and dead by status, dead by reason, pending by attempts. Leased jobs are read
+from the ``leased`` index, in one pass: in flight only. The oldest ready job is the first entry of the
+``asyncq_jobs_ready_at`` index.
 """
 
 from __future__ import annotations
@@ -18,22 +19,18 @@ from asyncq.store.sqlite.schema import Layout
 
 log = logging.getLogger("asyncq.store.sqlite.stats")
 
-LIVE = ("pending", "leased")
 STATUSES = ("pending", "leased", "done", "dead")
 
 COUNTED_CELLS = "SELECT status, attempts, reason, jobs FROM {counts} WHERE jobs <> 0"
+LEASED = (
+    "SELECT owner, attempts, count(*), min(lease_until), sum(lease_until <= :now) FROM {jobs}"
+    " WHERE status = 'leased' GROUP BY owner, attempts ORDER BY owner, attempts"
+)
 # ``available_at + 0`` is the indexed expression (``asyncq_jobs_ready_at``): the minimum is one seek.
 OLDEST_READY = "SELECT min(available_at + 0) FROM {jobs} WHERE status = 'pending' AND available_at + 0 <= :now"
-LEASES_BY_OWNER = (
-    "SELECT owner, count(*), min(lease_until) FROM {jobs} WHERE status = 'leased' GROUP BY owner ORDER BY owner"
-)
-EXPIRED_LEASES = "SELECT count(*) FROM {jobs} WHERE status = 'leased' AND lease_until <= :now"
-NAMES = {
-    "COUNTED_CELLS": COUNTED_CELLS,
-    "OLDEST_READY": OLDEST_READY,
-    "LEASES_BY_OWNER": LEASES_BY_OWNER,
-    "EXPIRED_LEASES": EXPIRED_LEASES,
-}
+NAMES = {"COUNTED_CELLS": COUNTED_CELLS, "LEASED": LEASED, "OLDEST_READY": OLDEST_READY}
+
+Cells = list[tuple[object, ...]]
 
 
 def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:
@@ -42,18 +39,16 @@ def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:
         raise ValueError(f"the {layout.jobs} table keeps no counts: stats are the product schema's")
     params = {"now": now_ms}
 
-    def rows(name: str) -> list[tuple[object, ...]]:
+    def rows(name: str) -> Cells:
         return con.execute(NAMES[name].format(jobs=layout.jobs, counts=layout.counts), params).fetchall()
 
     con.execute("BEGIN")
     try:
-        cells = rows("COUNTED_CELLS")
-        oldest = rows("OLDEST_READY")[0][0]
-        expired = int(str(rows("EXPIRED_LEASES")[0][0]))
-        leases = [Lease(str(o), int(str(n)), int(str(e))) for o, n, e in rows("LEASES_BY_OWNER")]
+        cells, leased, [(oldest,)] = rows("COUNTED_CELLS"), rows("LEASED"), rows("OLDEST_READY")
     finally:
         con.execute("COMMIT")
     by_status, dead, attempts = sum_cells(cells)
+    leases, expired = _leases(leased, by_status, attempts)
     return Stats(
         now_ms=now_ms,
         by_status=by_status,
@@ -61,12 +56,27 @@ def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:
         oldest_ready_age_ms=None if oldest is None else now_ms - int(str(oldest)),
         expired_leases=expired,
         leases=leases,
-        attempts=attempts,
+        attempts={tries: n for tries, n in sorted(attempts.items()) if n},
     )
 
 
-def sum_cells(cells: list[tuple[object, ...]]) -> tuple[dict[str, int], dict[str, int], dict[int, int]]:
-    """Counts by status, dead jobs by reason and live jobs by attempts, from ``(status, attempts, reason, jobs)``
+def _leases(leased: Cells, by_status: dict[str, int], attempts: Counter[int]) -> tuple[list[Lease], int]:
+    """Leases by owner and how many have expired, from ``LEASED``'s ``(owner, attempts, jobs, first expiry,
+    expired)`` groups; adds the leased jobs to ``by_status`` and ``attempts``."""
+    owners: dict[str, tuple[int, int]] = {}
+    expired = 0
+    for owner, tries, jobs, first, gone in leased:
+        count, name = int(str(jobs)), str(owner)
+        by_status["leased"] += count
+        attempts[int(str(tries))] += count
+        expired += int(str(gone or 0))
+        held, earliest = owners.get(name, (0, int(str(first))))
+        owners[name] = (held + count, min(earliest, int(str(first))))
+    return [Lease(owner, held, first) for owner, (held, first) in owners.items()], expired
+
+
+def sum_cells(cells: Cells) -> tuple[dict[str, int], dict[str, int], Counter[int]]:
+    """Counts by status, dead jobs by reason and pending jobs by attempts, from ``(status, attempts, reason, jobs)``
     cells. A negative cell means rows moved without the triggers (they were dropped, or a ``REPLACE`` ran with
     ``recursive_triggers`` off): it is logged, and counted as it stands."""
     by_status: Counter[str] = Counter()
@@ -80,10 +90,6 @@ def sum_cells(cells: list[tuple[object, ...]]) -> tuple[dict[str, int], dict[str
         by_status[str(status)] += count
         if status == "dead":
             dead[str(reason)] += count
-        elif status in LIVE:
+        elif status == "pending":
             attempts[int(str(tries))] += count
-    return (
-        {status: by_status[status] for status in STATUSES},
-        {reason: n for reason, n in dead.items() if n},
-        {tries: n for tries, n in sorted(attempts.items()) if n},
-    )
+    return {status: by_status[status] for status in STATUSES}, {reason: n for reason, n in dead.items() if n}, attempts
