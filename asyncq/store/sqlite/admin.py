@@ -218,6 +218,7 @@ def list_jobs(con: sqlite3.Connection, which: JobFilter) -> list[Job]:
 
 
 def _listing(which: JobFilter) -> str:
+    """The listing statement for ``which``: its status's index where it has one (``LIST_INDEXED``)."""
     indexed = LIST_INDEXED.get((which.status or "", which.newest))
     if indexed is not None:
         return indexed
