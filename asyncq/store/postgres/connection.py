@@ -13,10 +13,11 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from asyncq.errors import StoreError
 
@@ -33,7 +34,10 @@ MAX_POOL_SIZE = 100
 #: remote levels are at least as strong as ``on`` on the primary).
 DURABLE_COMMIT_LEVELS = ("on", "local", "remote_write", "remote_apply")
 
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+#: What asyncq's statements run on: a connection of its own pool, or the app's own (``connection=``).
+Connection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,49}")
 
 
 def is_url(target: object) -> bool:
@@ -88,10 +92,11 @@ def _pool_size(text: str) -> int:
 
 def check_schema(name: object) -> str:
     """A schema name asyncq may splice into its statements: lower-case letters, digits and ``_``, at most 63
-    characters (PostgreSQL's limit), not starting with a digit or ``pg_``."""
+    characters (PostgreSQL's 63 less room for the names asyncq derives from it), not starting with a digit or
+    ``pg_``."""
     if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name) or name.startswith("pg_"):
         raise ValueError(
-            f"schema must be lower-case letters, digits and _ (at most 63, not starting with a digit or pg_): {name!r}"
+            f"schema must be lower-case letters, digits and _ (at most 50, not starting with a digit or pg_): {name!r}"
         )
     return name
 
@@ -113,17 +118,21 @@ def redact(url: str) -> str:
 # -- the pool -----------------------------------------------------------------------------------------------
 
 
-async def open_pool(target: Target, *, size: int | None = None, application: str = "asyncq") -> asyncpg.Pool:
+def _server_settings(read_only: bool) -> dict[str, str]:
+    settings = {"synchronous_commit": "on", "application_name": "asyncq"}
+    return settings | {"default_transaction_read_only": "on"} if read_only else settings
+
+
+async def open_pool(target: Target, *, size: int | None = None, read_only: bool = False) -> asyncpg.Pool:
     """A pool of up to ``size`` connections (the URL's ``pool_size`` by default), each started with
     ``synchronous_commit=on``; the setting is read back on every new connection (a pooler may drop startup
     settings), and a level at which a commit is not on disk is a ``StoreError``."""
-    settings = {"synchronous_commit": "on", "application_name": application}
     try:
         pool = await asyncpg.create_pool(
             target.dsn,
             min_size=1,
             max_size=size or target.pool_size,
-            server_settings=settings,
+            server_settings=_server_settings(read_only),
             init=_check_durable,
             # Statements are prepared and cached per connection; none survives a PgBouncer in transaction mode.
             statement_cache_size=0 if target.wakeups == "poll" else 100,
@@ -134,18 +143,18 @@ async def open_pool(target: Target, *, size: int | None = None, application: str
     return pool
 
 
-async def _check_durable(conn: asyncpg.Connection) -> None:
+async def _check_durable(conn: Connection) -> None:
     level = await conn.fetchval("SHOW synchronous_commit")
     if level not in DURABLE_COMMIT_LEVELS:
         raise StoreError(f"synchronous_commit is {level!r} on this connection: a commit would not survive power loss")
 
 
-async def connect(target: Target) -> asyncpg.Connection:
+async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connection:
     """One connection with the pool's settings (for a listener, or a short operator's read)."""
     try:
         conn = await asyncpg.connect(
             target.dsn,
-            server_settings={"synchronous_commit": "on", "application_name": "asyncq"},
+            server_settings=_server_settings(read_only),
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
@@ -184,7 +193,7 @@ def advisory_key(schema: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-async def migrate(conn: asyncpg.Connection, schema: str, migrations: Migrations) -> int:
+async def migrate(conn: Connection, schema: str, migrations: Migrations) -> int:
     """Bring ``migrations.component`` in ``schema`` to its version, in one transaction under
     ``pg_advisory_xact_lock`` (a second host waits, then finds the work done); returns the version found. A
     newer version is a ``StoreError`` with nothing changed; a failed step rolls every step back."""
@@ -212,7 +221,7 @@ async def migrate(conn: asyncpg.Connection, schema: str, migrations: Migrations)
     return found
 
 
-async def read_version(conn: asyncpg.Connection, schema: str, component: str) -> int | None:
+async def read_version(conn: Connection, schema: str, component: str) -> int | None:
     """``component``'s version in ``schema`` without creating or changing anything: ``None`` if the schema
     has no version table, ``0`` if it has one without that component."""
     exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{schema}.versions")
@@ -222,12 +231,12 @@ async def read_version(conn: asyncpg.Connection, schema: str, component: str) ->
     return 0 if found is None else int(found)
 
 
-async def schema_exists(conn: asyncpg.Connection, schema: str) -> bool:
+async def schema_exists(conn: Connection, schema: str) -> bool:
     """Whether the database has a schema of that name."""
     return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema))
 
 
-async def settings(conn: asyncpg.Connection, names: Sequence[str]) -> dict[str, Any]:
+async def settings(conn: Connection, names: Sequence[str]) -> dict[str, Any]:
     """The server's current value of each setting in ``names`` (for ``describe``)."""
     rows = await conn.fetch("SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])", list(names))
     return {row["name"]: row["setting"] for row in rows}
