@@ -13,7 +13,8 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   (by the facade, before the store is called) with nothing changed.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
-  or DELETE+EXTRA); a weaker level is opt-in and says so (``Capabilities.survives_power_loss``).
+  or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
+  (``Capabilities.survives_power_loss``).
 """
 
 from __future__ import annotations
@@ -77,9 +78,11 @@ class QueueStore(Protocol):
 
     # -- producers ----------------------------------------------------------------------------------------
 
-    async def enqueue(self, rows: Sequence[NewJob]) -> list[bool]:
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: Any = None) -> list[bool]:
         """Insert ``rows`` all or none: ``True`` per new job, ``False`` where the id exists with the same payload
-        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload."""
+        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload.
+        ``connection``: an app's own connection to the store's database with its transaction open, to insert in
+        (the rows then commit or roll back with the app's); a store that cannot join one raises ``TypeError``."""
         ...
 
     def transaction(self) -> AbstractAsyncContextManager[StoreTransaction]:
