@@ -189,22 +189,25 @@ class QueueStore(Protocol):
 class StoreState:
     """What a target holds before a facade opens it (``Queue.inspect``), found without creating or changing
     anything. ``kind``: ``missing`` (nothing there: opening would create it), ``empty`` (a store with no tables
-    yet), ``other`` (an app's tables but no queue) or ``queue`` (asyncq's tables, at ``schema_version``).
-    ``settings`` names the store's own settings for messages (a SQLite file's ``journal_mode``, ``auto_vacuum``,
-    and ``network_filesystem``: the network file system it lives on, or ``None``)."""
+    yet; on PostgreSQL: a schema without tables), ``other`` (an app's tables but no queue) or ``queue`` (asyncq's
+    tables, at ``schema_version``). ``settings`` names the store's own settings for messages (a SQLite file's
+    ``journal_mode``, ``auto_vacuum``, and ``network_filesystem``: the network file system it lives on, or
+    ``None``; a PostgreSQL schema's name and ``synchronous_commit``)."""
 
     location: str
     kind: str
     schema_version: int
     current_version: int
     settings: dict[str, Any]
+    #: Which store: ``sqlite`` (a file) or ``postgresql`` (a schema of a database).
+    store: str = "sqlite"
 
     @property
     def problem(self) -> str | None:
         """Why a command may not open this as an existing queue (``None``: it may; an older schema is
         migrated by a writer's open)."""
         if self.kind == "missing":
-            return f"no such queue file: {self.location}"
+            return f"no such queue {'file' if self.store == 'sqlite' else 'schema'}: {self.location}"
         if self.kind != "queue":
             return f"{self.location} is not an asyncq queue (it has no queue tables; `asyncq init` adds them)"
         if self.schema_version > self.current_version:

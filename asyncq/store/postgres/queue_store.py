@@ -386,4 +386,4 @@ async def inspect_url(url: object) -> StoreState:
         found = {"schema": target.schema, **await settings(conn, ("synchronous_commit", "server_version"))}
     finally:
         await conn.close()
-    return StoreState(target.location, kind, version or 0, SCHEMA_VERSION, found)
+    return StoreState(target.location, kind, version or 0, SCHEMA_VERSION, found, store="postgresql")
