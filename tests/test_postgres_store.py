@@ -352,3 +352,43 @@ async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(queue: Queu
     assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0}
     schema = parse_url(url).schema
     assert await rows(url, f"SELECT id FROM {schema}.jobs") == [("kept",)]
+
+
+async def test_a_notification_while_no_task_waits_ends_the_next_wait_at_once(url: str) -> None:
+    async with await Queue.open(url) as producer, await Queue.open(url) as worker:
+        store = worker.store
+        assert isinstance(store, PostgresQueueStore)
+        before = store.wakeups.received
+        await producer.enqueue("a", {})  # the worker is busy elsewhere: nobody waits when this arrives
+        deadline = time.monotonic() + 5
+        while store.wakeups.received == before:
+            assert time.monotonic() < deadline, "the notification never came"
+            await asyncio.sleep(0.005)
+        started = time.monotonic()
+        await worker.wait_for_rows(10)
+        assert time.monotonic() - started < 1  # not the 10 s poll: the job is claimed at once
+        assert [t.id for t in await worker.claim("w1")] == ["a"]
+
+
+@pytest.mark.timeout(120)
+def test_the_wakeup_benchmark_runs_quick_and_writes_no_docs(tmp_path: Any) -> None:
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    docs = root / "docs" / "benchmarks.md"
+    before = hashlib.sha256(docs.read_bytes()).hexdigest()
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "postgres_wakeup.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root), "ASYNCQ_BENCH_POSTGRES": run_database()},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "enqueue commit -> handler start in another process" in done.stdout and "met" in done.stdout
+    assert hashlib.sha256(docs.read_bytes()).hexdigest() == before

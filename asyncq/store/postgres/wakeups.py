@@ -38,6 +38,7 @@ class Wakeups:
         self._listener: asyncpg.Connection[Any] | None = None
         self._next_try = 0.0
         self._closed = False
+        self._missed = False  # a notification came while no task waited
         #: Notifications received from the server (this host's and others').
         self.received = 0
         #: Times the listening connection was lost or could not be opened (each logged).
@@ -49,7 +50,10 @@ class Wakeups:
             self._listener = await self._listen()
 
     def notify(self) -> None:
-        """Wake the tasks of this process waiting for new rows."""
+        """Wake the tasks of this process waiting for new rows; with none waiting, the next wait returns at once
+        (a notification that lands while a pool is busy in a cycle would otherwise wait out its poll)."""
+        if not self._waiters:
+            self._missed = True
         for event in self._waiters:
             event.set()
 
@@ -57,6 +61,9 @@ class Wakeups:
         """Return when rows may be ready (a local commit, a notification), or after ``timeout`` seconds."""
         if self.mode == "listen" and self._listener is None and not self._closed:
             await self._relisten()
+        if self._missed:
+            self._missed = False
+            return
         waiter = asyncio.Event()
         self._waiters.add(waiter)
         try:
