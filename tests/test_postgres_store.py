@@ -286,10 +286,12 @@ async def test_a_lost_listener_is_counted_and_waiting_listens_again(url: str) ->
     async with await Queue.open(url) as producer, await Queue.open(url) as worker:
         store = worker.store
         assert isinstance(store, PostgresQueueStore) and store.wakeups.listening
+        # Only this test's listener: its database, its channel (other runs may be listening on the same server).
         await execute(
             parse_url(url).dsn,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query = $1 AND pid <> pg_backend_pid()",
+            f'LISTEN "{store.wakeups.channel}"',
         )
         deadline = time.monotonic() + 5
         while store.wakeups.listening:
