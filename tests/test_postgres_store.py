@@ -399,3 +399,34 @@ def test_the_wakeup_benchmark_runs_quick_and_writes_no_docs(tmp_path: Any) -> No
     assert done.returncode == 0, done.stderr[-2000:]
     assert "enqueue commit -> handler start in another process" in done.stdout and "met" in done.stdout
     assert hashlib.sha256(docs.read_bytes()).hexdigest() == before
+
+
+async def test_the_dashboard_and_the_metrics_read_a_postgresql_queue_unchanged(
+    queue: Queue, postgres_url: str, clock: list[int]
+) -> None:
+    import aiohttp
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from asyncq.web.dashboard import make_dashboard_app
+    from asyncq.web.metrics import QueueCollector
+
+    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("c", 3)])
+    [ticket] = await queue.claim("w1")
+    await queue.finish(ticket, "permanent")
+    app = make_dashboard_app(postgres_url, token="t" * 16, clock=lambda: clock[0], sample_seconds=3600)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        async with aiohttp.ClientSession() as session, session.get(base) as response:
+            page = await response.text()
+        assert response.status == 200
+        assert 'id="count-pending">2<' in page and 'id="count-dead">1<' in page and "permanent" in page
+    finally:
+        await runner.cleanup()
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(postgres_url, clock=lambda: clock[0]))
+    text = (await asyncio.to_thread(generate_latest, registry)).decode()
+    assert 'asyncq_jobs{status="pending"} 2.0' in text and 'asyncq_dead_jobs{reason="permanent"} 1.0' in text
