@@ -7,9 +7,9 @@ live longer than the lab's one-minute budget.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.jsontext import canonical_json
@@ -142,6 +142,33 @@ class JobSpec:
         return NewJob(self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms)
 
 
+# The C scanner behind ``json.loads``, called directly: ``json.loads`` passes through three Python frames and two
+# whitespace matches first (0.87 against 0.16 µs for a small body).
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def decode_stored(text: str) -> Any:
+    """A body as stored (canonical JSON text) decoded; anything the scanner does not take whole (whitespace around
+    it, a text that is not JSON) goes through ``json.loads``, which decodes it or raises as it always would."""
+    try:
+        value, end = _scan_json(text, 0)
+    except (StopIteration, TypeError, ValueError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
+class _DecodedOnce:
+    """``Ticket.body``: decoded on first read and kept in the instance's ``__dict__``, where later reads find it
+    before this (non-data) descriptor. ``functools.cached_property`` does the same but takes a lock on every
+    first read on Python 3.11 (1.2 µs of a job's 1.9)."""
+
+    def __get__(self, ticket: Ticket | None, owner: type[Ticket]) -> Any:
+        if ticket is None:
+            return self
+        body = ticket.__dict__["body"] = decode_stored(ticket.body_json)
+        return body
+
+
 @dataclass(frozen=True)
 class Ticket:
     """A claimed job and the fence proving the lease; hand it back to ``finish`` or ``extend``.
@@ -160,10 +187,14 @@ class Ticket:
     #: when a handler starts it, so a worker killed with jobs in its buffer spends none of their attempts.
     counted: bool = True
 
-    @cached_property
-    def body(self) -> Any:
-        """The job's body, decoded from ``body_json``."""
-        return json.loads(self.body_json)
+    if TYPE_CHECKING:
+
+        @property
+        def body(self) -> Any:
+            """The job's body, decoded from ``body_json`` on first use."""
+
+    else:
+        body = _DecodedOnce()
 
     @property
     def token(self) -> int:
@@ -190,7 +221,7 @@ class Ticket:
             id=job_id,
             queue=queue,
             body_json=body_json,
-            fence=Fence(owner, token, attempts, lease_until),
+            fence=tuple.__new__(Fence, (owner, token, attempts, lease_until)),  # no Python call, unlike Fence(…)
             deadline=deadline,
             max_attempts=max_attempts,
             seq=seq,
@@ -201,7 +232,7 @@ class Ticket:
     @property
     def held(self) -> Held:
         """The claim's snapshot a finish is decided on (see ``Held``)."""
-        return Held(self.seq, self.max_attempts, self.deadline)
+        return tuple.__new__(Held, (self.seq, self.max_attempts, self.deadline))
 
 
 class Settled(NamedTuple):

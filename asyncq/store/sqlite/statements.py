@@ -147,12 +147,21 @@ def select_by_ids(layout: Layout, count: int) -> str:
     return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=ids)
 
 
+# A pool's group commit finishes up to 128 jobs (``Pool.batch``): one statement for all of them.
+FINISH_ROWS_MAX = 128
+
+
 @cache
 def finish_rows(layout: Layout, count: int) -> str:
-    """``FINISH_ROWS`` for ``count`` rows (1 … ``IN_LIST_MAX``), rounded up like ``select_by_ids``; fill it
+    """``FINISH_ROWS`` for ``count`` rows (1 … ``FINISH_ROWS_MAX``), rounded up like ``select_by_ids``; fill it
     with ``padded`` rows (a repeated row updates its job once)."""
     row = "(" + ", ".join("?" * len(FinishRow._fields)) + ")"
-    return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * _in_list_size(count)))
+    return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join([row] * finish_rows_size(count)))
+
+
+def finish_rows_size(count: int) -> int:
+    """How many rows ``finish_rows(layout, count)`` takes."""
+    return _in_list_size(count)
 
 
 @cache
