@@ -23,10 +23,11 @@ from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
     IN_LIST_MAX,
     INSERT_ROWS_MAX,
+    FinishChange,
     FinishRow,
     activate_rows,
+    finish_params,
     finish_rows,
-    finish_rows_size,
     insert_rows,
     padded,
     select_by_ids,
@@ -241,45 +242,38 @@ def _snapshot(fence: Fence, held: Held) -> JobState:
 
 
 def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
-    """``finish_in_transaction`` for items that all carry ``held``, one job each: every decision first, then
-    one compare-and-set statement per ``FINISH_ROWS_MAX`` rows instead of one per row (what a pool's group
-    commit sends). The same decision as ``_finish_row``'s, built with fewer objects: a group commit makes it
-    for every job, and each named tuple built through its constructor costs a Python call."""
+    """``finish_in_transaction`` for items that all carry ``held``, one job each: every decision first, then one
+    compare-and-set statement per change (a pool's batch of ``ok`` results has one or two: claimed ahead or not)
+    and ``FINISH_ROWS_MAX`` rows, instead of one per row. The same decision as ``_decided_row``'s, built without
+    the named tuples' constructors (a Python call each): a group commit makes it for every job."""
     statuses: list[str | None] = [None] * len(items)
-    decided: list[tuple[int, int, str]] = []  # (position in items, seq, new status)
-    values: list[Any] = []
-    extend = values.extend
+    groups: dict[FinishChange, list[tuple[int, FinishRow]]] = {}  # rows by their change, in the items' order
     make = tuple.__new__
     for position, item in enumerate(items):
         fence, held = item.fence, item.held
         assert held is not None  # _all_held_once
         owner, token, attempt, lease_until = fence
         seq, max_attempts, deadline = held
-        if item.counted:
-            state = make(JobState, (LEASED, attempt, max_attempts, token, owner, lease_until, deadline))
-            decided_fence, new_attempts = fence, attempt
-        else:  # claimed ahead, its attempt not counted yet: decided as the attempt it is, and the row counts it
-            new_attempts = attempt + 1
-            state = make(JobState, (LEASED, new_attempts, max_attempts, token, owner, lease_until, deadline))
-            decided_fence = make(Fence, (owner, token, new_attempts, lease_until))
-        change = decide_finish(state, decided_fence, item.outcome, now_ms, item.delay_ms)
+        counts = 0 if item.counted else 1  # claimed ahead and not counted yet: decided as the attempt it is
+        if counts:
+            fence = make(Fence, (owner, token, attempt + 1, lease_until))
+        state = make(JobState, (LEASED, attempt + counts, max_attempts, token, owner, lease_until, deadline))
+        change = decide_finish(state, fence, item.outcome, now_ms, item.delay_ms)
         if change is None:
             continue
-        status, reason, available_at = change
-        extend((seq, item.id, token, owner, attempt, lease_until, max_attempts, deadline))
-        extend((status, reason, available_at, new_attempts))
-        decided.append((position, seq, status))
-    width = len(FinishRow._fields)
-    for start in range(0, len(decided), FINISH_ROWS_MAX):
-        count = min(FINISH_ROWS_MAX, len(decided) - start)
-        chunk = values[start * width : (start + count) * width]
-        padding = finish_rows_size(count) - count
-        if padding:
-            chunk += chunk[-width:] * padding  # a repeated row updates its job once
-        landed = {seq for (seq,) in con.execute(finish_rows(layout, count), chunk)}
-        for position, seq, status in decided[start : start + count]:
-            if seq in landed:
-                statuses[position] = status
+        key = make(FinishChange, (*change, counts, owner))
+        rows = groups.get(key)
+        if rows is None:
+            rows = groups[key] = []
+        rows.append((position, make(FinishRow, (seq, item.id, token, attempt, lease_until, max_attempts, deadline))))
+    for key, rows in groups.items():
+        for start in range(0, len(rows), FINISH_ROWS_MAX):
+            chunk = rows[start : start + FINISH_ROWS_MAX]
+            params = finish_params(key, [row for _, row in chunk])
+            landed = {seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), params)}
+            for position, row in chunk:
+                if row.seq in landed:
+                    statuses[position] = key.status
     failed = [
         (item, held.seq)
         for item, status in zip(items, statuses, strict=True)
@@ -302,9 +296,10 @@ def _keep_errors(con: sqlite3.Connection, layout: Layout, failed: Sequence[tuple
     con.executemany(sql(layout, "KEEP_ERROR"), rows)
 
 
-def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishRow | None:
-    """The decision on ``state`` as a row of the finish's compare-and-set, or ``None`` if stale. A job claimed
-    ahead whose attempt was not counted yet is decided as the attempt it is (one more), and the row counts it."""
+def _decided_row(item: Finish, seq: int, state: JobState, now_ms: int) -> tuple[FinishChange, FinishRow] | None:
+    """The decision on ``state`` as the finish's change and compare-and-set row, or ``None`` if stale. A job
+    claimed ahead whose attempt was not counted yet is decided as the attempt it is (one more), and the row
+    counts it."""
     fence, decided = item.fence, state
     if not item.counted:  # built directly: NamedTuple._replace costs 1.5 µs, a constructor 0.3
         fence = Fence(fence.owner, fence.token, fence.attempt + 1, fence.lease_until)
@@ -320,20 +315,8 @@ def _finish_row(item: Finish, seq: int, state: JobState, now_ms: int) -> FinishR
     change = decide_finish(decided, fence, item.outcome, now_ms, item.delay_ms)
     if change is None:
         return None
-    return FinishRow(
-        seq,
-        item.id,
-        state.token,
-        state.owner,
-        state.attempts,
-        state.lease_until,
-        state.max_attempts,
-        state.deadline,
-        change.status,
-        change.reason,
-        change.available_at,
-        decided.attempts,
-    )
+    row = FinishRow(seq, item.id, state.token, state.attempts, state.lease_until, state.max_attempts, state.deadline)
+    return FinishChange(*change, counts=int(not item.counted), owner=fence.owner), row
 
 
 def _finish_one(
@@ -342,13 +325,16 @@ def _finish_one(
     """One finish, decided and written on its own (the lab's path: its fault point follows each change). A
     state read before the batch is stale for a second ticket of a job the batch already finished, and the
     compare-and-set refuses it."""
-    row = _finish_row(item, seq, state, now_ms)
-    if row is None or not con.execute(finish_rows(layout, 1), row).fetchall():
+    decided = _decided_row(item, seq, state, now_ms)
+    if decided is None:
+        return None
+    change, row = decided
+    if not con.execute(finish_rows(layout, 1), finish_params(change, [row])).fetchall():
         return None
     if item.error is not None:
         _keep_errors(con, layout, [(item, seq)], now_ms)
     call_hook(fault, "after-finish")
-    return row.status
+    return change.status
 
 
 def extend(
