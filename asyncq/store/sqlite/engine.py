@@ -48,10 +48,17 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
     if len({job.id for job in jobs}) != len(jobs):
         return [added for job in jobs for added in enqueue_rows_in_transaction(con, layout, [job])]
     inserted: set[str] = set()
+    (after,) = con.execute(sql(layout, "LAST_SEQ")).fetchone()  # every row a statement inserts has a greater seq
     for start in range(0, len(jobs), INSERT_ROWS_MAX):
-        chunk = padded(list(jobs[start : start + INSERT_ROWS_MAX]))
-        values = _insert_values(layout, chunk)
-        inserted.update(job_id for (job_id,) in con.execute(insert_rows(layout, len(chunk)), values))
+        part = jobs[start : start + INSERT_ROWS_MAX]
+        chunk = padded(list(part))
+        cursor = con.execute(insert_rows(layout, len(chunk)), _insert_values(layout, chunk))
+        if cursor.rowcount == len(part):  # none was known: every id is new
+            inserted.update(job.id for job in part)
+        elif cursor.rowcount > 0:  # some were: the rows inserted now are those past ``after``
+            inserted.update(job_id for (job_id,) in con.execute(sql(layout, "SELECT_INSERTED"), {"after": after}))
+        if cursor.rowcount > 0:
+            after = cursor.lastrowid
     known = [job for job in jobs if job.id not in inserted]
     found = read_states(con, layout, [job.id for job in known]) if known else {}
     for job in known:

@@ -93,12 +93,22 @@ FROM {jobs} WHERE id IN ({ids})
 
 # One job or many in one statement. ``{rows}`` is a list of ``(?, …, 'pending', 0, ?, 0, ?, ?)`` rows (see
 # ``insert_rows``): the id, the payload columns, then max_attempts, available_at and deadline. A known id
-# inserts nothing (its whole row is kept) and RETURNING leaves it out; the caller then compares payloads.
+# inserts nothing (its whole row is kept); the caller then compares payloads. No RETURNING (0.4 µs a job): the
+# cursor's ``rowcount`` says whether every row was inserted, and only when some id was known does
+# ``SELECT_INSERTED`` read the ids of the rows inserted (their seqs pass the greatest before, ``LAST_SEQ``: the write
+# lock is held, and a new row's seq is greater than any row's). Not "consecutive seqs": a known id can use one up.
 INSERT_ROWS = """
 INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
 VALUES {rows}
 ON CONFLICT (id) DO NOTHING
-RETURNING id
+"""
+
+SELECT_INSERTED = """
+SELECT id FROM {jobs} WHERE seq > :after
+"""
+
+LAST_SEQ = """
+SELECT coalesce(max(seq), 0) FROM {jobs}
 """
 
 EXTEND = """
@@ -127,6 +137,8 @@ NAMES = {
     "EXTEND": EXTEND,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
+    "SELECT_INSERTED": SELECT_INSERTED,
+    "LAST_SEQ": LAST_SEQ,
 }
 
 
