@@ -229,6 +229,15 @@ class Ticket:
         )
         return ticket
 
+    def started(self) -> Ticket:
+        """This ticket of a job claimed ahead once its attempt is counted (the fence's attempt one more). A copy of
+        the instance's fields (and decoded body), without the frozen dataclass's ``__init__``: ``replace`` cost 3 µs."""
+        owner, token, attempt, lease_until = self.fence
+        ticket = object.__new__(Ticket)
+        ticket.__dict__.update(self.__dict__)
+        ticket.__dict__.update(fence=tuple.__new__(Fence, (owner, token, attempt + 1, lease_until)), counted=True)
+        return ticket
+
     @property
     def held(self) -> Held:
         """The claim's snapshot a finish is decided on (see ``Held``)."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import signal
@@ -379,9 +378,7 @@ class Pool:
     def _counted(self, started: list[_InFlight], counted: list[bool]) -> None:
         for flight, landed in zip(started, counted, strict=True):
             if landed:
-                ticket = flight.ticket
-                fence = ticket.fence._replace(attempt=ticket.fence.attempt + 1)
-                flight.ticket = dataclasses.replace(ticket, fence=fence, counted=True)
+                flight.ticket = flight.ticket.started()
 
     def _machinery_failed(self, flight: _InFlight, error: Exception) -> None:
         """Not the handler but the pool failed around a job: log it loudly, count it, and never leave the job
