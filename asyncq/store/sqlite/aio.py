@@ -7,9 +7,9 @@ thread (commit or rollback), so a cancellation never leaves a lock behind; its o
 to the caller and must be read back from the row (``Queue.reconcile``).
 
 The worker pool's group commit is the exception (``AsyncFile.run_held``): its statements run on the event
-loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; only a BEGIN that
-must wait for another process's lock, and every ``COMMIT`` (the disk's wait), run in the connection's
-thread. In that thread, each of a cycle's ~150 statement steps had to win the GIL back from a busy event
+loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; a BEGIN that finds
+another process's lock tries again every 0.5 ms from the loop (which runs other tasks meanwhile), and every
+``COMMIT`` (the disk's wait) runs in the connection's thread. In that thread, each of a cycle's ~150 statement steps had to win the GIL back from a busy event
 loop, and each hop cost 1-3 ms of the loop's time: a 1 ms cycle took 5 ms (docs/architecture.md).
 """
 
@@ -172,9 +172,9 @@ class AsyncFile:
         """``fn(sqlite3_connection, *args)`` inside one write transaction, called on this (the loop's) thread.
 
         ``fn`` runs with the write lock held, so its statements never wait for a lock (keep it to short
-        statements). ``BEGIN IMMEDIATE`` is tried here without waiting, and only if another connection holds
-        the lock is it sent to the connection's thread to wait there; ``COMMIT`` (the disk's wait) always runs
-        in that thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
+        statements). ``BEGIN IMMEDIATE`` is tried here without waiting; while another connection holds the lock
+        it is tried again in turn (``_begin_in_turn``); ``COMMIT`` (the disk's wait) always runs in the
+        connection's thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
         transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
         async with self._locked():
             con: sqlite3.Connection = self.conn._conn
