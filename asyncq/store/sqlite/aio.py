@@ -9,8 +9,9 @@ to the caller and must be read back from the row (``Queue.reconcile``).
 The worker pool's group commit is the exception (``AsyncFile.run_held``): its statements run on the event
 loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; a BEGIN that finds
 another process's lock tries again every 0.5 ms from the loop (which runs other tasks meanwhile), and every
-``COMMIT`` (the disk's wait) runs in the connection's thread. In that thread, each of a cycle's ~150 statement steps had to win the GIL back from a busy event
-loop, and each hop cost 1-3 ms of the loop's time: a 1 ms cycle took 5 ms (docs/architecture.md).
+``COMMIT`` (the disk's wait) runs in the connection's thread. Run whole in that thread, each of a cycle's ~150
+statement steps had to win the GIL back from a busy event loop, and each hop cost 1-3 ms of the loop's time: a
+1 ms cycle took 5 ms (docs/architecture.md).
 """
 
 from __future__ import annotations
