@@ -218,9 +218,6 @@ def rows(sides: Sequence[Side], jobs: int) -> list[list[str]]:
     return table
 
 
-CHECK_HEADERS = ("target", "measured", "verdict")
-
-
 def checks(sides: Sequence[Side], jobs: int) -> list[list[str]]:
     floor = sides[0].median(rate(jobs))
     found = []
@@ -258,20 +255,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     sides = [Side(FLOOR, "floor"), Side(POOL_YIELD, "pool-yield"), Side(POOL_NOOP, "pool-noop")]
     load = measure(sides, jobs, runs)
     title = f"the pool against the set-based floor ({jobs:,} jobs, medians of {runs}; {load})"
-    _report.print_table(title, HEADERS, rows(sides, jobs))
-    _report.print_table("targets", CHECK_HEADERS, checks(sides, jobs))
-    if not args.quick:
-        body = "\n\n".join(
-            [
-                "## The pool against a raw set-based floor",
-                f"`{COMMAND}`: {jobs:,} jobs a run, {runs} runs a side, each a child process on a fresh WAL+FULL "
-                f"file, sides alternating. {_report.environment()}; {load}.",
-                _report.markdown_table(HEADERS, rows(sides, jobs)),
-                _report.markdown_table(CHECK_HEADERS, checks(sides, jobs)),
-                NOTES,
-            ]
-        )
-        print(f"wrote {_report.write_section(SECTION, body)}")
+    intro = (
+        f"`{COMMAND}`: {jobs:,} jobs a run, {runs} runs a side, each a child process on a fresh WAL+FULL file, sides "
+        f"alternating. {_report.environment()}; {load}."
+    )
+    table = (title, HEADERS, rows(sides, jobs))
+    heading = "The pool against a raw set-based floor"
+    _report.publish(SECTION, heading, intro, table, checks(sides, jobs), NOTES, write=not args.quick)
 
 
 NOTES = """\

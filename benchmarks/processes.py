@@ -226,20 +226,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"round {round_no + 1}/{count} done", flush=True)
     load = f"load average (1 min) {before:.1f} before, {os.getloadavg()[0]:.1f} after"
     title = f"worker processes on one file ({jobs:,} jobs, {TASKS} tasks each, medians of {count}; {load})"
-    _report.print_table(title, HEADERS, rows(runs, jobs))
-    _report.print_table("targets", ("target", "measured", "verdict"), checks(runs, jobs))
-    if not args.quick:
-        body = "\n\n".join(
-            [
-                "## Worker processes on one file",
-                f"`{COMMAND}`: {jobs:,} jobs a run, {count} runs a process count, a fresh WAL+FULL file a run; "
-                f"{_report.environment()}; {load}.",
-                _report.markdown_table(HEADERS, rows(runs, jobs)),
-                _report.markdown_table(("target", "measured", "verdict"), checks(runs, jobs)),
-                NOTES,
-            ]
-        )
-        print(f"wrote {_report.write_section(SECTION, body)}")
+    intro = (
+        f"`{COMMAND}`: {jobs:,} jobs a run, {count} runs a process count, a fresh WAL+FULL file a run; "
+        f"{_report.environment()}; {load}."
+    )
+    table = (title, HEADERS, rows(runs, jobs))
+    heading = "Worker processes on one file"
+    _report.publish(SECTION, heading, intro, table, checks(runs, jobs), NOTES, write=not args.quick)
 
 
 NOTES = """\

@@ -24,6 +24,8 @@ BENCHMARKS = [
     ("http_delivery.py --producer alongside --burn-us 10", "the pool's producer enqueues while it delivers"),
     ("throughput.py", "throughput (jobs/s, medians"),
     ("claim_depth.py", "claim + finish(ok) latency"),
+    ("pool_floor.py", "the pool against the set-based floor"),
+    ("processes.py", "worker processes on one file"),
 ]
 
 
