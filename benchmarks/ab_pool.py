@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--write", action="store_true", help="write the ab-pool section of docs/benchmarks.md")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         baseline = checkout(args.baseline, Path(scratch) / "baseline")
         try:
@@ -108,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_table(f"no-op pool, WAL+FULL, {args.jobs:,} jobs, medians of {args.runs} alternating runs", headers, rows)
     if args.write:
         command = f"`.venv/bin/python benchmarks/ab_pool.py --baseline {args.baseline} --runs {args.runs}`"
-        body = f"{command} ({environment()}):\n\n{markdown_table(headers, rows)}\n"
+        load = f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+        body = f"{command} ({environment()}; {load}):\n\n{markdown_table(headers, rows)}\n"
         write_section("ab-pool", body)
 
 
