@@ -422,6 +422,15 @@ def _results(results: Sequence[Result]) -> Sequence[Result]:
 
 
 def _finish_item(ticket: Ticket, outcome: str, delay_ms: int, error: BaseException | ErrorText | None = None) -> Finish:
+    if (  # what a pool sends, checked in one expression (a group commit checks every job's result)
+        type(ticket) is Ticket
+        and type(outcome) is str
+        and outcome in _OUTCOME_VALUES
+        and type(delay_ms) is int
+        and 0 <= delay_ms <= MAX_TTL_MS
+        and (error is None or type(error) is ErrorText)
+    ):
+        return tuple.__new__(Finish, (ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted))
     _ticket(ticket)
     check_choice(outcome, "outcome", OUTCOMES)
     check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
@@ -430,3 +439,6 @@ def _finish_item(ticket: Ticket, outcome: str, delay_ms: int, error: BaseExcepti
     elif error is not None and type(error) is not ErrorText:
         raise TypeError(f"error must be an exception, not {type(error).__name__}")
     return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted)
+
+
+_OUTCOME_VALUES = frozenset(outcome.value for outcome in OUTCOMES)

@@ -92,3 +92,27 @@ def write_section(name: str, body: str, path: Path = DOC) -> Path:
     scratch.write_text(replace_section(text, name, body), encoding="utf-8")
     os.replace(scratch, path)
     return path
+
+
+CHECK_HEADERS = ("target", "measured", "verdict")
+SEPARATOR = "\n\n"
+
+
+def publish(
+    section: str,
+    heading: str,
+    intro: str,
+    tables: tuple[str, Sequence[str], Sequence[Sequence[object]]],
+    checks: Sequence[Sequence[object]],
+    notes: str,
+    *,
+    write: bool,
+) -> None:
+    """Print a result table (``(title, headers, rows)``) and its targets; with ``write``, also as section ``section``
+    of docs/benchmarks.md under ``## heading``, after ``intro`` and before ``notes``."""
+    title, headers, rows = tables
+    print_table(title, headers, rows)
+    print_table("targets", CHECK_HEADERS, checks)
+    if write:
+        parts = [f"## {heading}", intro, markdown_table(headers, rows), markdown_table(CHECK_HEADERS, checks), notes]
+        print(f"wrote {write_section(section, SEPARATOR.join(parts))}")

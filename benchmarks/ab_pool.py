@@ -6,8 +6,9 @@
 The baseline is checked out (``git worktree``) into a temporary folder. Each run is a child process with
 ``PYTHONPATH`` on one tree: a fresh WAL+FULL file, ``enqueue_many`` of ``--jobs`` jobs in batches of 500, then
 ``Pool(queue, concurrency=N).run(burst=True)`` with a handler that does nothing; jobs/s counts both phases.
-Sides alternate run by run, so drift on a noisy machine falls on both; the table holds medians and the ratio
-this/baseline. The child uses only the API both trees share. With ``--write`` the table goes into the
+Sides alternate run by run, so drift on a noisy machine falls on both; the table holds medians, the ratio
+this/baseline, and each side's CPU a job (the child's ``process_time``, both phases). The child uses only the API
+both trees share. With ``--write`` the table goes into the
 ``ab-pool`` section of ``docs/benchmarks.md``.
 """
 
@@ -34,7 +35,7 @@ from asyncq import JobSpec, Pool, Queue
 async def main(jobs, tasks):
     folder = tempfile.mkdtemp()
     async with await Queue.open(os.path.join(folder, "q.db")) as queue:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for start in range(0, jobs, 500):
             await queue.enqueue_many([JobSpec(f"j{n}", {"n": n}) for n in range(start, min(jobs, start + 500))])
         enqueued = time.perf_counter()
@@ -45,17 +46,17 @@ async def main(jobs, tasks):
 
         pool.register("default", handler)
         await pool.run(burst=True)
-        drained = time.perf_counter()
+        drained, cpu = time.perf_counter(), time.process_time() - cpu
         stats = await queue.stats()
     assert stats.by_status["done"] == jobs, stats.by_status
-    print(json.dumps({"enqueue": enqueued - started, "drain": drained - enqueued}))
+    print(json.dumps({"enqueue": enqueued - started, "drain": drained - enqueued, "cpu": cpu}))
 
 asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
 """
 
 
-def run_once(tree: Path, jobs: int, tasks: int) -> float:
-    """One child on ``tree``: its jobs/s, enqueue and drain together."""
+def run_once(tree: Path, jobs: int, tasks: int) -> tuple[float, float]:
+    """One child on ``tree``: its jobs/s, enqueue and drain together, and its CPU µs a job (every thread)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(jobs), str(tasks)],
@@ -67,7 +68,7 @@ def run_once(tree: Path, jobs: int, tasks: int) -> float:
         timeout=600,
     )
     times = json.loads(done.stdout.strip().splitlines()[-1])
-    return jobs / (times["enqueue"] + times["drain"])
+    return jobs / (times["enqueue"] + times["drain"]), times["cpu"] / jobs * 1e6
 
 
 def checkout(ref: str, folder: Path) -> Path:
@@ -85,25 +86,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--write", action="store_true", help="write the ab-pool section of docs/benchmarks.md")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         baseline = checkout(args.baseline, Path(scratch) / "baseline")
         try:
             rows = []
             for tasks in args.tasks:
-                sides: dict[str, list[float]] = {"baseline": [], "this": []}
+                sides: dict[str, list[tuple[float, float]]] = {"baseline": [], "this": []}
                 for n in range(args.runs):
                     order = [("baseline", baseline), ("this", ROOT)]
                     for name, tree in order if n % 2 == 0 else order[::-1]:
                         sides[name].append(run_once(tree, args.jobs, tasks))
-                base, this = statistics.median(sides["baseline"]), statistics.median(sides["this"])
-                rows.append([tasks, f"{base:,.0f}", f"{this:,.0f}", f"{this / base:.2f}x"])
+                base, this = (statistics.median(rate for rate, _ in sides[name]) for name in ("baseline", "this"))
+                base_cpu, this_cpu = (statistics.median(cpu for _, cpu in sides[name]) for name in ("baseline", "this"))
+                rows.append(
+                    [tasks, f"{base:,.0f}", f"{this:,.0f}", f"{this / base:.2f}x", f"{base_cpu:.1f}", f"{this_cpu:.1f}"]
+                )
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)], check=False)
     headers = ["tasks", f"baseline {args.baseline} jobs/s", "this checkout jobs/s", "this / baseline"]
+    headers += ["baseline CPU µs/job", "this CPU µs/job"]
     print_table(f"no-op pool, WAL+FULL, {args.jobs:,} jobs, medians of {args.runs} alternating runs", headers, rows)
     if args.write:
         command = f"`.venv/bin/python benchmarks/ab_pool.py --baseline {args.baseline} --runs {args.runs}`"
-        body = f"{command} ({environment()}):\n\n{markdown_table(headers, rows)}\n"
+        load = f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+        body = f"{command} ({environment()}; {load}):\n\n{markdown_table(headers, rows)}\n"
         write_section("ab-pool", body)
 
 

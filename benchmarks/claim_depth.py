@@ -35,7 +35,15 @@ import _report
 
 from asyncq.lab import lease
 from asyncq.store.sqlite.schema import LAB
-from asyncq.store.sqlite.statements import FinishRow, finish_rows, insert_rows, select_by_ids, sql
+from asyncq.store.sqlite.statements import (
+    FinishChange,
+    FinishRow,
+    finish_params,
+    finish_rows,
+    insert_rows,
+    select_by_ids,
+    sql,
+)
 
 COMMAND = ".venv/bin/python benchmarks/claim_depth.py"
 T0 = 10**12  # where every fixture's clock starts, on the contract's time base
@@ -190,7 +198,9 @@ def query_plans(con: sqlite3.Connection, now: int) -> dict[str, list[str]]:
     params = {"now": now, "owner": OWNER, "lease_ms": 1000, "limit": 1, "count": 1}
     positional = {
         "SELECT_BY_IDS": ("job-0",),
-        "FINISH_ROWS": FinishRow(1, "job-0", 1, OWNER, 1, now + 1000, 3, now + TTL_MS, "done", None, now, 1),
+        "FINISH_ROWS": finish_params(
+            FinishChange("done", None, now, 0, OWNER), [FinishRow(1, "job-0", 1, 1, now + 1000, 3, now + TTL_MS)]
+        ),
     }
     return {
         name: [row[3] for row in con.execute(f"EXPLAIN QUERY PLAN {statement(name)}", positional.get(name, params))]
@@ -260,9 +270,8 @@ class BareLoop:
         seq, _id, _qty, _status, attempts, max_attempts, token, _owner, lease_until, deadline, _reason = (
             self.con.execute(self.SELECT, (claimed_id,)).fetchone()
         )
-        change = FinishRow(
-            seq, claimed_id, token, OWNER, attempts, lease_until, max_attempts, deadline, "done", None, now, attempts
-        )
+        row = FinishRow(seq, claimed_id, token, attempts, lease_until, max_attempts, deadline)
+        change = finish_params(FinishChange("done", None, now, 0, OWNER), [row])
         if not self.con.execute(self.FINISH, change).fetchall():
             raise RuntimeError(f"the bare loop's finish of {claimed_id} did not land")
         self.con.execute("COMMIT")

@@ -48,7 +48,7 @@ import _report
 from asyncq.core.jobs import DEFAULT_QUEUE, JobSpec
 from asyncq.queue import Queue
 from asyncq.store.sqlite.schema import PRODUCT
-from asyncq.store.sqlite.statements import FinishRow, finish_rows, insert_rows, sql
+from asyncq.store.sqlite.statements import FinishChange, FinishRow, finish_params, finish_rows, insert_rows, sql
 from asyncq.worker.pool import JobContext, Pool
 
 COMMAND = ".venv/bin/python benchmarks/throughput.py"
@@ -173,7 +173,7 @@ def floor_open(file: Path) -> sqlite3.Connection:
     return con
 
 
-def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str, Any] | tuple[Any, ...]) -> list[Any]:
+def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str, Any] | Sequence[Any]) -> list[Any]:
     con.execute("BEGIN IMMEDIATE")
     rows = con.execute(statement, params).fetchall()
     con.execute("COMMIT")
@@ -189,9 +189,8 @@ def floor_drain(con: sqlite3.Connection) -> int:
         if not rows:
             return handled
         seq, job_id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
-        done = FinishRow(
-            seq, job_id, token, owner, attempts, lease_until, max_attempts, deadline, "done", None, now, attempts
-        )
+        row = FinishRow(seq, job_id, token, attempts, lease_until, max_attempts, deadline)
+        done = finish_params(FinishChange("done", None, now, 0, owner), [row])
         if not floor_transaction(con, finish, done):
             raise RuntimeError(f"the floor's finish of seq {seq} did not land")
         handled += 1

@@ -25,6 +25,8 @@ BENCHMARKS = [
     ("throughput.py", "throughput (jobs/s, medians"),
     ("claim_depth.py", "claim + finish(ok) latency"),
     ("stats_depth.py", "Queue.stats() at depth"),
+    ("pool_floor.py", "the pool against the set-based floor"),
+    ("processes.py", "worker processes on one file"),
 ]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import T0
 
-from asyncq import Permanent, Pool, Queue, RetryPolicy
+from asyncq import JobSpec, Permanent, Pool, Queue, RetryPolicy
 from asyncq.errors import StoreBusy
 
 pytestmark = pytest.mark.timeout(60)
@@ -193,6 +193,27 @@ async def test_a_store_locked_elsewhere_past_the_busy_timeout_is_waited_out(
             await running
         assert (await queue.stats()).by_status["done"] == 50
     assert any("store busy" in record.message for record in caplog.records)
+
+
+async def test_a_group_commit_waits_for_a_lock_held_elsewhere_on_the_loop_and_lands_when_it_is_free(path: Path) -> None:
+    """Within the busy timeout, a group commit whose BEGIN finds the lock held tries again in turn from the loop:
+    other tasks run meanwhile, nothing is counted as busy, and the commit lands once the holder lets go."""
+    async with await Queue.open(path, busy_timeout=30) as queue:
+        await queue.enqueue_many([JobSpec(f"j{n}", {}) for n in range(5)])
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN IMMEDIATE")  # another process's writer, in the middle of its commit
+        committing = asyncio.create_task(queue.commit_cycle([], "w1", [("default", 5)], 30_000, 5))
+        ticks = 0
+        async with asyncio.timeout(20):
+            while ticks < 50:  # the loop keeps running other tasks while the commit waits for the lock
+                await asyncio.sleep(0.001)
+                ticks += 1
+        assert not committing.done()
+        blocker.execute("COMMIT")
+        blocker.close()
+        async with asyncio.timeout(20):
+            settled = await committing
+    assert sorted(ticket.id for ticket in settled.tickets) == [f"j{n}" for n in range(5)]
 
 
 async def test_a_busy_store_is_also_a_sqlite_operational_error(path: Path) -> None:

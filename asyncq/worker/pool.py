@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -32,7 +31,7 @@ import anyio
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, classify, error_text
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, Ticket
-from asyncq.core.lifecycle import OK, PERMANENT, RETRY
+from asyncq.core.lifecycle import DEAD, OK, PERMANENT, RETRY
 from asyncq.core.limits import (
     DEFAULT_RETRY_BASE_MS,
     MAX_CONCURRENCY,
@@ -295,20 +294,38 @@ class Pool:
             self._counted(started, counted)
         self.counters.commits += 1
         debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job
-        for (ticket, outcome, _delay, _error), status in zip(results, statuses, strict=True):
-            self._log_finish(ticket, status, debug)
-            self._observe("on_finished", outcome, status)
-        self.counters.claimed += len(tickets)
+        self._record_finishes(results, statuses, debug)
         if tickets:
+            self.counters.claimed += len(tickets)
             self._observe("on_claimed", len(tickets))
+            self._buffer_tickets(tickets, debug)
+        return len(tickets)
+
+    def _record_finishes(
+        self, results: list[tuple[Ticket, str, int, ErrorText | None]], statuses: list[str | None], debug: bool
+    ) -> None:
+        """Count (and log, and tell the observer of) each finish of a commit. When all landed and none is dead,
+        with no observer and no debug log, only the counts change: counted per status, not per job."""
+        if debug or self._observed or None in statuses or DEAD in statuses:
+            for (ticket, outcome, _delay, _error), status in zip(results, statuses, strict=True):
+                self._log_finish(ticket, status, debug)
+                self._observe("on_finished", outcome, status)
+            return
+        finished = self.counters.finished
+        for status, count in Counter(statuses).items():
+            assert status is not None  # checked above
+            finished[status] = finished.get(status, 0) + count
+
+    def _buffer_tickets(self, tickets: list[Ticket], debug: bool) -> None:
+        """Put claimed jobs in the buffer and wake a worker for each (as many as are idle)."""
+        inflight, append = self._inflight, self._buffer.append
         for ticket in tickets:
             if debug:
                 log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
-            key = (ticket.id, ticket.token)
-            flight = self._inflight[key] = _InFlight(ticket, key)
-            self._buffer.append(flight)
+            key = (ticket.id, ticket.fence.token)
+            flight = inflight[key] = _InFlight(ticket, key)
+            append(flight)
         self._wake_workers()
-        return len(tickets)
 
     # -- workers --------------------------------------------------------------------------------------
 
@@ -361,9 +378,7 @@ class Pool:
     def _counted(self, started: list[_InFlight], counted: list[bool]) -> None:
         for flight, landed in zip(started, counted, strict=True):
             if landed:
-                ticket = flight.ticket
-                fence = ticket.fence._replace(attempt=ticket.fence.attempt + 1)
-                flight.ticket = dataclasses.replace(ticket, fence=fence, counted=True)
+                flight.ticket = flight.ticket.started()
 
     def _machinery_failed(self, flight: _InFlight, error: Exception) -> None:
         """Not the handler but the pool failed around a job: log it loudly, count it, and never leave the job
@@ -490,9 +505,10 @@ class Pool:
     async def _run_job(self, flight: _InFlight) -> None:
         """Run one job's handler and keep its result for the next group commit. The handler is awaited here,
         not in a helper: each coroutine frame between the worker and the handler's I/O is passed on every
-        resumption (a request has several)."""
+        resumption (a request has several). This runs once a job: each step it takes is paid per job."""
         ticket = flight.ticket
-        started = time.perf_counter()
+        observed = self._observed
+        started = time.perf_counter() if observed else 0.0  # only an observer is told a job's duration
         outcome: str | None = None  # stays None when the job ends without a result
         delay_ms = 0
         failure: ErrorText | None = None
@@ -500,11 +516,12 @@ class Pool:
             handler = self._handlers[ticket.queue]
             # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
             running: Awaitable[object]
+            fence = ticket.fence
             if type(handler) is TransportHandler:
-                running = handler.deliver(ticket.id, ticket.token, JsonText(ticket.body_json))
+                running = handler.deliver(ticket.id, fence.token, JsonText(ticket.body_json))
             else:
                 context = JobContext(
-                    ticket.id, ticket.queue, ticket.attempt, ticket.token, ticket.deadline, ticket.lease_until
+                    ticket.id, ticket.queue, ticket.attempt, fence.token, ticket.deadline, fence.lease_until
                 )
                 running = handler(ticket.body, context)
             if self.job_timeout is None:
@@ -530,7 +547,8 @@ class Pool:
             self._count_lost(flight)
         elif outcome is not None:  # always, here: without a result the job raised out above
             self._results.append((flight, outcome, delay_ms, failure))
-            self._observe("on_delivery", time.perf_counter() - started, outcome)
+            if observed:
+                self._observe("on_delivery", time.perf_counter() - started, outcome)
         self._wake_if_needed()
 
     def _failed(self, ticket: Ticket, error: Exception) -> tuple[str, int, ErrorText]:
@@ -553,7 +571,8 @@ class Pool:
         """Wake the batcher only when a job's end can change its decision: the first waiting result starts
         the linger clock, a full batch or a starving slot ends the wait. Waking it for every job was a wasted
         loop iteration per job."""
-        if len(self._results) in (1, self.batch) or self._stopping or self._starving():
+        waiting = len(self._results)
+        if waiting == 1 or waiting == self.batch or self._stopping or (not self._buffer and self._starving()):
             self._wake.set()
 
     # -- process life ---------------------------------------------------------------------------------

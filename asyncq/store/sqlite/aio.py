@@ -7,10 +7,11 @@ thread (commit or rollback), so a cancellation never leaves a lock behind; its o
 to the caller and must be read back from the row (``Queue.reconcile``).
 
 The worker pool's group commit is the exception (``AsyncFile.run_held``): its statements run on the event
-loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; only a BEGIN that
-must wait for another process's lock, and every ``COMMIT`` (the disk's wait), run in the connection's
-thread. In that thread, each of a cycle's ~150 statement steps had to win the GIL back from a busy event
-loop, and each hop cost 1-3 ms of the loop's time: a 1 ms cycle took 5 ms (docs/architecture.md).
+loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for nothing; a BEGIN that finds
+another process's lock tries again every 0.5 ms from the loop (which runs other tasks meanwhile), and every
+``COMMIT`` (the disk's wait) runs in the connection's thread. Run whole in that thread, each of a cycle's ~150
+statement steps had to win the GIL back from a busy event loop, and each hop cost 1-3 ms of the loop's time: a
+1 ms cycle took 5 ms (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -49,8 +50,19 @@ def _rollback_if_open(con: sqlite3.Connection) -> None:
         con.execute("ROLLBACK")
 
 
-def _begin(con: sqlite3.Connection) -> None:
-    con.execute("BEGIN IMMEDIATE")
+# How often a group commit that found the write lock held elsewhere tries again (``AsyncFile._begin_in_turn``).
+LOCK_POLL_SECONDS = 0.0005
+
+
+def _try_begin(con: sqlite3.Connection) -> bool:
+    """``BEGIN IMMEDIATE`` with the connection's busy timeout at 0: ``False`` (nothing open) if the lock is held."""
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        return True
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any SQLITE_BUSY_* extended code
+            raise
+        return False
 
 
 def _commit(con: sqlite3.Connection) -> None:
@@ -161,15 +173,15 @@ class AsyncFile:
         """``fn(sqlite3_connection, *args)`` inside one write transaction, called on this (the loop's) thread.
 
         ``fn`` runs with the write lock held, so its statements never wait for a lock (keep it to short
-        statements). ``BEGIN IMMEDIATE`` is tried here without waiting, and only if another connection holds
-        the lock is it sent to the connection's thread to wait there; ``COMMIT`` (the disk's wait) always runs
-        in that thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
+        statements). ``BEGIN IMMEDIATE`` is tried here without waiting; while another connection holds the lock
+        it is tried again in turn (``_begin_in_turn``); ``COMMIT`` (the disk's wait) always runs in the
+        connection's thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
         transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
         async with self._locked():
             con: sqlite3.Connection = self.conn._conn
             try:
                 if not self._begin_without_waiting(con):
-                    await run_sync(self.conn, _begin)
+                    await self._begin_in_turn(con)
                 result = fn(con, *args)
                 with anyio.CancelScope(shield=True):
                     await run_sync(self.conn, _commit)
@@ -179,21 +191,45 @@ class AsyncFile:
                 raise
             return result
 
-    def _begin_without_waiting(self, con: sqlite3.Connection) -> bool:
+    def _begin_without_waiting(self, con: sqlite3.Connection, *, last: bool = False) -> bool:
         """``BEGIN IMMEDIATE`` if the write lock is free now; ``False`` (nothing open) if another connection
-        holds it. A hop to the connection's thread costs 1-3 ms of a busy loop's time; this costs µs."""
-        if self._busy_ms is None:
-            self._busy_ms = int(con.execute("PRAGMA busy_timeout").fetchone()[0])
+        holds it, or with ``last`` its busy error (``SqliteBusy``). A hop to the connection's thread costs 1-3 ms
+        of a busy loop's time; this costs µs."""
+        busy_ms = self._busy_timeout_ms(con)
         con.execute("PRAGMA busy_timeout = 0")
         try:
-            con.execute("BEGIN IMMEDIATE")
+            if not last:
+                return _try_begin(con)
+            try:
+                con.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                raise as_busy(error) from None
             return True
-        except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any SQLITE_BUSY_* extended code
-                raise
-            return False
         finally:
-            con.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            con.execute(f"PRAGMA busy_timeout = {busy_ms}")
+
+    async def _begin_in_turn(self, con: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` tried again every ``LOCK_POLL_SECONDS`` from the loop (which runs other tasks meanwhile)
+        until the busy timeout has passed; then the busy error, as a BEGIN that waited in SQLite would raise.
+
+        Not SQLite's own busy handler in the connection's thread: it sleeps 1, 2, 5 … 100 ms between tries, while
+        a pool in another process holds the lock for a millisecond or two of each cycle and leaves it free for
+        about as long. A process waiting in that handler missed those gaps and its siblings committed again and
+        again (two processes: the least-served got 0.02× of the other's jobs; benchmarks/processes.py). Tried
+        from a thread, each try waited for the GIL behind the busy loop (up to its 5 ms switch interval)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._busy_timeout_ms(con) / 1000
+        while True:
+            await asyncio.sleep(LOCK_POLL_SECONDS)
+            last = loop.time() >= deadline
+            if self._begin_without_waiting(con, last=last) or last:
+                return
+
+    def _busy_timeout_ms(self, con: sqlite3.Connection) -> int:
+        """The connection's busy timeout as it was opened (read once, before anything sets it to 0)."""
+        if self._busy_ms is None:
+            self._busy_ms = int(con.execute("PRAGMA busy_timeout").fetchone()[0])
+        return self._busy_ms
 
     def notify(self) -> None:
         """Wake the tasks of this process waiting for new rows."""
