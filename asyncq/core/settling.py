@@ -7,10 +7,12 @@ one compare-and-set on exactly the columns the decision read. The decision itsel
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from asyncq.core.jobs import Finish, Held
 from asyncq.core.lifecycle import LEASED, Change, Fence, JobState, decide_finish
+
+_make: Any = tuple.__new__  # a named tuple without its constructor's Python call, for per-job values
 
 
 class Verdict(NamedTuple):
@@ -24,20 +26,27 @@ class Verdict(NamedTuple):
 
 def snapshot(fence: Fence, held: Held) -> JobState:
     """The leased row as its claim returned it, with the fence's (possibly renewed) ``lease_until``."""
-    return JobState(
-        LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
-    )
+    owner, token, attempt, lease_until = fence
+    state: JobState = _make(JobState, (LEASED, attempt, held.max_attempts, token, owner, lease_until, held.deadline))
+    return state
 
 
 def decide_item(item: Finish, state: JobState, now_ms: int) -> Verdict | None:
     """The verdict on ``item`` against ``state``, or ``None`` if it is stale. A job claimed ahead whose attempt
     was not counted yet is decided as the attempt it is (one more), and the row counts it."""
-    fence, decided = item.fence, state
-    if not item.counted:
-        fence = Fence(fence.owner, fence.token, fence.attempt + 1, fence.lease_until)
-        decided = state._replace(attempts=state.attempts + 1)
-    change = decide_finish(decided, fence, item.outcome, now_ms, item.delay_ms)
-    return None if change is None else Verdict(state, change, decided.attempts)
+    fence, attempts = item.fence, state.attempts
+    if not item.counted:  # built with tuple.__new__: a group commit decides every job (1.5 µs for _replace)
+        owner, token, attempt, lease_until = fence
+        fence = _make(Fence, (owner, token, attempt + 1, lease_until))
+        attempts += 1
+        state_now: JobState = _make(JobState, (state[0], attempts, *state[2:]))
+    else:
+        state_now = state
+    change = decide_finish(state_now, fence, item.outcome, now_ms, item.delay_ms)
+    if change is None:
+        return None
+    verdict: Verdict = _make(Verdict, (state, change, attempts))
+    return verdict
 
 
 def all_held_once(items: Sequence[Finish]) -> bool:

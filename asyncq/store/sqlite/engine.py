@@ -14,8 +14,9 @@ from functools import cache
 from operator import itemgetter
 from typing import Any
 
-from asyncq.core.jobs import Claimed, Finish, Held, NewJob
-from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence, JobState, decide_finish
+from asyncq.core.jobs import Claimed, Finish, NewJob
+from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.settling import all_held_once, decide_item, snapshot
 from asyncq.errors import Conflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.schema import Layout
@@ -210,7 +211,7 @@ def finish_in_transaction(
     Items without ``held`` are decided on their rows, read first (one statement for the batch); items with
     it, on the claim's snapshot: the same decision while the fence holds, and the compare-and-set refuses
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
-    if fault is None and expect is None and _all_held_once(items):
+    if fault is None and expect is None and all_held_once(items):
         return _finish_held(con, layout, items, now_ms)
     reads = [item.id for item in items if _reads_row(item, expect)]
     states = read_states(con, layout, reads) if reads else {}
@@ -225,7 +226,7 @@ def finish_in_transaction(
             seq, state = found[0], found[2]
         else:
             assert item.held is not None  # _reads_row
-            seq, state = item.held.seq, _snapshot(item.fence, item.held)
+            seq, state = item.held.seq, snapshot(item.fence, item.held)
         statuses.append(_finish_one(con, layout, item, seq, state, now_ms, fault))
     return statuses
 
@@ -235,44 +236,27 @@ def _reads_row(item: Finish, expect: dict[str, Any] | None) -> bool:
     return item.held is None or (expect is not None and item.id in expect)
 
 
-def _all_held_once(items: Sequence[Finish]) -> bool:
-    """Whether every item carries a snapshot and names a job no other item names."""
-    seqs = {item.held.seq for item in items if item.held is not None}
-    return len(seqs) == len(items)
-
-
-def _snapshot(fence: Fence, held: Held) -> JobState:
-    """The leased row as its claim returned it, with the fence's (possibly renewed) ``lease_until``."""
-    return JobState(
-        LEASED, fence.attempt, held.max_attempts, fence.token, fence.owner, fence.lease_until, held.deadline
-    )
-
-
 def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
     """``finish_in_transaction`` for items that all carry ``held``, one job each: every decision first, then one
     compare-and-set statement per change (a pool's batch of ``ok`` results has one or two: claimed ahead or not)
-    and ``FINISH_ROWS_MAX`` rows, instead of one per row. The same decision as ``_decided_row``'s, built without
-    the named tuples' constructors (a Python call each): a group commit makes it for every job."""
+    and ``FINISH_ROWS_MAX`` rows, instead of one per row. The decision is ``core.settling``'s, as every store's."""
     statuses: list[str | None] = [None] * len(items)
     groups: dict[FinishChange, list[tuple[int, FinishRow]]] = {}  # rows by their change, in the items' order
     make = tuple.__new__
     for position, item in enumerate(items):
-        fence, held = item.fence, item.held
-        assert held is not None  # _all_held_once
-        owner, token, attempt, lease_until = fence
-        seq, max_attempts, deadline = held
-        counts = 0 if item.counted else 1  # claimed ahead and not counted yet: decided as the attempt it is
-        if counts:
-            fence = make(Fence, (owner, token, attempt + 1, lease_until))
-        state = make(JobState, (LEASED, attempt + counts, max_attempts, token, owner, lease_until, deadline))
-        change = decide_finish(state, fence, item.outcome, now_ms, item.delay_ms)
-        if change is None:
+        held = item.held
+        assert held is not None  # all_held_once
+        verdict = decide_item(item, snapshot(item.fence, held), now_ms)
+        if verdict is None:
             continue
-        key = make(FinishChange, (*change, counts, owner))
+        _, attempts, max_attempts, token, owner, lease_until, deadline = verdict.state
+        key = make(FinishChange, (*verdict.change, 0 if item.counted else 1, owner))
         rows = groups.get(key)
         if rows is None:
             rows = groups[key] = []
-        rows.append((position, make(FinishRow, (seq, item.id, token, attempt, lease_until, max_attempts, deadline))))
+        rows.append(
+            (position, make(FinishRow, (held.seq, item.id, token, attempts, lease_until, max_attempts, deadline)))
+        )
     for key, rows in groups.items():
         for start in range(0, len(rows), FINISH_ROWS_MAX):
             chunk = rows[start : start + FINISH_ROWS_MAX]
@@ -304,26 +288,13 @@ def _keep_errors(con: sqlite3.Connection, layout: Layout, failed: Sequence[tuple
 
 
 def _decided_row(item: Finish, seq: int, state: JobState, now_ms: int) -> tuple[FinishChange, FinishRow] | None:
-    """The decision on ``state`` as the finish's change and compare-and-set row, or ``None`` if stale. A job
-    claimed ahead whose attempt was not counted yet is decided as the attempt it is (one more), and the row
-    counts it."""
-    fence, decided = item.fence, state
-    if not item.counted:  # built directly: NamedTuple._replace costs 1.5 µs, a constructor 0.3
-        fence = Fence(fence.owner, fence.token, fence.attempt + 1, fence.lease_until)
-        decided = JobState(
-            state.status,
-            state.attempts + 1,
-            state.max_attempts,
-            state.token,
-            state.owner,
-            state.lease_until,
-            state.deadline,
-        )
-    change = decide_finish(decided, fence, item.outcome, now_ms, item.delay_ms)
-    if change is None:
+    """The decision on ``state`` (``core.settling``'s) as the finish's change and compare-and-set row, or
+    ``None`` if stale."""
+    verdict = decide_item(item, state, now_ms)
+    if verdict is None:
         return None
     row = FinishRow(seq, item.id, state.token, state.attempts, state.lease_until, state.max_attempts, state.deadline)
-    return FinishChange(*change, counts=int(not item.counted), owner=fence.owner), row
+    return FinishChange(*verdict.change, counts=int(not item.counted), owner=item.fence.owner), row
 
 
 def _finish_one(
