@@ -62,6 +62,11 @@ class Transaction:
         self._queue = queue
         self._inner = inner
 
+    @property
+    def queue(self) -> Queue:
+        """The queue this transaction belongs to."""
+        return self._queue
+
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         """Run one statement of the app's own and return its rows."""
         return await self._inner.execute(statement, parameters)

@@ -85,6 +85,7 @@ def build_parser() -> Parser:
     _add_readers(add)
     _add_operator(add)
     _add_work(add)
+    _add_worker(add)
     _add_servers(add)
     return parser
 
@@ -190,6 +191,23 @@ def _add_work(add: Adder) -> None:
     work.add_argument("--delivery-timeout", type=seconds(0.001, 3600), default=10.0, help="seconds per HTTP exchange")
     levels = ("debug", "info", "warning", "error")
     work.add_argument("--log-level", choices=levels, default="warning", help="log to stderr from (default warning)")
+
+
+def _add_worker(add: Adder) -> None:
+    summary = "Run the tasks of an app (module:attribute, an asyncq.App) on their queues until SIGINT or SIGTERM."
+    worker = add("worker", _command("tasks", "worker"), summary)
+    worker.add_argument("app", metavar="MODULE:APP", help="the app, e.g. myapp.tasks:app (the directory is importable)")
+    worker.add_argument("--queue", type=identifier, action="append", help="queue to work (default: all of the app's)")
+    worker.add_argument(
+        "--concurrency", type=whole(1, MAX_CONCURRENCY), default=16, help=f"jobs at once, 1-{MAX_CONCURRENCY}"
+    )
+    worker.add_argument("--burst", action="store_true", help="exit once nothing is ready and nothing runs")
+    worker.add_argument(
+        "--grace", type=seconds(0, 86_400), default=30.0, help="seconds for jobs in flight after a signal"
+    )
+    worker.add_argument("--owner", type=identifier, help="this worker's name in leases (default: random)")
+    levels = ("debug", "info", "warning", "error")
+    worker.add_argument("--log-level", choices=levels, default="warning", help="log to stderr from (default warning)")
 
 
 def _server(parser: argparse.ArgumentParser) -> None:
