@@ -17,12 +17,30 @@ def read(path: Path, statement: str, parameters: tuple[Any, ...] = ()) -> list[t
         con.close()
 
 
+#: The job counts the triggers keep (``schema.JOB_COUNTS``: jobs not leased), and the same cells counted from the rows.
+KEPT_COUNTS = "SELECT status, attempts, reason, jobs FROM asyncq_counts WHERE jobs <> 0 ORDER BY 1, 2, 3"
+COUNTED_ROWS = (
+    "SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs WHERE status <> 'leased'"
+    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+)
+
+
 def snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of asyncq's two tables, to prove a refused call changed nothing."""
+    """Every row of asyncq's two tables and its kept counts, to prove a refused call changed nothing."""
     return {
         "jobs": read(path, "SELECT * FROM asyncq_jobs ORDER BY seq"),
         "audit": read(path, "SELECT * FROM asyncq_audit ORDER BY seq"),
+        "counts": read(path, KEPT_COUNTS),
     }
+
+
+def assert_counts_kept(path: Path | str) -> None:
+    """The kept job counts are what a full count of the rows says."""
+    con = sqlite3.connect(path, timeout=5)
+    try:
+        assert con.execute(KEPT_COUNTS).fetchall() == con.execute(COUNTED_ROWS).fetchall()
+    finally:
+        con.close()
 
 
 def job_row(path: Path, job_id: str) -> dict[str, Any]:

@@ -44,6 +44,53 @@ async def test_stats_count_states_reasons_ages_leases_and_attempts(store: QueueS
     await dump(store, T0 + 6_500)  # every figure agrees with the rows
 
 
+async def test_stats_agree_with_the_listing_after_every_kind_of_move(store: QueueStore, driver: Driver) -> None:
+    """Hundreds of jobs through every move, a claim ahead and its start, a batch that fails half-way, and columns
+    set directly (the test factory, as an app's own SQL would): after each step every figure of ``stats`` is what
+    ``list_jobs`` says (``dump`` checks it), at two clock readings."""
+    await store.enqueue(
+        [new(f"j{n}", queue="mail" if n % 3 else "default", max_attempts=1 + n % 3) for n in range(300)]
+    )
+    steps = 0
+
+    async def check() -> None:
+        nonlocal steps
+        steps += 1
+        for now in (T0, T0 + 70_000):
+            await dump(store, now, deep=False)
+
+    await check()
+    for queue, owner in (("default", "w1"), ("mail", "w2"), ("mail", "w3")):
+        tickets = await claim(store, owner, T0, queue=queue, n=40, lease_ms=5_000)
+        results = ["ok", "retry", "permanent", "keep"]
+        finishes = [outcome(t, results[n % 4], 10) for n, t in enumerate(tickets) if results[n % 4] != "keep"]
+        await store.finish(finishes, T0 + 1)
+        await check()
+    settled = await store.settle_and_claim([], T0 + 2, "w4", 5_000, [("default", 6)], 6, start_now=2)
+    await store.settle_and_claim([], T0 + 3, "w4", 5_000, [], 0, started=settled.tickets[2:4])
+    assert await store.release([(t.id, t.fence) for t in settled.tickets[4:]], T0 + 4, [False, False]) == [True] * 2
+    await check()
+    [waiting] = await store.list_jobs(JobFilter(status="pending", limit=1))
+    await store.cancel(waiting.id, T0 + 5, "ops")
+    dead = [job.id for job in await store.list_jobs(JobFilter(status="dead", limit=5))]
+    for job_id in dead[:3]:
+        await store.redrive(job_id, T0 + 6, T0 + 60_000, "ops")
+    await check()
+    driver.force(store, "j9", {"status": "dead", "reason": "app", "owner": None, "lease_until": None})
+    driver.force(store, "j12", {"attempts": 7})
+    await check()
+    await claim(store, "w6", T0 + 70_000, queue="mail", n=50)  # sweeps leases past their deadline and budgets
+    await store.prune(T0 + 70_000, ("done", "dead"), vacuum=False)
+    await check()
+    await store.enqueue([new(f"k{n}", T0 + 70_000) for n in range(10)])
+    tickets = await claim(store, "w5", T0 + 70_000, n=10)
+    driver.refuse_updates_of(store, tickets[-1].id)  # the batch fails at its last job: none of it lands (last step:
+    with pytest.raises(Exception, match="refused by the test"):  # the refusal stays)
+        await store.finish([outcome(t, "ok") for t in tickets], T0 + 70_001)
+    await check()
+    assert steps == 9
+
+
 async def ended_in_every_way(store: QueueStore) -> None:
     """Ended jobs: done at T0+10, permanent at T0+20, cancelled at T0+30, exhausted by a finish at T0+40 (deadline
     T0+60000), swept at its deadline T0+1000, one leased, one pending."""

@@ -131,3 +131,28 @@ async def test_list_jobs_filters_pages_and_orders(store: QueueStore) -> None:
     assert await ids(newest=True, after=seq["p"], limit=2) == ["m2", "m1"]  # ``after`` is ignored newest first
     assert await store.list_jobs(JobFilter(body=False, limit=2)) == [replace(job, body=None) for job in every[:2]]
     assert await store.list_jobs(JobFilter(limit=1000)) == every
+
+
+async def test_list_jobs_of_leased_and_dead_jobs_filters_pages_and_orders(store: QueueStore) -> None:
+    """The statuses a dashboard lists on every refresh (read from their indexes by the SQLite store): filters, pages
+    and both orders agree with the full listing."""
+    await enqueue(store, *(new(f"j{n}", queue="mail" if n % 2 else "default") for n in range(10)))
+    for queue in ("default", "mail"):
+        tickets = await claim(store, "w1", T0, queue=queue, n=3)
+        assert await store.finish([outcome(tickets[0], "permanent")], T0) == ["dead"]
+        await store.cancel(f"j{6 if queue == 'default' else 7}", T0, "ops")
+    every = list((await dump(store)).jobs.values())
+
+    async def ids(**which: object) -> list[str]:
+        return [job.id for job in await store.list_jobs(JobFilter(**which))]  # type: ignore[arg-type]
+
+    for status in ("leased", "dead"):
+        of = [job for job in every if job.status == status]
+        assert await ids(status=status) == [job.id for job in of] and len(of) >= 4
+        assert await ids(status=status, newest=True) == [job.id for job in reversed(of)]
+        assert await ids(status=status, newest=True, limit=1) == [of[-1].id]
+        assert await ids(status=status, after=of[0].seq, limit=2) == [job.id for job in of[1:3]]
+        assert await ids(status=status, queue="mail") == [job.id for job in of if job.queue == "mail"]
+    assert await ids(status="dead", reason="cancelled") == ["j6", "j7"]
+    assert await ids(status="dead", reason="cancelled", newest=True) == ["j7", "j6"]
+    assert await ids(status="leased", reason="cancelled") == []

@@ -36,6 +36,17 @@ LIST_OLDEST = (
     f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j WHERE seq > :after AND {_FILTERS} ORDER BY seq LIMIT :limit"
 )
 LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j WHERE {_FILTERS} ORDER BY seq DESC LIMIT :limit"
+# Leased and dead jobs are listed from their status's partial index (O(leased), and O(limit) newest first for dead),
+# not by walking the table: a dashboard lists both on every refresh, and a deep queue holds millions of pending rows
+# before the first of them. ``INDEXED BY`` names the index (the planner prefers the rowid walk of ``seq > :after``).
+# Pending, done and any-status listings walk the table in ``seq`` order: at depth, most rows are their answer.
+_BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead"}
+LIST_INDEXED = {
+    (status, newest): f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
+    f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
+    for status, index in _BY_INDEX.items()
+    for newest in (False, True)
+}
 GET_JOB = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j WHERE id = :id"
 AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
 HISTORY = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} WHERE id = :id ORDER BY seq"
@@ -200,10 +211,18 @@ def list_jobs(con: sqlite3.Connection, which: JobFilter) -> list[Job]:
     params: dict[str, object] = {"status": which.status, "queue": which.queue, "reason": which.reason}
     params |= {"after": which.after, "limit": which.limit}
     with snapshot(con):
-        rows = con.execute(LIST_NEWEST if which.newest else LIST_OLDEST, params).fetchall()
+        rows = con.execute(_listing(which), params).fetchall()
         last = _last_errors(con, [row[0] for row in rows]) if which.errors and rows else {}
     jobs = [_job(row, which.body) for row in rows]
     return [replace(job, errors=(last[job.seq],)) if job.seq in last else job for job in jobs]
+
+
+def _listing(which: JobFilter) -> str:
+    """The listing statement for ``which``: its status's index where it has one (``LIST_INDEXED``)."""
+    indexed = LIST_INDEXED.get((which.status or "", which.newest))
+    if indexed is not None:
+        return indexed
+    return LIST_NEWEST if which.newest else LIST_OLDEST
 
 
 def _last_errors(con: sqlite3.Connection, seqs: list[int]) -> dict[int, AttemptError]:

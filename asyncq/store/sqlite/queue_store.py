@@ -31,6 +31,9 @@ from asyncq.store.sqlite.stats import read_stats
 def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
     prepare_new_file(con)
     configure(con, level.journal_mode, level.synchronous)
+    # A row that ``INSERT OR REPLACE`` deletes (an app's SQL in ``transaction()``) fires the delete trigger that
+    # keeps the job counts only with recursive triggers on (schema.JOB_COUNTS).
+    con.execute("PRAGMA recursive_triggers = ON")
     with write_transaction(con):
         migrate_in_transaction(con)
 

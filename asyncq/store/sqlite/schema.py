@@ -61,6 +61,8 @@ class Layout:
     ddl: tuple[str, ...]
     #: The table that keeps each failed attempt's error (the product's); ``None`` keeps none (the lab's).
     errors: str | None = None
+    #: The table of job counts its triggers keep (the product's, ``JOB_COUNTS``); ``None`` keeps none (the lab's).
+    counts: str | None = None
 
 
 LAB = Layout(
@@ -75,6 +77,7 @@ PRODUCT = Layout(
     jobs="asyncq_jobs",
     audit="asyncq_audit",
     errors="asyncq_errors",
+    counts="asyncq_counts",
     payload=("queue", "body"),
     scope="AND queue = :queue",
     ddl=(
@@ -99,6 +102,51 @@ AUDIT_JOB_SEQ = (
     "ALTER TABLE asyncq_audit ADD COLUMN job_seq INTEGER",
     "UPDATE asyncq_audit SET job_seq = (SELECT seq FROM asyncq_jobs j WHERE j.id = asyncq_audit.id)",
     "CREATE INDEX IF NOT EXISTS asyncq_audit_job ON asyncq_audit(job_seq)",
+)
+
+# Version 5: what ``Queue.stats()`` counts, kept as jobs move instead of counted by a scan. One row per cell
+# ``(status, attempts, reason)`` of the jobs that are not leased holds how many jobs are in it (a few dozen cells, one
+# page): pending, done and dead by status, dead jobs by reason, pending jobs by attempts. Leased jobs are in flight,
+# few, and read from their own index (``asyncq.store.sqlite.stats``); leaving them out makes a job's lifecycle write
+# three cells (its insert, its claim, its finish) instead of five, and a lease renewal or a job claimed ahead being
+# started writes none. Triggers on ``asyncq_jobs`` keep the cells in the statement that moves a row, so every path is
+# counted exactly (the engine's statements, operators, prune, an app's own SQL) and a rollback takes its counts back
+# with it. An update fires only when it assigns a counted column (``UPDATE OF``) and changes the cell (``WHEN``); the
+# row leaves its old cell and enters its new one in two triggers, each a one-row upsert (the cheapest form measured:
+# docs/architecture.md). A reason is never NULL in a key (a NULL would make a new cell per row): no reason is
+# ``''``. Cells that reach 0 stay (their number is bounded). The lab's tables, exactly as its contract writes them,
+# have none of this.
+_CELL_OF_NEW = "NEW.status, NEW.attempts, ifnull(NEW.reason, '')"
+_CELL_OF_OLD = "OLD.status, OLD.attempts, ifnull(OLD.reason, '')"
+_CELL_CHANGED = "(OLD.status, OLD.attempts, OLD.reason) IS NOT (NEW.status, NEW.attempts, NEW.reason)"
+_UPSERT = "INSERT INTO asyncq_counts VALUES ({cell}, {n}) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs;"
+JOB_COUNTS = (
+    """CREATE TABLE IF NOT EXISTS asyncq_counts (status TEXT NOT NULL, attempts INTEGER NOT NULL,
+  reason TEXT NOT NULL, jobs INTEGER NOT NULL, PRIMARY KEY (status, attempts, reason)) WITHOUT ROWID""",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_insert AFTER INSERT ON asyncq_jobs WHEN NEW.status <> 'leased'"
+    f" BEGIN {_UPSERT.format(cell=_CELL_OF_NEW, n=1)} END",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_delete AFTER DELETE ON asyncq_jobs WHEN OLD.status <> 'leased'"
+    f" BEGIN {_UPSERT.format(cell=_CELL_OF_OLD, n=-1)} END",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_leave AFTER UPDATE OF status, attempts, reason ON asyncq_jobs"
+    f" WHEN OLD.status <> 'leased' AND {_CELL_CHANGED} BEGIN {_UPSERT.format(cell=_CELL_OF_OLD, n=-1)} END",
+    "CREATE TRIGGER IF NOT EXISTS asyncq_jobs_count_enter AFTER UPDATE OF status, attempts, reason ON asyncq_jobs"
+    f" WHEN NEW.status <> 'leased' AND {_CELL_CHANGED} BEGIN {_UPSERT.format(cell=_CELL_OF_NEW, n=1)} END",
+    # The oldest ready job's ``available_at``: the first entry of this index. It indexes an expression that no
+    # lifecycle statement names, so that the claim's planner can never take it for ``asyncq_jobs_pending`` (a claim
+    # walks that one in ``seq`` order); only ``asyncq.store.sqlite.stats`` reads it. One entry per pending job.
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_ready_at ON asyncq_jobs(available_at + 0) WHERE status = 'pending'",
+    # Dead jobs in ``seq`` order, for listings (``asyncq.store.sqlite.admin``): the newest dead jobs a dashboard
+    # shows on every refresh are the last entries. Only a job that dies writes an entry; a done job writes none.
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_dead ON asyncq_jobs(status) WHERE status = 'dead'",
+)
+
+# Every cell counted from the rows: how version 5 fills the table of an existing file, in the migration's
+# transaction (under the write lock, once: the same transaction moves ``user_version`` on), and what tests
+# compare the kept counts with.
+RECOUNT = (
+    "DELETE FROM asyncq_counts",
+    "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs"
+    " WHERE status <> 'leased' GROUP BY 1, 2, 3",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one
