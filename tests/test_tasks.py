@@ -116,7 +116,7 @@ async def test_a_name_registered_twice_is_an_error_and_the_first_stays() -> None
     with pytest.raises(ValueError, match="'ping' is registered already"):
 
         @other.task(queue="elsewhere")
-        async def ping() -> None: ...  # noqa: F811 - the point of the test
+        async def ping() -> None: ...  # the point of the test
 
     assert list(other.tasks) == ["ping"] and other.tasks["ping"].queue == "default"
 

@@ -19,6 +19,7 @@ from asyncq.core.limits import DEFAULT_MAX_ATTEMPTS
 from asyncq.core.values import Duration, check_identifier
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
+from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
 from asyncq.worker.context import JobContext
 from asyncq.worker.pool import Pool
@@ -174,9 +175,14 @@ class Dispatcher:
             raise
         finally:
             _current.reset(token)
+        try:
+            stored = stored_result(task.arguments.returns, value, task.result_ttl)
+        except Permanent as error:
+            self._record(context, task.name, error)
+            raise
         if self.ran is not None:
             self.ran.append(Ran(context.id, task.name, context.attempt, value))
-        return value
+        return stored  # the pool keeps it with the job, in the commit of the finish
 
     def _task(self, body: Any) -> Task[Any, Any]:
         name = body.get("task") if isinstance(body, dict) else None
