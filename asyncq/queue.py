@@ -1,9 +1,10 @@
 """``Queue``: the async facade over a queue store. It checks every argument, reads the injected clock, and hands
 the store (``asyncq.store.port.QueueStore``) only checked values and ``now``.
 
-On SQLite all writes of one process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a
-time. Serialising writers inside the process is deliberate: several connections contending for SQLite's write
-lock only sleep in its busy handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (docs/architecture.md).
+On PostgreSQL every call is one transaction on a connection of the store's pool. On SQLite all writes of one
+process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a time. Serialising writers
+inside the process is deliberate: several connections contending for SQLite's write lock only sleep in its busy
+handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class Transaction:
         return self._queue
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run one statement of the app's own and return its rows."""
+        """Run one statement of the app's own and return its rows, in the store's dialect (SQLite: ``?`` or
+        ``:name`` parameters; PostgreSQL: ``$1``, ``$2`` … from a list or tuple)."""
         return await self._inner.execute(statement, parameters)
 
     async def enqueue(self, job_id: str, body: Any, **options: Any) -> bool:
@@ -86,7 +88,8 @@ class Transaction:
 
 
 class Queue(StoreFacade[QueueStore]):
-    """A durable job queue. Open with ``await Queue.open(path)`` (``async with`` closes it)."""
+    """A durable job queue. Open with ``await Queue.open(path)`` for a SQLite file, or
+    ``await Queue.open("postgresql://…")`` for PostgreSQL (``async with`` closes it)."""
 
     def __init__(self, store: QueueStore, clock: Clock = wall_clock_ms, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         super().__init__(store, clock)
@@ -104,7 +107,8 @@ class Queue(StoreFacade[QueueStore]):
         max_body_bytes: int = MAX_BODY_BYTES,
         read_only: bool = False,
     ) -> Queue:
-        """Open (creating and migrating if needed) a queue. For a SQLite file, ``durability`` is ``full``
+        """Open (creating and migrating if needed) a queue: a path is a SQLite file, a ``postgresql://`` URL a
+        PostgreSQL schema (``?schema=`` names it, ``asyncq`` by default). For a SQLite file, ``durability`` is ``full``
         (WAL+FULL, the default), ``full-delete`` (DELETE+EXTRA), ``normal`` (WAL+NORMAL: may lose the last
         commits on power loss) or ``None`` (keep the file's journal mode). ``read_only`` opens an existing queue
         that nothing may change (``StoreError`` if it is not one)."""
@@ -129,17 +133,22 @@ class Queue(StoreFacade[QueueStore]):
         delay: Duration | None = None,
         ttl_ms: int | None = None,
         delay_ms: int | None = None,
+        connection: Any = None,
     ) -> bool:
         """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body. ``ttl``
-        (default a day) and ``delay`` are seconds or a ``timedelta`` (``ttl_ms``/``delay_ms``: deprecated)."""
-        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
-        return (await self.enqueue_many([spec]))[0]
+        (default a day) and ``delay`` are seconds or a ``timedelta`` (``ttl_ms``/``delay_ms``: deprecated).
 
-    async def enqueue_many(self, jobs: Iterable[JobSpec]) -> list[bool]:
-        """Add several jobs in one transaction: all or none."""
+        ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
+        conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
+        app's rows. On SQLite, use ``transaction()`` (or ``enqueue_sync`` on the app's ``sqlite3`` connection)."""
+        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+        return (await self.enqueue_many([spec], connection=connection))[0]
+
+    async def enqueue_many(self, jobs: Iterable[JobSpec], *, connection: Any = None) -> list[bool]:
+        """Add several jobs in one transaction: all or none (in the app's, with ``connection``: see ``enqueue``)."""
         now = self.now()
         rows = [_spec(job).to_row(now, self.max_body_bytes) for job in jobs]
-        added = await self.store.enqueue(rows)
+        added = await self.store.enqueue(rows, connection=connection)
         if log.isEnabledFor(logging.DEBUG):
             for row, new in zip(rows, added, strict=True):
                 log.debug("job %s -> pending (enqueued)" if new else "job %s exists with the same body", row.id)
@@ -376,9 +385,7 @@ class Queue(StoreFacade[QueueStore]):
 
     async def backup(self, target: str, *, force: bool = False) -> dict[str, Any]:
         """An online, checked copy of the store at ``target`` (stores with ``capabilities.backup``)."""
-        if not self.store.capabilities.backup:
-            raise NotImplementedError(f"{self.path} cannot be backed up by asyncq: use the database's own tools")
-        return await self.store.backup(target, force=_flag(force, "force"))
+        return await self.store.backup(target, force=_flag(force, "force"))  # others say what to use instead
 
     async def describe(self) -> dict[str, Any]:
         """What the store is: its kind, schema version and settings."""

@@ -75,3 +75,47 @@ def test_the_readme_quickstart_creates_the_table_it_inserts_into_and_runs_twice(
     ):
         assert line in example, line
         assert line in readme, line
+
+
+@pytest.mark.timeout(60)
+def test_the_postgres_quickstart_runs_twice_and_is_the_readmes(postgres_database: str) -> None:
+    """``examples/postgres_quickstart.py`` on a schema of its own: the job ends done with the order row, once."""
+    import asyncio
+
+    from postgres_support import execute, new_schema_name, queue_url
+
+    schema = new_schema_name()
+    url = queue_url(postgres_database, schema)
+    app_url = f"{postgres_database}?search_path={schema}"  # the app's table beside the queue, dropped with it
+    argv = [sys.executable, str(ROOT / "examples" / "postgres_quickstart.py"), url, app_url]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    try:
+        runs = [subprocess.run(argv, capture_output=True, text=True, timeout=50, env=env) for _ in range(2)]
+        assert [run.returncode for run in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+        assert "shipping {'order': 'order-1'}" in runs[0].stdout and "status='done'" in runs[0].stdout
+        assert "shipping" not in runs[1].stdout and "status='done'" in runs[1].stdout
+        rows = asyncio.run(_rows(postgres_database, f"SELECT id, qty FROM {schema}.orders"))
+        assert rows == [("order-1", 7)]
+    finally:
+        asyncio.run(execute(postgres_database, f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "postgres_quickstart.py").read_text()
+    for line in (
+        "pip install 'asyncq[postgres]'",
+        'queue = await Queue.open("postgresql://',
+        "async with conn.transaction():  # your own asyncpg connection: the job commits or rolls back with your rows",
+        'await queue.enqueue("ship-order-1", {"order": "order-1"}, connection=conn)',
+    ):
+        assert line in readme, line
+    for line in readme.split("```python")[2].split("```")[0].strip().splitlines()[2:]:
+        assert line.strip().split("  #")[0] in example, line
+
+
+async def _rows(url: str, statement: str) -> list[tuple[object, ...]]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return [tuple(row) for row in await conn.fetch(statement)]
+    finally:
+        await conn.close()

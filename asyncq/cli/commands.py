@@ -60,6 +60,11 @@ async def writing(args: argparse.Namespace, now_ms: int | None = None) -> Queue:
 # -- init -----------------------------------------------------------------------------------------------
 
 INIT_ACTIONS = {"missing": "created", "empty": "created", "other": "added"}
+#: What ``init`` reports of each kind of store, from its ``describe()``.
+INIT_KEYS = {
+    "sqlite": ("schema_version", "journal_mode", "auto_vacuum"),
+    "postgresql": ("store", "schema_version", "schema"),
+}
 
 
 async def init(args: argparse.Namespace) -> Report:
@@ -74,7 +79,7 @@ async def init(args: argparse.Namespace) -> Report:
     if state.kind == "queue" and state.schema_version > state.current_version:
         raise CliError(str(state.problem))
     directory = os.path.dirname(os.path.abspath(args.db))
-    if state.kind == "missing" and not os.path.isdir(directory):
+    if state.store == "sqlite" and state.kind == "missing" and not os.path.isdir(directory):
         raise CliError(f"no such directory: {directory} (create it first)")
     action = INIT_ACTIONS.get(state.kind, "migrated" if state.schema_version < state.current_version else "checked")
     durability = args.durability or ("full" if state.kind in ("missing", "empty") else None)
@@ -82,7 +87,7 @@ async def init(args: argparse.Namespace) -> Report:
         found = await queue.describe()
     data = {"path": args.db, "action": action, "created": action == "created"}
     data |= {"previous_schema_version": state.schema_version if state.kind == "queue" else None}
-    data |= {key: found[key] for key in ("schema_version", "journal_mode", "auto_vacuum")}
+    data |= {key: found[key] for key in INIT_KEYS[found["store"]]}
     return report(data, out.render_init)
 
 

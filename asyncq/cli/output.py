@@ -82,10 +82,10 @@ INIT_VERBS = {
 
 
 def render_init(data: dict[str, Any]) -> str:
-    return (
-        f"{INIT_VERBS[data['action']].format(**data)}: schema version {data['schema_version']}, "
-        f"journal {data['journal_mode']}, auto_vacuum {data['auto_vacuum']}"
-    )
+    done = f"{INIT_VERBS[data['action']].format(**data)}: schema version {data['schema_version']}, "
+    if data.get("store") == "postgresql":
+        return done + f"PostgreSQL schema {data['schema']}, synchronous_commit on"
+    return done + f"journal {data['journal_mode']}, auto_vacuum {data['auto_vacuum']}"
 
 
 def render_enqueue(data: dict[str, Any]) -> str:
@@ -226,10 +226,12 @@ def render_prune(data: dict[str, Any]) -> str:
         "incremental": "space given back (incremental vacuum)",
         "full": "file rewritten by VACUUM (auto_vacuum is now incremental)",
         "skipped": "space kept for new jobs: this file is not auto_vacuum=incremental (see --vacuum)",
+        "autovacuum": f"deleted in {data.get('batches')} batch(es); autovacuum frees the space for new jobs",
     }[data["vacuum"]]
+    where = "table" if data["vacuum"] == "autovacuum" else "file"
     return (
         f"deleted {data['deleted']} of {found}; audit rows kept\n{vacuum}; "
-        f"file {data['bytes_before']} -> {data['bytes_after']} bytes"
+        f"{where} {data['bytes_before']} -> {data['bytes_after']} bytes"
     )
 
 

@@ -42,7 +42,11 @@ def _common() -> Parser:
     common = Parser(add_help=False)
     from_env = os.environ.get("ASYNCQ_DB") or None
     common.add_argument(
-        "--db", default=from_env, required=from_env is None, metavar="PATH", help="the queue file (or $ASYNCQ_DB)"
+        "--db",
+        default=from_env,
+        required=from_env is None,
+        metavar="PATH|URL",
+        help="the queue file, or a postgresql:// URL (or $ASYNCQ_DB)",
     )
     common.add_argument(
         "--timeout", type=seconds(0, 86_400), default=DEFAULT_TIMEOUT, metavar="SECONDS",
@@ -224,7 +228,9 @@ def _add_servers(add: Adder) -> None:
     inbox.add_argument("--effect", choices=("none", "stock"), default="none", help="'stock' adds qty to stock")
     summary = "Serve the status page (loopback by default; its redrive button needs the token it prints)."
     board = add("dashboard", _command("work", "dashboard"), summary, common=False)
-    board.add_argument("--db", required=True, metavar="PATH", help="the queue file (must exist)")
+    board.add_argument(
+        "--db", required=True, metavar="PATH|URL", help="the queue file or postgresql:// URL (must exist)"
+    )
     _server(board)
     board.add_argument("--token", help="the redrive token (default: $ASYNCQ_DASHBOARD_TOKEN or a random one)")
     board.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host (plain HTTP!)")

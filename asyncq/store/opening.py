@@ -1,9 +1,10 @@
-"""Which store a target names: a ``postgresql://`` URL would be PostgreSQL (not yet a store here); anything else
-is a path to a SQLite file. The one place the facades reach a driver from."""
+"""Which store a target names: a ``postgresql://`` (or ``postgres://``) URL is PostgreSQL (``asyncq[postgres]``);
+anything else is a path to a SQLite file. The one place the facades reach a driver from."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from collections.abc import Sequence
 
@@ -13,14 +14,30 @@ from asyncq.store.port.outbox import OutboxStore
 from asyncq.store.port.queue import QueueStore, StoreState
 
 URL_SCHEMES = ("postgresql://", "postgres://")
+#: The durability levels a PostgreSQL store takes: it always commits with ``synchronous_commit=on`` (``None``: keep
+#: what the store has, which is the same).
+POSTGRES_DURABILITY = ("full", None)
+
+
+def is_store_url(target: object) -> bool:
+    """Whether ``target`` names a database server's store by URL (PostgreSQL) rather than a file."""
+    return isinstance(target, str) and target.startswith(URL_SCHEMES)
 
 
 async def open_queue_store(
     target: object, *, durability: str | None, busy_timeout: float, read_only: bool
 ) -> QueueStore:
     """The queue store ``target`` names, open (created and migrated unless ``read_only``)."""
-    if isinstance(target, str) and target.startswith(URL_SCHEMES):
-        raise ValueError("asyncq has no PostgreSQL store yet: give a path to a SQLite file")
+    if is_store_url(target):
+        if durability not in POSTGRES_DURABILITY:
+            raise ValueError(
+                f"durability {durability!r} is a SQLite file's setting: a PostgreSQL store always commits with"
+                " synchronous_commit=on (durability 'full')"
+            )
+        _check_asyncpg()
+        from asyncq.store.postgres.queue_store import PostgresQueueStore
+
+        return await PostgresQueueStore.open(target, read_only=read_only)
     if not isinstance(target, str | os.PathLike):
         raise TypeError(f"path must be a str or os.PathLike, not {type(target).__name__}")
     from asyncq.store.sqlite.queue_store import SqliteQueueStore  # the driver loads aiosqlite
@@ -30,8 +47,11 @@ async def open_queue_store(
 
 async def inspect_queue_store(target: object, *, busy_timeout: float) -> StoreState:
     """What ``target`` holds, found without creating or changing it (``Queue.inspect``)."""
-    if isinstance(target, str) and target.startswith(URL_SCHEMES):
-        raise ValueError("asyncq has no PostgreSQL store yet: give a path to a SQLite file")
+    if is_store_url(target):
+        _check_asyncpg()
+        from asyncq.store.postgres.queue_store import inspect_url
+
+        return await inspect_url(target)
     if not isinstance(target, str | os.PathLike):
         raise TypeError(f"path must be a str or os.PathLike, not {type(target).__name__}")
     from asyncq.store.sqlite.admin import inspect_target
@@ -39,11 +59,18 @@ async def inspect_queue_store(target: object, *, busy_timeout: float) -> StoreSt
     return await asyncio.to_thread(inspect_target, target, busy_timeout)
 
 
+def _check_asyncpg() -> None:
+    """The PostgreSQL driver runs on asyncpg, an extra: say how to install it rather than fail on an import."""
+    if importlib.util.find_spec("asyncpg") is None:
+        raise ImportError("a postgresql:// store needs asyncpg: pip install 'asyncq[postgres]'")
+
+
 def store_path(target: object, name: str = "path") -> str:
-    """``target`` as the text its store is opened from, checked before anything opens: ``ValueError`` for a
-    store URL (no such store yet) or for what is not a path to a local file."""
-    if isinstance(target, str) and target.startswith(URL_SCHEMES):
-        raise ValueError(f"asyncq has no PostgreSQL store yet: {name} must be a path to a SQLite file")
+    """``target`` as the text a file store is opened from, checked before anything opens: ``ValueError`` for a
+    store URL (the inbox, the outbox and the AMQP consumer have no PostgreSQL store yet) or for what is not a path
+    to a local file."""
+    if is_store_url(target):
+        raise ValueError(f"{name} must be a path to a SQLite file here (no PostgreSQL store for this yet)")
     from asyncq.store.sqlite.connection import check_path
 
     return check_path(target, name)

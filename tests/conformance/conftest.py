@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres_support import execute as pg_execute
+from postgres_support import fresh_schema, run_in_thread
 
 from asyncq.store.port.queue import Capabilities, QueueStore
 from asyncq.store.sqlite.queue_store import SqliteQueueStore
@@ -69,6 +71,62 @@ def _sqlite_write(store: QueueStore, statement: str, parameters: dict[str, Any])
         con.close()
 
 
+@asynccontextmanager
+async def _postgres_fresh(folder: Path) -> AsyncIterator[QueueStore]:
+    from asyncq.store.postgres.queue_store import PostgresQueueStore
+
+    async with fresh_schema() as (url, _schema):  # dropped after the test
+        store = await PostgresQueueStore.open(url)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+
+async def _postgres_another(store: QueueStore) -> QueueStore:
+    from asyncq.store.postgres.queue_store import PostgresQueueStore
+
+    return await PostgresQueueStore.open(store.location)
+
+
+async def _postgres_read_only(store: QueueStore) -> QueueStore:
+    from asyncq.store.postgres.queue_store import PostgresQueueStore
+
+    return await PostgresQueueStore.open(store.location, read_only=True)
+
+
+async def _postgres_backup(target: str) -> QueueStore:
+    raise AssertionError("a PostgreSQL store makes no backups of its own")
+
+
+def _postgres_force(store: QueueStore, job_id: str, columns: dict[str, Any]) -> None:
+    dsn, schema = _postgres_target(store)
+    assignments = ", ".join(f"{column} = ${n}" for n, column in enumerate(columns, start=2))
+    statement = f"UPDATE {schema}.jobs SET {assignments} WHERE id = $1"
+    done = run_in_thread(lambda: pg_execute(dsn, statement, job_id, *columns.values()))
+    assert done == "UPDATE 1", (statement, done)
+
+
+def _postgres_refuse_updates_of(store: QueueStore, job_id: str) -> None:
+    assert job_id.isidentifier(), job_id  # spliced into the trigger's text
+    dsn, schema = _postgres_target(store)
+    function = f"""CREATE FUNCTION {schema}.refuse_{job_id}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'refused by the test'; END $$"""
+    trigger = (
+        f"CREATE TRIGGER refuse_{job_id} BEFORE UPDATE ON {schema}.jobs FOR EACH ROW WHEN (OLD.id = '{job_id}')"
+        f" EXECUTE FUNCTION {schema}.refuse_{job_id}()"
+    )
+    run_in_thread(lambda: pg_execute(dsn, function))
+    run_in_thread(lambda: pg_execute(dsn, trigger))
+
+
+def _postgres_target(store: QueueStore) -> tuple[str, str]:
+    from asyncq.store.postgres.connection import parse_url
+
+    target = parse_url(store.location)
+    return target.dsn, target.schema
+
+
 DRIVERS = {
     "sqlite": Driver(
         name="sqlite",
@@ -81,12 +139,26 @@ DRIVERS = {
         capabilities=Capabilities(backup=True, app_sql=True, survives_power_loss=True, read_only=False),
         kind="sqlite",
     ),
+    "postgresql": Driver(
+        name="postgresql",
+        fresh=_postgres_fresh,
+        open_another=_postgres_another,
+        open_read_only=_postgres_read_only,
+        open_backup=_postgres_backup,
+        force=_postgres_force,
+        refuse_updates_of=_postgres_refuse_updates_of,
+        capabilities=Capabilities(backup=False, app_sql=True, survives_power_loss=True, read_only=False),
+        kind="postgresql",
+    ),
 }
 
 
 @pytest.fixture(scope="session", params=sorted(DRIVERS))
 def driver(request: pytest.FixtureRequest) -> Driver:
-    """Each driver in turn (one value: Hypothesis tests may take it)."""
+    """Each driver in turn (one value: Hypothesis tests may take it). PostgreSQL's needs the server: its tests skip
+    with the reason when it does not answer (fail under ``CI=true``), and run in this run's own database."""
+    if request.param == "postgresql":
+        request.getfixturevalue("postgres_database")
     return DRIVERS[request.param]
 
 

@@ -13,7 +13,8 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   (by the facade, before the store is called) with nothing changed.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
-  or DELETE+EXTRA); a weaker level is opt-in and says so (``Capabilities.survives_power_loss``).
+  or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
+  (``Capabilities.survives_power_loss``).
 """
 
 from __future__ import annotations
@@ -77,9 +78,11 @@ class QueueStore(Protocol):
 
     # -- producers ----------------------------------------------------------------------------------------
 
-    async def enqueue(self, rows: Sequence[NewJob]) -> list[bool]:
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: Any = None) -> list[bool]:
         """Insert ``rows`` all or none: ``True`` per new job, ``False`` where the id exists with the same payload
-        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload."""
+        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload.
+        ``connection``: an app's own connection to the store's database with its transaction open, to insert in
+        (the rows then commit or roll back with the app's); a store that cannot join one raises ``TypeError``."""
         ...
 
     def transaction(self) -> AbstractAsyncContextManager[StoreTransaction]:
@@ -190,22 +193,25 @@ class QueueStore(Protocol):
 class StoreState:
     """What a target holds before a facade opens it (``Queue.inspect``), found without creating or changing
     anything. ``kind``: ``missing`` (nothing there: opening would create it), ``empty`` (a store with no tables
-    yet), ``other`` (an app's tables but no queue) or ``queue`` (asyncq's tables, at ``schema_version``).
-    ``settings`` names the store's own settings for messages (a SQLite file's ``journal_mode``, ``auto_vacuum``,
-    and ``network_filesystem``: the network file system it lives on, or ``None``)."""
+    yet; on PostgreSQL: a schema without tables), ``other`` (an app's tables but no queue) or ``queue`` (asyncq's
+    tables, at ``schema_version``). ``settings`` names the store's own settings for messages (a SQLite file's
+    ``journal_mode``, ``auto_vacuum``, and ``network_filesystem``: the network file system it lives on, or
+    ``None``; a PostgreSQL schema's name and ``synchronous_commit``)."""
 
     location: str
     kind: str
     schema_version: int
     current_version: int
     settings: dict[str, Any]
+    #: Which store: ``sqlite`` (a file) or ``postgresql`` (a schema of a database).
+    store: str = "sqlite"
 
     @property
     def problem(self) -> str | None:
         """Why a command may not open this as an existing queue (``None``: it may; an older schema is
         migrated by a writer's open)."""
         if self.kind == "missing":
-            return f"no such queue file: {self.location}"
+            return f"no such queue {'file' if self.store == 'sqlite' else 'schema'}: {self.location}"
         if self.kind != "queue":
             return f"{self.location} is not an asyncq queue (it has no queue tables; `asyncq init` adds them)"
         if self.schema_version > self.current_version:

@@ -118,7 +118,12 @@ class SqliteQueueStore:
 
     # -- producers ----------------------------------------------------------------------------------------
 
-    async def enqueue(self, rows: Sequence[NewJob]) -> list[bool]:
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: object = None) -> list[bool]:
+        if connection is not None:
+            raise TypeError(
+                "a SQLite queue joins the app's transaction through queue.transaction(), or enqueue_sync on the"
+                " app's own sqlite3 connection"
+            )
         added: list[bool] = await self._write(engine.enqueue, PRODUCT, rows)
         if any(added):
             self._file.notify()

@@ -1,0 +1,178 @@
+"""The PostgreSQL queue's operator statements: one job, listings, history, the audit log, stats, prune, what the
+store is. Every lifecycle change is ``transitions``'s; only prune (deleting finished jobs past their retention)
+lives here.
+
+Reads that must agree with each other run in one ``REPEATABLE READ`` read-only transaction (one snapshot). Stats
+read the ``counts`` rows (kept by trigger, ``schema.COUNT_TRIGGERS``) for every status, so a sample costs the
+same on a table of a million finished jobs as on an empty one; the live figures read the partial indexes of
+pending and leased rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from asyncq.core.jobs import AttemptError, AuditEntry, Job
+from asyncq.core.stats import Lease, Stats
+from asyncq.store.port.queue import JobFilter
+from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.schema import FOLD_COUNTS
+
+JOB_COLUMNS = (
+    "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
+)
+_REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
+_FILTERS = (
+    "($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR reason = $3)"
+)
+LIST_OLDEST = (
+    f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {{schema}}.jobs j WHERE seq > $4 AND {_FILTERS} ORDER BY seq LIMIT $5"
+)
+LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {{schema}}.jobs j WHERE {_FILTERS} ORDER BY seq DESC LIMIT $4"
+GET_JOB = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {{schema}}.jobs j WHERE id = $1"
+ERRORS_OF = "SELECT attempt, at_ms, type, message, traceback FROM {schema}.errors WHERE job_seq = $1 ORDER BY seq"
+LAST_ERRORS = """
+SELECT DISTINCT ON (job_seq) job_seq, attempt, at_ms, type, message, traceback FROM {schema}.errors
+WHERE job_seq = ANY($1::bigint[]) ORDER BY job_seq, seq DESC
+"""
+AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
+HISTORY = f"SELECT {AUDIT_COLUMNS} FROM {{schema}}.audit WHERE id = $1 ORDER BY seq"
+AUDIT_LOG = f"SELECT {AUDIT_COLUMNS} FROM {{schema}}.audit ORDER BY seq DESC LIMIT $1"
+
+COUNTS = "SELECT status, reason, sum(n)::bigint FROM {schema}.counts GROUP BY status, reason HAVING sum(n) <> 0"
+OLDEST_READY = "SELECT min(available_at) FROM {schema}.jobs WHERE status = 'pending' AND available_at <= $1"
+EXPIRED_LEASES = "SELECT count(*) FROM {schema}.jobs WHERE status = 'leased' AND lease_until <= $1"
+LEASES_BY_OWNER = """
+SELECT owner, count(*), min(lease_until) FROM {schema}.jobs WHERE status = 'leased'
+GROUP BY owner ORDER BY owner COLLATE "C"
+"""
+ATTEMPTS_HISTOGRAM = """
+SELECT attempts, count(*) FROM {schema}.jobs WHERE status IN ('pending', 'leased') GROUP BY attempts ORDER BY attempts
+"""
+
+# When a finished job ended (the SQLite driver's rule): finish and cancel stamp ``available_at``; a deadline or
+# exhausted row is dated by its deadline. $1 cutoff, $2 done?, $3 dead?.
+_PRUNABLE = """((($2 AND status = 'done') OR ($3 AND status = 'dead'))
+  AND CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END < $1)"""
+PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {{schema}}.jobs WHERE {_PRUNABLE} GROUP BY status"
+PRUNABLE_IDS = f"SELECT id FROM {{schema}}.jobs WHERE {_PRUNABLE} ORDER BY seq LIMIT $4"
+# One bounded batch, walking the primary key from ``$4`` (the last seq of the batch before): each batch is its own
+# short transaction, so a prune holds no lock for long and never rewrites the table. $5 the batch size.
+PRUNE_BATCH = f"""
+WITH doomed AS MATERIALIZED (
+  SELECT seq FROM {{schema}}.jobs WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5 FOR UPDATE SKIP LOCKED
+), errors AS (
+  DELETE FROM {{schema}}.errors WHERE job_seq IN (SELECT seq FROM doomed)
+), deleted AS (
+  DELETE FROM {{schema}}.jobs WHERE seq IN (SELECT seq FROM doomed) RETURNING seq
+)
+SELECT (SELECT count(*) FROM deleted), (SELECT max(seq) FROM doomed)
+"""
+PRUNE_BATCH_ROWS = 1_000
+TABLE_BYTES = "SELECT pg_total_relation_size(to_regclass($1))"
+
+SETTINGS = ("synchronous_commit", "fsync", "full_page_writes", "server_version", "default_transaction_isolation")
+
+
+def q(statement: str, schema: str) -> str:
+    """``statement`` for the queue in ``schema``."""
+    return statement.format(schema=schema)
+
+
+def _job(row: Sequence[Any], body: bool = True) -> Job:
+    job = Job.from_row(tuple(row))
+    return job if body else replace(job, body=None)
+
+
+async def get_job(conn: Connection, schema: str, job_id: str) -> Job | None:
+    """One job with its redrive count and every failed attempt's error, or ``None`` (one snapshot)."""
+    row = await conn.fetchrow(q(GET_JOB, schema), job_id)
+    if row is None:
+        return None
+    errors = await conn.fetch(q(ERRORS_OF, schema), row["seq"])
+    return replace(_job(row), errors=tuple(AttemptError(*error) for error in errors))
+
+
+async def list_jobs(conn: Connection, schema: str, which: JobFilter) -> list[Job]:
+    """Jobs matching ``which``, oldest first from ``after`` (or newest first)."""
+    filters = (which.status, which.queue, which.reason)
+    if which.newest:
+        rows = await conn.fetch(q(LIST_NEWEST, schema), *filters, which.limit)
+    else:
+        rows = await conn.fetch(q(LIST_OLDEST, schema), *filters, which.after, which.limit)
+    jobs = [_job(row, which.body) for row in rows]
+    if not (which.errors and jobs):
+        return jobs
+    last = {
+        row[0]: AttemptError(*row[1:]) for row in await conn.fetch(q(LAST_ERRORS, schema), [job.seq for job in jobs])
+    }
+    return [replace(job, errors=(last[job.seq],)) if job.seq in last else job for job in jobs]
+
+
+async def history(conn: Connection, schema: str, job_id: str) -> list[AuditEntry]:
+    """One job's audit rows, oldest first."""
+    return [AuditEntry(*row) for row in await conn.fetch(q(HISTORY, schema), job_id)]
+
+
+async def audit_log(conn: Connection, schema: str, limit: int) -> list[AuditEntry]:
+    """The newest ``limit`` audit rows, newest first."""
+    return [AuditEntry(*row) for row in await conn.fetch(q(AUDIT_LOG, schema), limit)]
+
+
+async def read_stats(conn: Connection, schema: str, now_ms: int) -> Stats:
+    """Every figure of ``Stats``, inside the caller's one snapshot."""
+    by_status = dict.fromkeys(("pending", "leased", "done", "dead"), 0)
+    dead: dict[str, int] = {}
+    for status, reason, n in await conn.fetch(q(COUNTS, schema)):
+        by_status[status] = by_status.get(status, 0) + int(n)
+        if status == "dead":
+            dead[reason] = int(n)
+    oldest = await conn.fetchval(q(OLDEST_READY, schema), now_ms)
+    expired = await conn.fetchval(q(EXPIRED_LEASES, schema), now_ms)
+    leases = [Lease(o, int(n), int(e)) for o, n, e in await conn.fetch(q(LEASES_BY_OWNER, schema))]
+    attempts = {int(a): int(n) for a, n in await conn.fetch(q(ATTEMPTS_HISTOGRAM, schema))}
+    return Stats(
+        now_ms=now_ms,
+        by_status=by_status,
+        dead_by_reason=dead,
+        oldest_ready_age_ms=None if oldest is None else now_ms - int(oldest),
+        expired_leases=int(expired),
+        leases=leases,
+        attempts=attempts,
+    )
+
+
+def prune_params(cutoff_ms: int, statuses: Sequence[str]) -> tuple[int, bool, bool]:
+    """The first three parameters of every prune statement."""
+    return cutoff_ms, "done" in statuses, "dead" in statuses
+
+
+async def prunable(
+    conn: Connection, schema: str, params: tuple[int, bool, bool], limit: int
+) -> tuple[dict[str, int], list[str]]:
+    """Counts by status of the jobs a prune would delete, and the first ``limit`` of their ids (``-1``: all)."""
+    counts = {str(status): int(n) for status, n in await conn.fetch(q(PRUNABLE_COUNTS, schema), *params)}
+    ids = [str(row[0]) for row in await conn.fetch(q(PRUNABLE_IDS, schema), *params, None if limit < 0 else limit)]
+    return {status: counts.get(status, 0) for status in ("done", "dead")}, ids
+
+
+async def prune_batch(
+    conn: Connection, schema: str, params: tuple[int, bool, bool], after: int, size: int = PRUNE_BATCH_ROWS
+) -> tuple[int, int | None]:
+    """Delete up to ``size`` prunable jobs past ``seq = after`` and their errors (audit rows stay): how many,
+    and the last seq looked at (``None``: nothing was left)."""
+    row = await conn.fetchrow(q(PRUNE_BATCH, schema), *params, after, size)
+    assert row is not None
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+async def fold_counts(conn: Connection, schema: str) -> None:
+    """Sum the counter rows of ended backends into one (their total is unchanged)."""
+    await conn.execute(q(FOLD_COUNTS, schema))
+
+
+async def table_bytes(conn: Connection, schema: str) -> int:
+    """The jobs table's size on disk, its indexes and TOAST included."""
+    return int(await conn.fetchval(TABLE_BYTES, f"{schema}.jobs") or 0)

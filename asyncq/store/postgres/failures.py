@@ -1,0 +1,45 @@
+"""PostgreSQL's transient failures as the port's ``StoreBusy``, so that callers above the driver (a worker pool)
+can tell "try again" from every other failure without knowing asyncpg.
+
+Two kinds: the server refused or rolled back the transaction (a deadlock it broke, a serialisation failure, too
+many connections, a server starting or shutting down): nothing changed. Or the connection was lost: if that
+happened while a commit was in flight, the commit may have landed; a retry is still safe, because every
+finish, extend and release is fenced (a finish that had landed is refused as stale the second time).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from asyncpg import exceptions
+
+from asyncq.errors import StoreBusy
+
+TRANSIENT = (
+    exceptions.SerializationError,
+    exceptions.DeadlockDetectedError,
+    exceptions.LockNotAvailableError,
+    exceptions.TooManyConnectionsError,
+    exceptions.AdminShutdownError,
+    exceptions.CrashShutdownError,
+    exceptions.CannotConnectNowError,
+    exceptions.PostgresConnectionError,
+    exceptions.QueryCanceledError,
+)
+LOST = (asyncpg.ConnectionDoesNotExistError, exceptions.ConnectionFailureError, OSError, TimeoutError)
+
+
+class PostgresBusy(StoreBusy):
+    """The server rolled the call back or could not be reached, or the connection was lost mid-call: try again."""
+
+
+def as_busy(error: BaseException, location: str) -> BaseException:
+    """``error`` as ``PostgresBusy`` if it is transient, else ``error`` itself."""
+    if isinstance(error, PostgresBusy):
+        return error
+    if isinstance(error, TRANSIENT):
+        return PostgresBusy(f"{location}: {type(error).__name__}: {error} (nothing changed)")
+    if isinstance(error, LOST):
+        return PostgresBusy(
+            f"{location}: connection lost ({type(error).__name__}: {error}); a commit in flight may have landed"
+        )
+    return error

@@ -1,0 +1,389 @@
+"""``PostgresQueueStore``: the queue store's port on PostgreSQL (asyncpg), over ``transitions``' steps.
+
+Every call is one transaction on a connection of the store's pool (``READ COMMITTED``: each statement sees what
+committed before it, and the compare-and-sets decide on the row version they lock). Reads that must agree run
+in one ``REPEATABLE READ`` snapshot. The app's own transaction can carry jobs too: ``transaction()`` opens one
+on the pool for the app's statements, and ``enqueue(rows, connection=conn)`` inserts on the app's own asyncpg
+connection inside the transaction the app holds there, so the jobs commit or roll back with its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
+
+import asyncpg
+
+from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.lifecycle import PENDING, Fence
+from asyncq.core.stats import Stats
+from asyncq.errors import StoreError
+from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
+from asyncq.store.postgres import admin, transitions
+from asyncq.store.postgres.connection import (
+    Connection,
+    Target,
+    connect,
+    migrate,
+    open_pool,
+    parse_url,
+    read_version,
+    schema_exists,
+    settings,
+)
+from asyncq.store.postgres.effects import execute_inside
+from asyncq.store.postgres.failures import as_busy
+from asyncq.store.postgres.schema import QUEUE, SCHEMA_VERSION
+from asyncq.store.postgres.statements import NOTIFY
+from asyncq.store.postgres.wakeups import Wakeups
+
+T = TypeVar("T")
+
+
+class PostgresTransaction:
+    """An open transaction on a connection (the store's, or the app's own): the app's SQL and its jobs commit
+    together. Usable only while its block is open."""
+
+    def __init__(self, store: PostgresQueueStore, conn: Connection) -> None:
+        self._store = store
+        self._conn = conn
+        self._open = True
+        self._notified = False
+        #: How many jobs asyncq added in this transaction (this process's waiters are woken after the commit).
+        self.added = 0
+
+    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """Run one statement of the app's own (``$1``-style parameters) and return its rows as tuples."""
+        self._check_open()
+        return await execute_inside(self._conn, statement, parameters)
+
+    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[bool]:
+        """Insert jobs inside this transaction, the batch in a savepoint: a ``Conflict`` takes back this batch
+        only (the block may catch it and go on)."""
+        self._check_open()
+        async with self._conn.transaction():
+            added = await transitions.enqueue_rows(self._conn, self._store.schema, rows)
+            if any(added) and not self._notified:
+                await self._conn.execute(NOTIFY, self._store.wakeups.channel)
+        self._notified = self._notified or any(added)
+        self.added += sum(added)
+        return added
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise RuntimeError("this transaction's block has ended: open a new one with transaction()")
+
+
+class PostgresQueueStore:
+    """The queue store's port on PostgreSQL (see ``asyncq.store.port.queue`` for each method's rule)."""
+
+    def __init__(self, target: Target, pool: asyncpg.Pool, wakeups: Wakeups, read_only: bool) -> None:
+        self.target = target
+        self.schema = target.schema
+        self.location = target.location
+        self._pool = pool
+        self.wakeups = wakeups
+        self.capabilities = Capabilities(backup=False, app_sql=True, survives_power_loss=True, read_only=read_only)
+
+    @classmethod
+    async def open(cls, url: object, *, read_only: bool = False) -> PostgresQueueStore:
+        """Open the queue the URL names: its schema created and migrated (under the advisory lock) unless
+        ``read_only``, which opens an existing, current queue whose every write is refused."""
+        target = parse_url(url)
+        pool = await open_pool(target, read_only=read_only)
+        try:
+            async with pool.acquire() as conn:
+                if read_only:
+                    await _check_reader(conn, target)
+                else:
+                    await migrate(conn, target.schema, QUEUE)
+                    await admin.fold_counts(conn, target.schema)
+            wakeups = Wakeups(target, "poll" if read_only else target.wakeups)
+            await wakeups.start()
+        except BaseException as error:
+            await pool.close()
+            raise _translated(error, target.location) from None
+        return cls(target, pool, wakeups, read_only)
+
+    # -- producers ----------------------------------------------------------------------------------------
+
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: object = None) -> list[bool]:
+        """Insert ``rows`` all or none, in one transaction of the store's, or (``connection``: the app's asyncpg
+        connection with its transaction open) inside the app's: then they commit or roll back with its rows."""
+        if connection is not None:
+            return await self._enqueue_on(connection, rows)
+        added: list[bool] = await self._write(self._enqueue_step, rows)
+        if any(added):
+            self.wakeups.notify()
+        return added
+
+    async def _enqueue_step(self, conn: Connection, schema: str, rows: Sequence[NewJob]) -> list[bool]:
+        added = await transitions.enqueue_rows(conn, schema, rows)
+        if any(added):
+            await conn.execute(NOTIFY, self.wakeups.channel)
+        return added
+
+    async def _enqueue_on(self, connection: object, rows: Sequence[NewJob]) -> list[bool]:
+        self._check_writable()
+        if not isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+            raise TypeError(f"connection must be an asyncpg connection, not {type(connection).__name__}")
+        if not connection.is_in_transaction():
+            raise ValueError("connection has no transaction open: enqueue inside `async with conn.transaction()`")
+        tx = PostgresTransaction(self, connection)
+        try:
+            return await tx.enqueue_rows(rows)
+        except Exception as error:
+            raise _translated(error, self.location) from None
+
+    def transaction(self) -> AbstractAsyncContextManager[StoreTransaction]:
+        self._check_writable()
+        return self._transaction()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[PostgresTransaction]:
+        async with self._pool.acquire() as conn:
+            tx = PostgresTransaction(self, conn)
+            try:
+                async with conn.transaction():
+                    yield tx
+            finally:
+                tx._open = False
+        if tx.added:
+            self.wakeups.notify()
+
+    # -- workers ------------------------------------------------------------------------------------------
+
+    async def settle_and_claim(
+        self,
+        finishes: Sequence[Finish],
+        now_ms: int,
+        owner: str,
+        lease_ms: int,
+        wants: Sequence[tuple[str, int]],
+        total: int | None,
+        *,
+        start_now: int | None = None,
+        started: Sequence[Ticket] = (),
+    ) -> Settled:
+        begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
+
+        async def cycle(conn: Connection, schema: str) -> tuple[list[str | None], list[Ticket], list[bool]]:
+            activated = await transitions.activate(conn, schema, begun)
+            statuses = await transitions.finish(conn, schema, finishes, now_ms) if finishes else []
+            await self._notify_if_pending(conn, statuses)
+            if (total is None or total > 0) and any(n > 0 for _queue, n in wants):
+                await transitions.sweep(conn, schema, now_ms)
+            first = start_now if start_now is not None else total
+            counted = await transitions.claim_wants(conn, schema, owner, now_ms, lease_ms, wants, first, count=True)
+            tickets = [Ticket.from_row(row) for row in counted]
+            if start_now is not None:
+                rest = None if total is None else total - len(counted)
+                ahead = await transitions.claim_wants(conn, schema, owner, now_ms, lease_ms, wants, rest, count=False)
+                tickets += [Ticket.from_row(row, False) for row in ahead]
+            return statuses, tickets, activated
+
+        statuses, tickets, activated = await self._write(cycle)
+        if PENDING in statuses:
+            self.wakeups.notify()
+        return Settled(statuses, tickets, activated)
+
+    async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
+        async def step(conn: Connection, schema: str) -> list[str | None]:
+            statuses = await transitions.finish(conn, schema, finishes, now_ms)
+            await self._notify_if_pending(conn, statuses)
+            return statuses
+
+        statuses: list[str | None] = await self._write(step) if finishes else []
+        if PENDING in statuses:
+            self.wakeups.notify()
+        return statuses
+
+    async def _notify_if_pending(self, conn: Connection, statuses: Sequence[str | None]) -> None:
+        """A retry makes a job pending again (ready at once if its delay is 0): tell every host."""
+        if PENDING in statuses:
+            await conn.execute(NOTIFY, self.wakeups.channel)
+
+    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
+        fences: list[Fence | None] = await self._write(transitions.extend, leases, now_ms, lease_ms)
+        return fences
+
+    async def release(
+        self, leases: Sequence[tuple[str, Fence]], now_ms: int, counted: Sequence[bool] | None = None
+    ) -> list[bool]:
+        refunds = [True] * len(leases) if counted is None else list(counted)
+
+        async def step(conn: Connection, schema: str) -> list[bool]:
+            released = await transitions.release(conn, schema, leases, now_ms, refunds)
+            if any(released):
+                await conn.execute(NOTIFY, self.wakeups.channel)
+            return released
+
+        released: list[bool] = await self._write(step)
+        if any(released):
+            self.wakeups.notify()
+        return released
+
+    async def wait_for_work(self, timeout: float) -> None:
+        await self.wakeups.wait(timeout)
+
+    # -- operators ----------------------------------------------------------------------------------------
+
+    async def redrive(self, job_id: str, now_ms: int, deadline_ms: int, note: str) -> AuditEntry:
+        async def step(conn: Connection, schema: str) -> AuditEntry:
+            entry = await transitions.redrive(conn, schema, job_id, now_ms, deadline_ms, note)
+            await conn.execute(NOTIFY, self.wakeups.channel)
+            return AuditEntry(*entry)
+
+        entry: AuditEntry = await self._write(step)
+        self.wakeups.notify()
+        return entry
+
+    async def cancel(self, job_id: str, now_ms: int, note: str) -> AuditEntry:
+        async def step(conn: Connection, schema: str) -> AuditEntry:
+            return AuditEntry(*await transitions.cancel(conn, schema, job_id, now_ms, note))
+
+        entry: AuditEntry = await self._write(step)
+        return entry
+
+    async def get(self, job_id: str) -> Job | None:
+        job: Job | None = await self._read(admin.get_job, job_id)
+        return job
+
+    async def list_jobs(self, which: JobFilter) -> list[Job]:
+        jobs: list[Job] = await self._read(admin.list_jobs, which)
+        return jobs
+
+    async def history(self, job_id: str) -> list[AuditEntry]:
+        entries: list[AuditEntry] = await self._read(admin.history, job_id)
+        return entries
+
+    async def audit_log(self, limit: int) -> list[AuditEntry]:
+        entries: list[AuditEntry] = await self._read(admin.audit_log, limit)
+        return entries
+
+    async def stats(self, now_ms: int) -> Stats:
+        stats: Stats = await self._read(admin.read_stats, now_ms)
+        return stats
+
+    async def prunable(self, cutoff_ms: int, statuses: Sequence[str], limit: int) -> tuple[dict[str, int], list[str]]:
+        found: tuple[dict[str, int], list[str]] = await self._read(
+            admin.prunable, admin.prune_params(cutoff_ms, statuses), limit
+        )
+        return found
+
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool) -> dict[str, Any]:
+        """Delete in batches of ``admin.PRUNE_BATCH_ROWS``, each its own short transaction (no long lock, no
+        table rewrite); the space goes back to the table for new rows (autovacuum marks it free), not to the
+        file system: ``vacuum`` asks for none here (``VACUUM FULL`` would lock the table)."""
+        self._check_writable()
+        params = admin.prune_params(cutoff_ms, statuses)
+        before = await self._read(admin.table_bytes)
+        deleted, after, batches = 0, 0, 0
+        while True:
+            count, last = await self._write(admin.prune_batch, params, after)
+            deleted, batches = deleted + count, batches + 1
+            if last is None:
+                break
+            after = last
+        async with self._pool.acquire() as conn:
+            await admin.fold_counts(conn, self.schema)
+        return {
+            "deleted": deleted,
+            "batches": batches,
+            "free_pages": None,
+            "vacuum": "autovacuum",
+            "bytes_before": before,
+            "bytes_after": await self._read(admin.table_bytes),
+        }
+
+    async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
+        raise NotImplementedError(
+            f"{self.location} is a PostgreSQL store: back it up with the server's tools (pg_dump --schema="
+            f"{self.schema}, or pg_basebackup and WAL archiving for point-in-time recovery)"
+        )
+
+    async def describe(self) -> dict[str, Any]:
+        async def read(conn: Connection, schema: str) -> dict[str, Any]:
+            version = await read_version(conn, schema, QUEUE.component)
+            return {
+                "store": "postgresql",
+                "path": self.location,
+                "schema": schema,
+                "schema_version": version,
+                "wakeups": self.wakeups.mode,
+                "survives_power_loss": True,
+                "settings": await settings(conn, admin.SETTINGS),
+            }
+
+        found: dict[str, Any] = await self._read(read)
+        return found
+
+    async def close(self) -> None:
+        """Close after the transactions in progress (the pool waits for every connection to come back)."""
+        await self.wakeups.close()
+        await self._pool.close()
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self.capabilities.read_only:
+            raise StoreError(f"{self.location} was opened read-only")
+
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(conn, schema, *args)`` in one transaction on a pooled connection; transient failures as
+        ``PostgresBusy``."""
+        self._check_writable()
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                return await fn(conn, self.schema, *args)
+        except Exception as error:
+            raise _translated(error, self.location) from None
+
+    async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(conn, schema, *args)`` in one read-only ``REPEATABLE READ`` snapshot."""
+        try:
+            async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+                return await fn(conn, self.schema, *args)
+        except Exception as error:
+            raise _translated(error, self.location) from None
+
+
+def _translated(error: BaseException, location: str) -> BaseException:
+    """``error`` itself, or the ``PostgresBusy`` it stands for (with ``error`` as its cause)."""
+    busy = as_busy(error, location)
+    if busy is not error:
+        busy.__cause__ = error
+    return busy
+
+
+async def _check_reader(conn: Connection, target: Target) -> None:
+    """A reader opens only a current queue (an older one is migrated by a writer's open, ``asyncq init``)."""
+    version = await read_version(conn, target.schema, QUEUE.component)
+    if not version:
+        raise StoreError(f"{target.location} is not an asyncq queue (schema {target.schema} has no queue tables)")
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{target.location} has schema version {version}, newer than this asyncq's")
+    if version < SCHEMA_VERSION:
+        raise StoreError(f"{target.location} has schema version {version}: run `asyncq init` to migrate it")
+
+
+async def inspect_url(url: object) -> StoreState:
+    """What the URL's schema holds, found without creating or changing anything (``Queue.inspect``)."""
+    target = parse_url(url)
+    conn = await connect(target)
+    try:
+        version = await read_version(conn, target.schema, QUEUE.component)
+        if not await schema_exists(conn, target.schema):
+            kind = "missing"
+        elif version:
+            kind = "queue"
+        else:
+            tables = await conn.fetchval(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'versions'", target.schema
+            )
+            kind = "other" if tables else "empty"
+        found = {"schema": target.schema, **await settings(conn, ("synchronous_commit", "server_version"))}
+    finally:
+        await conn.close()
+    return StoreState(target.location, kind, version or 0, SCHEMA_VERSION, found, store="postgresql")

@@ -1,0 +1,160 @@
+"""The queue's tables in their PostgreSQL schema, as forward migrations (``connection.migrate`` runs them under
+the advisory lock). ``{schema}`` is the schema's checked name.
+
+- ``jobs``: one row per job, the same columns as SQLite's ``asyncq_jobs`` (times in epoch ms as ``bigint``; the
+  body as its canonical JSON text, so that it is returned byte for byte). A hot table of short-lived rows: its
+  fillfactor leaves room on every page for the claim's and the finish's new row versions (HOT updates: no index
+  entry written when no indexed column changes), and autovacuum visits it after 1 % of its rows changed rather
+  than PostgreSQL's default 20 % (docs/operations.md).
+- The lifecycle indexes are partial over live rows (``pending`` or ``leased``) as on SQLite: a finished job
+  leaves them, so history costs no index entries.
+- ``counts``: exact job counts by status (and a dead job's reason), kept by a statement-level trigger in the
+  same transaction as every change, so ``stats`` reads a few rows instead of counting the table. Each backend
+  writes rows of its own (``pg_backend_pid()``), so concurrent writers never wait for each other's counter rows
+  (a shared counter row would serialise every transaction of every host); ``FOLD_COUNTS`` moves the rows of
+  ended backends into row ``0``.
+"""
+
+from __future__ import annotations
+
+from asyncq.store.postgres.connection import Migrations
+
+JOBS = """
+CREATE TABLE {schema}.jobs (
+  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id text NOT NULL UNIQUE,
+  queue text NOT NULL,
+  body text NOT NULL,
+  status text NOT NULL CHECK (status IN ('pending', 'leased', 'done', 'dead')),
+  attempts integer NOT NULL,
+  max_attempts integer NOT NULL,
+  token bigint NOT NULL,
+  available_at bigint NOT NULL,
+  deadline bigint NOT NULL,
+  owner text,
+  lease_until bigint,
+  reason text
+) WITH (
+  fillfactor = 70,
+  autovacuum_vacuum_scale_factor = 0.01,
+  autovacuum_vacuum_threshold = 1000,
+  autovacuum_analyze_scale_factor = 0.02,
+  autovacuum_vacuum_insert_scale_factor = 0.05,
+  autovacuum_vacuum_cost_delay = 1
+)
+"""
+
+INDEXES = (
+    # The claim walks a queue's pending rows in seq order and stops at the first LIMIT available ones.
+    "CREATE INDEX jobs_pending ON {schema}.jobs (queue, seq) WHERE status = 'pending'",
+    # Expired leases of a queue (the claim's takeover), and every lease for stats.
+    "CREATE INDEX jobs_leased ON {schema}.jobs (queue, lease_until) WHERE status = 'leased'",
+    "CREATE INDEX jobs_live_deadline ON {schema}.jobs (deadline) WHERE status IN ('pending', 'leased')",
+    "CREATE INDEX jobs_live_exhausted ON {schema}.jobs (seq)"
+    " WHERE attempts >= max_attempts AND status IN ('pending', 'leased')",
+)
+
+AUDIT = """
+CREATE TABLE {schema}.audit (
+  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  id text NOT NULL,
+  job_seq bigint NOT NULL,
+  token bigint NOT NULL,
+  at_ms bigint NOT NULL,
+  note text NOT NULL,
+  action text NOT NULL CHECK (action IN ('redrive', 'cancel')),
+  reason text
+)
+"""
+
+ERRORS = """
+CREATE TABLE {schema}.errors (
+  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  job_seq bigint NOT NULL,
+  attempt integer NOT NULL,
+  at_ms bigint NOT NULL,
+  type text NOT NULL,
+  message text NOT NULL,
+  traceback text NOT NULL
+)
+"""
+
+COUNTS = """
+CREATE TABLE {schema}.counts (
+  backend integer NOT NULL,
+  status text NOT NULL,
+  reason text NOT NULL,
+  n bigint NOT NULL,
+  PRIMARY KEY (backend, status, reason)
+) WITH (fillfactor = 50)
+"""
+
+# One aggregated upsert per statement that touched jobs (never one per row): the rows it added, less the rows it
+# removed, by (status, dead reason); a change that moves no count (an extend) writes nothing. ``ORDER BY`` keeps
+# the row locks in one order.
+COUNT_TRIGGER_FUNCTION = """
+CREATE FUNCTION {schema}.count_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    INSERT INTO {schema}.counts AS c (backend, status, reason, n)
+    SELECT pg_backend_pid(), status, CASE WHEN status = 'dead' THEN coalesce(reason, '') ELSE '' END, count(*)
+    FROM added GROUP BY 2, 3 ORDER BY 2, 3
+    ON CONFLICT (backend, status, reason) DO UPDATE SET n = c.n + EXCLUDED.n;
+  ELSIF TG_OP = 'DELETE' THEN
+    INSERT INTO {schema}.counts AS c (backend, status, reason, n)
+    SELECT pg_backend_pid(), status, CASE WHEN status = 'dead' THEN coalesce(reason, '') ELSE '' END, -count(*)
+    FROM removed GROUP BY 2, 3 ORDER BY 2, 3
+    ON CONFLICT (backend, status, reason) DO UPDATE SET n = c.n + EXCLUDED.n;
+  ELSE
+    INSERT INTO {schema}.counts AS c (backend, status, reason, n)
+    SELECT pg_backend_pid(), status, r, sum(d) FROM (
+      SELECT status, CASE WHEN status = 'dead' THEN coalesce(reason, '') ELSE '' END AS r, 1 AS d FROM added
+      UNION ALL
+      SELECT status, CASE WHEN status = 'dead' THEN coalesce(reason, '') ELSE '' END, -1 FROM removed
+    ) moved GROUP BY 2, 3 HAVING sum(d) <> 0 ORDER BY 2, 3
+    ON CONFLICT (backend, status, reason) DO UPDATE SET n = c.n + EXCLUDED.n;
+  END IF;
+  RETURN NULL;
+END
+$$
+"""
+
+COUNT_TRIGGERS = (
+    "CREATE TRIGGER count_inserts AFTER INSERT ON {schema}.jobs REFERENCING NEW TABLE AS added"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {schema}.count_jobs()",
+    "CREATE TRIGGER count_updates AFTER UPDATE ON {schema}.jobs REFERENCING OLD TABLE AS removed NEW TABLE AS added"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {schema}.count_jobs()",
+    "CREATE TRIGGER count_deletes AFTER DELETE ON {schema}.jobs REFERENCING OLD TABLE AS removed"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {schema}.count_jobs()",
+)
+
+QUEUE = Migrations(
+    component="queue",
+    steps=(
+        (
+            JOBS,
+            *INDEXES,
+            AUDIT,
+            "CREATE INDEX audit_id ON {schema}.audit (id)",
+            "CREATE INDEX audit_job ON {schema}.audit (job_seq)",
+            ERRORS,
+            "CREATE INDEX errors_job ON {schema}.errors (job_seq)",
+            COUNTS,
+            COUNT_TRIGGER_FUNCTION,
+            *COUNT_TRIGGERS,
+        ),
+    ),
+)
+SCHEMA_VERSION = QUEUE.version
+
+# The rows of backends that are gone, summed into row 0, in one statement (the sum of every row is unchanged).
+FOLD_COUNTS = """
+WITH gone AS (
+  DELETE FROM {schema}.counts c
+  WHERE c.backend <> 0 AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = c.backend)
+  RETURNING status, reason, n
+)
+INSERT INTO {schema}.counts AS c (backend, status, reason, n)
+SELECT 0, status, reason, sum(n) FROM gone GROUP BY status, reason ORDER BY status, reason
+ON CONFLICT (backend, status, reason) DO UPDATE SET n = c.n + EXCLUDED.n
+"""

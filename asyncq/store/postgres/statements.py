@@ -1,0 +1,176 @@
+"""Every lifecycle statement of the PostgreSQL queue, once, by name (``{schema}`` filled by ``sql``). Values are
+always parameters, and ``now`` is always the caller's (``$n``), never the server's clock.
+
+Batches travel as arrays: one statement per batch (``unnest``), whatever its size. The claim is Oban's lesson:
+the rows are chosen first in a materialised CTE (``ORDER BY seq … FOR UPDATE SKIP LOCKED LIMIT n``), then exactly
+those are updated; a planner free to fold the selection into the update could lock or update more rows than
+the limit. Claimers never wait for each other: a row another transaction holds is skipped.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+# The sweep: unclaimable rows (deadline passed; attempts used up), pending or with an expired lease, parked as
+# dead. Rows another transaction holds are skipped (it is finishing or claiming them; the next sweep sees them),
+# so a sweep never waits and never deadlocks with a finish.
+SWEEP_DEADLINE = """
+UPDATE {schema}.jobs SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
+WHERE seq IN (
+  SELECT seq FROM {schema}.jobs
+  WHERE status IN ('pending', 'leased') AND deadline <= $1 AND (status = 'pending' OR lease_until <= $1)
+  FOR UPDATE SKIP LOCKED)
+"""
+
+SWEEP_EXHAUSTED = """
+UPDATE {schema}.jobs SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
+WHERE seq IN (
+  SELECT seq FROM {schema}.jobs
+  WHERE status IN ('pending', 'leased') AND attempts >= max_attempts AND (status = 'pending' OR lease_until <= $1)
+  FOR UPDATE SKIP LOCKED)
+"""
+
+# $1 queue, $2 now, $3 limit, $4 owner, $5 lease_ms, $6 count (1: the claim counts an attempt; 0: claimed ahead,
+# counted when a handler starts it). Oldest seq first among ready rows: pending and available, or leased with an
+# expired lease. A row the sweep skipped (another transaction held it) is never leased past its budget: the
+# selection repeats the sweep's conditions.
+CLAIM = """
+WITH pending AS MATERIALIZED (
+  SELECT seq FROM {schema}.jobs
+  WHERE status = 'pending' AND queue = $1 AND available_at <= $2 AND deadline > $2 AND attempts < max_attempts
+  ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
+), expired AS MATERIALIZED (
+  SELECT seq FROM {schema}.jobs
+  WHERE status = 'leased' AND queue = $1 AND lease_until <= $2 AND deadline > $2 AND attempts < max_attempts
+  ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
+), chosen AS MATERIALIZED (
+  SELECT seq FROM (SELECT seq FROM pending UNION ALL SELECT seq FROM expired) c ORDER BY seq LIMIT $3
+)
+UPDATE {schema}.jobs j
+SET status = 'leased', attempts = j.attempts + $6, token = j.token + 1, owner = $4,
+    lease_until = least($2 + $5, j.deadline), reason = NULL
+FROM chosen WHERE j.seq = chosen.seq
+RETURNING j.seq, j.id, j.queue, j.body, j.owner, j.token, j.attempts, j.lease_until, j.deadline, j.max_attempts
+"""
+
+# The finish: a compare-and-set on every column each decision read, for a whole batch in one statement. A row
+# whose version no longer matches is left alone, and RETURNING names the rows that landed.
+FINISH_ROWS = """
+UPDATE {schema}.jobs j
+SET status = v.status, reason = v.reason, available_at = v.available_at, attempts = v.new_attempts,
+    owner = NULL, lease_until = NULL
+FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::integer[], $6::bigint[], $7::integer[],
+            $8::bigint[], $9::text[], $10::text[], $11::bigint[], $12::integer[])
+  AS v(seq, id, token, owner, attempts, lease_until, max_attempts, deadline, status, reason, available_at,
+       new_attempts)
+WHERE j.seq = v.seq AND j.id = v.id AND j.status = 'leased' AND j.token = v.token AND j.owner = v.owner
+  AND j.attempts = v.attempts AND j.lease_until = v.lease_until AND j.max_attempts = v.max_attempts
+  AND j.deadline = v.deadline
+RETURNING j.seq
+"""
+
+# A handler started a job claimed ahead: its attempt is counted now, fenced on the whole lease.
+ACTIVATE_ROWS = """
+UPDATE {schema}.jobs j SET attempts = j.attempts + 1
+FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::integer[], $6::bigint[])
+  AS v(seq, id, token, owner, attempts, lease_until)
+WHERE j.seq = v.seq AND j.id = v.id AND j.status = 'leased' AND j.token = v.token AND j.owner = v.owner
+  AND j.attempts = v.attempts AND j.lease_until = v.lease_until
+RETURNING j.seq
+"""
+
+# Leases named by (position, id, owner, token, attempt, lease_until); RETURNING names the positions that landed.
+# $1 now, $2 lease_ms.
+EXTEND_ROWS = """
+UPDATE {schema}.jobs j SET lease_until = least($1 + $2, j.deadline)
+FROM unnest($3::integer[], $4::text[], $5::text[], $6::bigint[], $7::integer[], $8::bigint[])
+  AS v(n, id, owner, token, attempts, lease_until)
+WHERE j.id = v.id AND j.status = 'leased' AND j.owner = v.owner AND j.token = v.token AND j.attempts = v.attempts
+  AND j.lease_until = v.lease_until AND $1 < j.lease_until AND $1 < j.deadline
+RETURNING v.n, j.lease_until
+"""
+
+# A pool gives back a job it claimed but never started: fenced like a finish; the attempt counted at claim
+# (``refund`` 1; 0 for a job claimed ahead) is returned. The token stays; the next claim issues a new one.
+RELEASE_ROWS = """
+UPDATE {schema}.jobs j
+SET status = 'pending', attempts = j.attempts - v.refund, available_at = $1, owner = NULL, lease_until = NULL,
+    reason = NULL
+FROM unnest($2::integer[], $3::text[], $4::text[], $5::bigint[], $6::integer[], $7::bigint[], $8::integer[])
+  AS v(n, id, owner, token, attempts, lease_until, refund)
+WHERE j.id = v.id AND j.status = 'leased' AND j.owner = v.owner AND j.token = v.token AND j.attempts = v.attempts
+  AND j.lease_until = v.lease_until AND $1 < j.lease_until
+RETURNING v.n
+"""
+
+# New jobs in batch order (seq follows it); a known id inserts nothing and RETURNING leaves it out.
+INSERT_ROWS = """
+INSERT INTO {schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline)
+SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline
+FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[])
+  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, n)
+ORDER BY n
+ON CONFLICT (id) DO NOTHING
+RETURNING id
+"""
+
+SELECT_BY_IDS = """
+SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline
+FROM {schema}.jobs WHERE id = ANY($1::text[])
+"""
+
+# An operator's change reads the row locked: it is decided on the row it writes.
+LOCK_ONE = "SELECT seq, status, token FROM {schema}.jobs WHERE id = $1 FOR UPDATE"
+
+AUDIT = """
+INSERT INTO {schema}.audit (id, job_seq, token, at_ms, note, action, reason) VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING seq, id, action, token, at_ms, note, reason
+"""
+
+REDRIVE = """
+UPDATE {schema}.jobs SET status = 'pending', attempts = 0, available_at = $2, deadline = $3, owner = NULL,
+    lease_until = NULL, reason = NULL
+WHERE seq = $1 AND status = 'dead'
+"""
+
+CANCEL = """
+UPDATE {schema}.jobs SET status = 'dead', reason = 'cancelled', available_at = $2, owner = NULL, lease_until = NULL
+WHERE seq = $1 AND status = 'pending'
+"""
+
+KEEP_ERRORS = """
+INSERT INTO {schema}.errors (job_seq, attempt, at_ms, type, message, traceback)
+SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::text[], $6::text[])
+"""
+
+# One notification per transaction whatever it carries (PostgreSQL folds identical ones of a transaction into
+# one), sent at commit: waiting workers on every host look for work.
+NOTIFY = "SELECT pg_notify($1, '')"
+
+NAMES = {
+    "SWEEP_DEADLINE": SWEEP_DEADLINE,
+    "SWEEP_EXHAUSTED": SWEEP_EXHAUSTED,
+    "CLAIM": CLAIM,
+    "FINISH_ROWS": FINISH_ROWS,
+    "ACTIVATE_ROWS": ACTIVATE_ROWS,
+    "EXTEND_ROWS": EXTEND_ROWS,
+    "RELEASE_ROWS": RELEASE_ROWS,
+    "INSERT_ROWS": INSERT_ROWS,
+    "SELECT_BY_IDS": SELECT_BY_IDS,
+    "LOCK_ONE": LOCK_ONE,
+    "AUDIT": AUDIT,
+    "REDRIVE": REDRIVE,
+    "CANCEL": CANCEL,
+    "KEEP_ERRORS": KEEP_ERRORS,
+}
+
+
+@cache
+def sql(schema: str, name: str) -> str:
+    """The statement ``name`` for the queue in ``schema`` (a checked name: ``connection.check_schema``)."""
+    return NAMES[name].format(schema=schema)
+
+
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of the queue in ``schema``."""
+    return f"{schema}_wake"

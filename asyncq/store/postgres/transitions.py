@@ -1,0 +1,282 @@
+"""Each lifecycle transition on PostgreSQL, as steps run inside a transaction the caller holds (an asyncpg
+connection in ``conn.transaction()``). The decisions are ``asyncq.core``'s (``decide_item``); these functions
+only read rows, write the verdicts as compare-and-sets, and say which landed. Every argument is checked by the
+facade already; every ``now_ms`` is the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from asyncq.core.jobs import Finish, NewJob
+from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.settling import Verdict, all_held_once, decide_item, snapshot
+from asyncq.errors import Conflict, StoreError
+from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.statements import sql
+
+#: ``(seq, payload, state)`` of a stored job, as ``read_states`` returns it.
+Found = tuple[int, dict[str, Any], JobState]
+
+
+async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> list[bool]:
+    """Insert ``jobs`` in batch order: ``True`` per new job, ``False`` where the id exists (or came earlier in the
+    batch) with the same payload; ``Conflict`` where it holds another payload (the caller rolls back)."""
+    if not jobs:
+        return []
+    first: dict[str, NewJob] = {}
+    for job in jobs:
+        first.setdefault(job.id, job)
+    unique = list(first.values())
+    columns = (
+        [job.id for job in unique],
+        [job.payload["queue"] for job in unique],
+        [job.payload["body"] for job in unique],
+        [job.max_attempts for job in unique],
+        [job.available_at for job in unique],
+        [job.deadline for job in unique],
+    )
+    inserted = {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
+    known = [job.id for job in unique if job.id not in inserted]
+    stored = {job_id: found[1] for job_id, found in (await read_states(conn, schema, known)).items()}
+    missing = [job_id for job_id in known if job_id not in stored]
+    if missing:  # deleted (pruned) between the insert and the read: the caller may simply try again
+        raise StoreError(f"job {missing[0]!r} was deleted while it was being enqueued: try again")
+    results: list[bool] = []
+    for job in jobs:
+        earlier = first[job.id]
+        payload = stored.get(job.id, earlier.payload)
+        if job.payload != payload:
+            raise Conflict(f"job {job.id!r} already exists with a different payload")
+        results.append(job is earlier and job.id in inserted)
+    return results
+
+
+async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> dict[str, Found]:
+    """``(seq, payload, lifecycle state)`` of each job of ``job_ids`` that exists, in one statement."""
+    if not job_ids:
+        return {}
+    found: dict[str, Found] = {}
+    for row in await conn.fetch(sql(schema, "SELECT_BY_IDS"), list(dict.fromkeys(job_ids))):
+        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline = row
+        state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
+        found[job_id] = (seq, {"queue": queue, "body": body}, state)
+    return found
+
+
+# -- finishing ----------------------------------------------------------------------------------------------
+
+
+async def finish(conn: Connection, schema: str, items: Sequence[Finish], now_ms: int) -> list[str | None]:
+    """Apply each item's outcome, each fenced on its own: the new status per item, ``None`` for a stale one
+    (its row is left unchanged). Items with the claim's snapshot naming distinct jobs (a pool's group commit)
+    are decided without a read and written as one statement; others are decided on their rows, read first,
+    and written one by one, so that a second item of a job the batch already finished is refused as stale."""
+    if all_held_once(items):
+        verdicts = [
+            (position, item, item.held.seq, decide_item(item, snapshot(item.fence, item.held), now_ms))
+            for position, item in enumerate(items)
+            if item.held is not None
+        ]
+        return await _write_verdicts(conn, schema, items, verdicts, now_ms)
+    states = await read_states(conn, schema, [item.id for item in items if item.held is None])
+    statuses: list[str | None] = []
+    for item in items:
+        if item.held is not None:
+            seq, state = item.held.seq, snapshot(item.fence, item.held)
+        elif item.id in states:
+            seq, _payload, state = states[item.id]
+        else:
+            statuses.append(None)
+            continue
+        verdict = decide_item(item, state, now_ms)
+        statuses += await _write_verdicts(conn, schema, [item], [(0, item, seq, verdict)], now_ms)
+    return statuses
+
+
+async def _write_verdicts(
+    conn: Connection,
+    schema: str,
+    items: Sequence[Finish],
+    verdicts: Sequence[tuple[int, Finish, int, Verdict | None]],
+    now_ms: int,
+) -> list[str | None]:
+    """One compare-and-set statement for every verdict that may land, then the errors of those that did."""
+    landing = [(position, item, seq, verdict) for position, item, seq, verdict in verdicts if verdict is not None]
+    statuses: list[str | None] = [None] * len(items)
+    if not landing:
+        return statuses
+    rows = [(seq, item.id, verdict) for _p, item, seq, verdict in landing if verdict is not None]
+    landed = {
+        row[0]
+        for row in await conn.fetch(
+            sql(schema, "FINISH_ROWS"),
+            [seq for seq, _id, _v in rows],
+            [job_id for _s, job_id, _v in rows],
+            [v.state.token for _s, _i, v in rows],
+            [v.state.owner for _s, _i, v in rows],
+            [v.state.attempts for _s, _i, v in rows],
+            [v.state.lease_until for _s, _i, v in rows],
+            [v.state.max_attempts for _s, _i, v in rows],
+            [v.state.deadline for _s, _i, v in rows],
+            [v.change.status for _s, _i, v in rows],
+            [v.change.reason for _s, _i, v in rows],
+            [v.change.available_at for _s, _i, v in rows],
+            [v.attempts for _s, _i, v in rows],
+        )
+    }
+    failed: list[tuple[int, Finish, Verdict]] = []
+    for position, item, seq, verdict in landing:
+        if seq in landed and verdict is not None:
+            statuses[position] = verdict.change.status
+            if item.error is not None:
+                failed.append((seq, item, verdict))
+    await _keep_errors(conn, schema, failed, now_ms)
+    return statuses
+
+
+async def _keep_errors(
+    conn: Connection, schema: str, failed: Sequence[tuple[int, Finish, Verdict]], now_ms: int
+) -> None:
+    """The error of each landed finish of a failed attempt, in the finish's transaction."""
+    errors = [(seq, verdict.attempts, item.error) for seq, item, verdict in failed if item.error is not None]
+    if errors:
+        await conn.execute(
+            sql(schema, "KEEP_ERRORS"),
+            [seq for seq, _a, _e in errors],
+            [attempt for _s, attempt, _e in errors],
+            [now_ms] * len(errors),
+            [error.type for _s, _a, error in errors],
+            [error.message for _s, _a, error in errors],
+            [error.traceback for _s, _a, error in errors],
+        )
+
+
+# -- claiming -----------------------------------------------------------------------------------------------
+
+
+async def sweep(conn: Connection, schema: str, now_ms: int) -> None:
+    """Park every unclaimable row (deadline passed, attempts used up) as dead, in every queue."""
+    await conn.execute(sql(schema, "SWEEP_DEADLINE"), now_ms)
+    await conn.execute(sql(schema, "SWEEP_EXHAUSTED"), now_ms)
+
+
+async def claim_wants(
+    conn: Connection,
+    schema: str,
+    owner: str,
+    now_ms: int,
+    lease_ms: int,
+    wants: Sequence[tuple[str, int]],
+    total: int | None,
+    *,
+    count: bool,
+) -> list[tuple[Any, ...]]:
+    """Lease up to ``n`` ready jobs of each ``(queue, n)`` of ``wants``, at most ``total`` in all, oldest first
+    within each queue: the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order)."""
+    claimed: list[tuple[Any, ...]] = []
+    for queue, limit in wants:
+        if total is not None:
+            limit = min(limit, total - len(claimed))
+        if limit > 0:
+            rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, limit, owner, lease_ms, int(count))
+            claimed += sorted(tuple(row) for row in rows)
+    return claimed
+
+
+async def activate(conn: Connection, schema: str, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:
+    """Count the attempt of each started job claimed ahead (``(seq, id, fence)``), fenced on its lease."""
+    if not started:
+        return []
+    rows = await conn.fetch(
+        sql(schema, "ACTIVATE_ROWS"),
+        [seq for seq, _id, _f in started],
+        [job_id for _s, job_id, _f in started],
+        [fence.token for _s, _i, fence in started],
+        [fence.owner for _s, _i, fence in started],
+        [fence.attempt for _s, _i, fence in started],
+        [fence.lease_until for _s, _i, fence in started],
+    )
+    landed = {row[0] for row in rows}
+    return [seq in landed for seq, _id, _fence in started]
+
+
+# -- leases -------------------------------------------------------------------------------------------------
+
+
+def _lease_columns(leases: Sequence[tuple[str, Fence]]) -> list[list[Any]]:
+    return [
+        list(range(len(leases))),
+        [job_id for job_id, _f in leases],
+        [fence.owner for _i, fence in leases],
+        [fence.token for _i, fence in leases],
+        [fence.attempt for _i, fence in leases],
+        [fence.lease_until for _i, fence in leases],
+    ]
+
+
+def _distinct(leases: Sequence[tuple[str, Fence]]) -> bool:
+    return len({job_id for job_id, _fence in leases}) == len(leases)
+
+
+async def extend(
+    conn: Connection, schema: str, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int
+) -> list[Fence | None]:
+    """Renew held leases to ``min(now + lease_ms, deadline)``; ``None`` for each lease no longer held. Leases of
+    distinct jobs go as one statement; a job named twice goes lease by lease (the second sees the first's)."""
+    if not _distinct(leases):
+        return [fence for lease in leases for fence in await extend(conn, schema, [lease], now_ms, lease_ms)]
+    rows = await conn.fetch(sql(schema, "EXTEND_ROWS"), now_ms, lease_ms, *_lease_columns(leases)) if leases else []
+    renewed = {row[0]: row[1] for row in rows}
+    return [
+        None if n not in renewed else fence._replace(lease_until=renewed[n]) for n, (_id, fence) in enumerate(leases)
+    ]
+
+
+async def release(
+    conn: Connection, schema: str, leases: Sequence[tuple[str, Fence]], now_ms: int, refunds: Sequence[bool]
+) -> list[bool]:
+    """Give back held leases of jobs never started (pending again, an attempt counted at claim returned where
+    ``refunds`` says); ``False`` for a lease no longer held."""
+    if not _distinct(leases):
+        return [
+            done
+            for lease, refund in zip(leases, refunds, strict=True)
+            for done in await release(conn, schema, [lease], now_ms, [refund])
+        ]
+    if not leases:
+        return []
+    columns = [*_lease_columns(leases), [int(refund) for refund in refunds]]
+    landed = {row[0] for row in await conn.fetch(sql(schema, "RELEASE_ROWS"), now_ms, *columns)}
+    return [n in landed for n in range(len(leases))]
+
+
+# -- operators ----------------------------------------------------------------------------------------------
+
+
+async def redrive(conn: Connection, schema: str, job_id: str, now_ms: int, deadline_ms: int, note: str) -> Any:
+    """Re-arm a dead job (attempts 0, a fresh deadline) after writing its audit row, which is returned;
+    ``ValueError`` (nothing changes) if it is missing or not dead."""
+    seq, token = await _locked(conn, schema, job_id, DEAD)
+    entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, "redrive", None)
+    await conn.execute(sql(schema, "REDRIVE"), seq, now_ms, deadline_ms)
+    return entry
+
+
+async def cancel(conn: Connection, schema: str, job_id: str, now_ms: int, note: str) -> Any:
+    """Park a pending job as dead (reason ``cancelled``) with an audit row, which is returned; ``ValueError`` if
+    it is missing or not pending."""
+    seq, token = await _locked(conn, schema, job_id, PENDING)
+    entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, "cancel", REASON_CANCELLED)
+    await conn.execute(sql(schema, "CANCEL"), seq, now_ms)
+    return entry
+
+
+async def _locked(conn: Connection, schema: str, job_id: str, status: str) -> tuple[int, int]:
+    """``(seq, token)`` of ``job_id``, its row locked, if it is in ``status``; ``ValueError`` otherwise."""
+    row = await conn.fetchrow(sql(schema, "LOCK_ONE"), job_id)
+    if row is None or row["status"] != status:
+        word = {DEAD: "dead", PENDING: "pending", LEASED: "leased"}[status]
+        raise ValueError(f"job {job_id!r} is {'missing' if row is None else 'not ' + word}")
+    return int(row["seq"]), int(row["token"])

@@ -1,0 +1,146 @@
+"""Enqueue → handler start across processes on PostgreSQL: LISTEN/NOTIFY against the poll-only mode.
+
+A worker process (another "host": its own pool of connections, its own listener) runs an idle ``Pool`` whose
+handler prints when each job starts; this process enqueues one job at a time, with a random pause between them so
+that the worker is idle and waiting each time, and takes the time from the enqueue's return (its commit) to the
+handler's start (both clocks are this machine's). Nine jobs in ten come 20-60 ms after the last, the tenth after
+1.6-3 s, when the idle pool's poll interval has grown to ``poll_max``. The two modes alternate, one worker each, in
+one invocation:
+``wakeups=listen`` (the default) and ``wakeups=poll`` (PgBouncer in transaction mode), where the idle pool's poll
+(``poll_max``, 1 s by default) bounds the wait.
+
+    python benchmarks/postgres_wakeup.py [--jobs 300] [--rounds 2] [--quick]
+
+The server is ``$ASYNCQ_BENCH_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``); the script
+makes a database of its own and drops it. ``--quick`` (a smoke run) writes nothing to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._report import environment, markdown_table, percentile, print_table, verdict, write_section  # noqa: E402
+
+SERVER = os.environ.get("ASYNCQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+TARGET_P99_MS = 50.0
+#: Every tenth job comes after a pause this long (s), random, so that the pool has gone idle (its poll interval at
+#: ``poll_max``) and the job lands anywhere in its wait.
+IDLE_PAUSE = (1.6, 3.0)
+
+
+async def worker(url: str) -> None:
+    """The other host: an idle pool printing ``START <id> <epoch seconds>`` as each handler starts."""
+    from asyncq import Pool, Queue
+
+    async with await Queue.open(url) as queue:
+        pool = Pool(queue, owner=f"bench-{os.getpid()}", concurrency=4)
+
+        async def handle(body: object, context: object) -> None:
+            sys.stdout.write(f"START {getattr(context, 'id', '?')} {time.time():.6f}\n")
+            sys.stdout.flush()
+
+        pool.register("default", handle)
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+        await pool.serve(grace=1)
+
+
+async def measure(url: str, jobs: int, seed: int) -> list[float]:
+    """Latencies (ms) of ``jobs`` enqueues, one at a time, to a worker process on ``url``."""
+    from asyncq import Queue
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--worker", url, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert proc.stdout is not None
+    try:
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"READY"
+        rng = random.Random(seed)
+        latencies: list[float] = []
+        async with await Queue.open(url) as queue:
+            await asyncio.sleep(1.5)  # the pool has gone idle: its poll interval grew to poll_max
+            for n in range(jobs):
+                await queue.enqueue(f"job-{seed}-{n}", {"n": n})
+                committed = time.time()
+                line = (await asyncio.wait_for(proc.stdout.readline(), 30)).split()
+                assert line[0] == b"START", line
+                latencies.append((float(line[2]) - committed) * 1000)
+                await asyncio.sleep(rng.uniform(*IDLE_PAUSE) if n % 10 == 9 else rng.uniform(0.02, 0.06))
+        return latencies
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def run(jobs: int, rounds: int) -> dict[str, list[float]]:
+    import asyncpg
+
+    database = f"asyncq_bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(SERVER)
+    await admin.execute(f"CREATE DATABASE {database}")
+    base = SERVER.rsplit("/", 1)[0] + "/" + database
+    found: dict[str, list[float]] = {"listen": [], "poll": []}
+    try:
+        for round_ in range(rounds):
+            for mode in ("listen", "poll") if round_ % 2 == 0 else ("poll", "listen"):
+                url = f"{base}?schema=bench_{mode}_{round_}&wakeups={mode}"
+                found[mode] += await measure(url, jobs, seed=round_ * 2 + (mode == "poll"))
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        await admin.close()
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200, help="jobs per mode and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 9 jobs (no long pause), one round, no docs")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        asyncio.run(worker(args.worker))
+        return
+    jobs, rounds = (9, 1) if args.quick else (args.jobs, args.rounds)
+    found = asyncio.run(run(jobs, rounds))
+    rows = [
+        (mode, len(values), f"{percentile(values, 50):.1f}", f"{percentile(values, 99):.1f}", f"{max(values):.1f}")
+        for mode, values in found.items()
+    ]
+    ok = percentile(found["listen"], 99) <= TARGET_P99_MS
+    headers = ["wakeups", "jobs", "p50 ms", "p99 ms", "max ms"]
+    title = "enqueue commit -> handler start in another process (PostgreSQL)"
+    print_table(title, headers, rows)
+    print(f"target: listen p99 <= {TARGET_P99_MS:.0f} ms: {verdict(ok)}")
+    if args.quick:
+        return
+    command = f"python benchmarks/postgres_wakeup.py --jobs {jobs} --rounds {rounds}"
+    body = f"""## PostgreSQL wake-ups: enqueue → handler start in another process (`postgres_wakeup`)
+
+`{command}` ({environment()}; PostgreSQL on 127.0.0.1). One job at a time, a worker process
+idle and waiting each time: nine in ten 20-60 ms after the last, the tenth after {IDLE_PAUSE[0]}-{IDLE_PAUSE[1]} s
+(the pool idle); the modes alternate by round in one invocation. `listen`: LISTEN/NOTIFY (one NOTIFY
+per enqueue transaction); `poll`: no LISTEN (PgBouncer in transaction mode), the idle pool polls every
+`poll_max` (1 s) once idle, sooner just after a job (its poll interval doubles from `poll_min`).
+
+{markdown_table(headers, rows)}
+
+Target: `listen` p99 ≤ {TARGET_P99_MS:.0f} ms: **{verdict(ok)}**.
+"""
+    write_section("postgres_wakeup", body)
+
+
+if __name__ == "__main__":
+    main()

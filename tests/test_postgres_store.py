@@ -1,0 +1,432 @@
+"""The PostgreSQL store's own behaviour, on the machine's real server (what the conformance suite cannot say for
+every store): opening by URL, the schema's migration under the advisory lock, the app's own asyncpg transaction
+carrying jobs, ``Queue.transaction()`` with the app's SQL, wake-ups across hosts (one NOTIFY per transaction, a
+lost listener, the poll-only mode), exact counts under concurrent writers, prune in bounded batches, and the URL's
+checks. Each test has a schema of its own in this run's database (``postgres_support``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from postgres_support import execute, queue_url, run_database
+
+from asyncq import Queue
+from asyncq.core.jobs import JobSpec
+from asyncq.errors import Conflict, StoreError
+from asyncq.store.postgres import admin
+from asyncq.store.postgres.connection import parse_url, redact
+from asyncq.store.postgres.queue_store import PostgresQueueStore
+from asyncq.worker.pool import Pool
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("postgres_database")]
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def clock() -> list[int]:
+    return [T0]
+
+
+@pytest.fixture
+async def queue(postgres_url: str, clock: list[int]) -> AsyncIterator[Queue]:
+    async with await Queue.open(postgres_url, clock=lambda: clock[0]) as opened:
+        yield opened
+
+
+async def rows(postgres_url: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
+    try:
+        return [tuple(row) for row in await conn.fetch(statement, *args)]
+    finally:
+        await conn.close()
+
+
+# -- opening ------------------------------------------------------------------------------------------------
+
+
+async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds(
+    postgres_url: str, clock: list[int]
+) -> None:
+    schema = parse_url(postgres_url).schema
+    assert (await Queue.inspect(postgres_url)).kind == "missing"
+    assert (await Queue.inspect(postgres_url)).problem == f"no such queue schema: {postgres_url}"
+    async with await Queue.open(postgres_url, clock=lambda: clock[0]) as queue:
+        assert await queue.enqueue("a", {"n": 1}) is True
+        assert await queue.enqueue("a", {"n": 1}) is False
+        with pytest.raises(Conflict):
+            await queue.enqueue("a", {"n": 2})
+        [ticket] = await queue.claim("w1")
+        assert await queue.finish(ticket, "ok") == "done"
+        found = await queue.describe()
+        assert (found["store"], found["schema"], found["schema_version"]) == ("postgresql", schema, 1)
+        assert found["settings"]["synchronous_commit"] == "on"
+        assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0}
+        with pytest.raises(NotImplementedError, match="pg_dump"):
+            await queue.backup("/tmp/never", force=False)
+    state = await Queue.inspect(postgres_url)
+    assert (state.kind, state.store, state.schema_version, state.problem) == ("queue", "postgresql", 1, None)
+    other = queue_url(run_database(), schema + "_app")
+    await execute(run_database(), f"CREATE SCHEMA {schema}_app")
+    try:
+        assert (await Queue.inspect(other)).kind == "empty"
+        await execute(run_database(), f"CREATE TABLE {schema}_app.orders (id text)")
+        assert (await Queue.inspect(other)).kind == "other"
+        with pytest.raises(StoreError, match="not an asyncq queue"):
+            await Queue.open(other, read_only=True)
+        assert (await Queue.inspect(other)).kind == "other"  # nothing was created
+    finally:
+        await execute(run_database(), f"DROP SCHEMA {schema}_app CASCADE")
+
+
+async def test_hosts_opening_a_new_schema_at_once_migrate_it_once(postgres_url: str) -> None:
+    stores = await asyncio.gather(*(PostgresQueueStore.open(postgres_url) for _ in range(4)))
+    try:
+        schema = parse_url(postgres_url).schema
+        assert await rows(postgres_url, f"SELECT component, version FROM {schema}.versions") == [("queue", 1)]
+        assert [s.capabilities.read_only for s in stores] == [False] * 4
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_a_schema_of_a_newer_asyncq_is_refused_with_nothing_changed(postgres_url: str) -> None:
+    store = await PostgresQueueStore.open(postgres_url)
+    await store.close()
+    schema = parse_url(postgres_url).schema
+    await execute(parse_url(postgres_url).dsn, f"UPDATE {schema}.versions SET version = 99")
+    tables = await rows(postgres_url, "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema)
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="version 99, newer"):
+            await PostgresQueueStore.open(postgres_url, read_only=read_only)
+    assert (
+        await rows(postgres_url, "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema) == tables
+    )
+    assert await rows(postgres_url, f"SELECT version FROM {schema}.versions") == [(99,)]
+
+
+async def test_the_jobs_table_is_set_for_a_hot_table_of_short_lived_rows(queue: Queue, postgres_url: str) -> None:
+    schema = parse_url(postgres_url).schema
+    [(options,)] = await rows(
+        postgres_url, "SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", f"{schema}.jobs"
+    )
+    assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.01" in options
+
+
+def test_urls_are_checked_before_anything_connects_and_shown_without_password() -> None:
+    target = parse_url("postgresql://app:s3cret@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require")
+    assert (target.schema, target.wakeups, target.pool_size) == ("jobs", "poll", 4)
+    assert target.location == "postgresql://app@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require"
+    assert target.dsn == "postgresql://app:s3cret@db.example:6432/prod?sslmode=require"
+    assert "s3cret" not in redact("postgres://u:s3cret@h/db?password=s3cret")
+    bad = {
+        "postgresql://h/db?schema=Jobs": "schema",
+        "postgresql://h/db?schema=pg_x": "schema",
+        "postgresql://h/db?schema=" + "x" * 51: "schema",
+        "postgresql://h/db?schema=a;drop": "schema",
+        "postgresql://h/db?wakeups=sometimes": "wakeups",
+        "postgresql://h/db?pool_size=0": "pool_size",
+        "postgresql://h/db?pool_size=1e3": "pool_size",
+        "postgresql://h/db?schema=a&schema=b": "twice",
+        "postgresql://h:99999/db": "(?i)port",
+    }
+    for text, word in bad.items():
+        with pytest.raises(ValueError, match=word):
+            parse_url(text)
+
+
+async def test_a_url_cannot_lower_the_commit_level_nor_take_a_sqlite_durability(postgres_url: str) -> None:
+    with pytest.raises(ValueError, match="synchronous_commit=on"):
+        await Queue.open(postgres_url, durability="normal")
+    async with await Queue.open(postgres_url + "&synchronous_commit=off") as queue:
+        assert (await queue.describe())["settings"]["synchronous_commit"] == "on"
+
+
+# -- the app's own transaction ------------------------------------------------------------------------------
+
+
+async def test_jobs_enqueued_on_the_apps_connection_commit_and_roll_back_with_its_rows(
+    queue: Queue, postgres_url: str
+) -> None:
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
+    try:
+        await conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES ('o1')")
+            assert await queue.enqueue("mail-o1", {"order": "o1"}, connection=conn) is True
+            assert await queue.get("mail-o1") is None  # not committed yet: other connections do not see it
+        with pytest.raises(RuntimeError, match="declined"):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO orders VALUES ('o2')")
+                await queue.enqueue_many([JobSpec("mail-o2", {"order": "o2"})], connection=conn)
+                raise RuntimeError("payment declined")
+        async with conn.transaction():  # a conflict takes back its own batch only; the app decides the rest
+            await conn.execute("INSERT INTO orders VALUES ('o3')")
+            with pytest.raises(Conflict):
+                await queue.enqueue_many(
+                    [JobSpec("mail-o3", {"order": "o3"}), JobSpec("mail-o1", {"other": 1})], connection=conn
+                )
+            assert await queue.enqueue("mail-o3b", {"order": "o3"}, connection=conn) is True
+        assert [r[0] for r in await conn.fetch("SELECT id FROM orders ORDER BY id")] == ["o1", "o3"]
+    finally:
+        await conn.close()
+    assert [job.id for job in await queue.list_jobs()] == ["mail-o1", "mail-o3b"]
+
+
+async def test_the_apps_connection_without_a_transaction_or_of_another_kind_is_refused(
+    queue: Queue, postgres_url: str, tmp_path: Any
+) -> None:
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
+    try:
+        with pytest.raises(ValueError, match="no transaction open"):
+            await queue.enqueue("a", {}, connection=conn)
+    finally:
+        await conn.close()
+    with pytest.raises(TypeError, match="asyncpg connection"):
+        await queue.enqueue("a", {}, connection=object())
+    async with await Queue.open(tmp_path / "q.db") as sqlite_queue:
+        with pytest.raises(TypeError, match=r"queue\.transaction\(\)"):
+            await sqlite_queue.enqueue("a", {}, connection=conn)
+        assert await sqlite_queue.get("a") is None
+    assert await queue.list_jobs() == []
+
+
+async def test_queue_transaction_runs_the_apps_sql_and_refuses_ending_it(queue: Queue) -> None:
+    async with queue.transaction() as tx:
+        await tx.execute("CREATE TABLE orders (id text PRIMARY KEY, total integer NOT NULL)")
+    async with queue.transaction() as tx:
+        assert await tx.execute("INSERT INTO orders VALUES ($1, $2) RETURNING id", ["o1", 100]) == [("o1",)]
+        assert await tx.enqueue("mail-o1", {"order": "o1"}) is True
+        with pytest.raises(TypeError, match="positional"):
+            await tx.execute("SELECT 1", {"a": 1})
+        for statement in ("COMMIT", " /* c */ commit", "END", "ROLLBACK", "abort", "start transaction", "BEGIN"):
+            with pytest.raises(RuntimeError, match="refused"):
+                await tx.execute(statement)
+        await tx.execute("SAVEPOINT s")
+        await tx.execute("ROLLBACK TO SAVEPOINT s")  # the app's savepoints are its own
+    async with queue.transaction() as tx:
+        assert await tx.execute("SELECT id, total FROM orders") == [("o1", 100)]
+    assert (await queue.get("mail-o1")) is not None
+
+
+# -- wake-ups -----------------------------------------------------------------------------------------------
+
+
+class Listener:
+    """A connection of the test's own listening on the store's channel, counting notifications."""
+
+    def __init__(self, conn: asyncpg.Connection[Any], channel: str) -> None:
+        self.conn, self.channel, self.payloads = conn, channel, []
+
+    @classmethod
+    async def on(cls, postgres_url: str) -> Listener:
+        listener = cls(await asyncpg.connect(parse_url(postgres_url).dsn), f"{parse_url(postgres_url).schema}_wake")
+        await listener.conn.add_listener(listener.channel, lambda *args: listener.payloads.append(args[3]))
+        return listener
+
+    async def count_until_marker(self) -> int:
+        """How many notifications came before a marker sent now (notifications arrive in commit order)."""
+        await self.conn.execute("SELECT pg_notify($1, 'marker')", self.channel)
+        deadline = time.monotonic() + 5
+        while "marker" not in self.payloads:
+            assert time.monotonic() < deadline, "the marker never came"
+            await asyncio.sleep(0.005)
+        count = self.payloads.index("marker")
+        self.payloads.clear()
+        return count
+
+
+async def test_one_notify_per_transaction_whatever_it_enqueues(queue: Queue, postgres_url: str) -> None:
+    listener = await Listener.on(postgres_url)
+    try:
+        await queue.enqueue_many([JobSpec(f"j{n}", {}) for n in range(200)])
+        assert await listener.count_until_marker() == 1
+        async with queue.transaction() as tx:
+            for n in range(5):
+                await tx.enqueue(f"t{n}", {})
+        assert await listener.count_until_marker() == 1
+        await queue.enqueue_many([JobSpec(f"j{n}", {}) for n in range(200)])  # nothing new: nothing to say
+        assert await listener.count_until_marker() == 0
+        tickets = await queue.claim("w1", limit=3)
+        await queue.finish_many([(t, "retry", 0) for t in tickets])  # ready again: one notification
+        assert await listener.count_until_marker() == 1
+    finally:
+        await listener.conn.close()
+
+
+async def test_a_waiter_on_another_host_wakes_at_the_commit_and_a_poll_only_one_does_not(postgres_url: str) -> None:
+    async with (
+        await Queue.open(postgres_url) as producer,
+        await Queue.open(postgres_url) as listening,
+        await Queue.open(postgres_url + "&wakeups=poll") as polling,
+    ):
+        woken = asyncio.create_task(listening.wait_for_rows(10))
+        polled = asyncio.create_task(polling.wait_for_rows(0.5))
+        await asyncio.sleep(0.05)  # both waiters registered
+        started = time.monotonic()
+        await producer.enqueue("a", {})
+        async with asyncio.timeout(2):
+            await woken
+        assert time.monotonic() - started < 2  # a notification, not the 10 s poll
+        assert not polled.done()  # no LISTEN: it learns of other hosts' rows only by polling
+        await polled
+        assert (await polling.describe())["wakeups"] == "poll"
+        local = asyncio.create_task(polling.wait_for_rows(10))
+        await asyncio.sleep(0)
+        await polling.enqueue("b", {})  # its own commits still wake its own waiters at once
+        async with asyncio.timeout(2):
+            await local
+
+
+async def test_a_lost_listener_is_counted_and_waiting_listens_again(postgres_url: str) -> None:
+    async with await Queue.open(postgres_url) as producer, await Queue.open(postgres_url) as worker:
+        store = worker.store
+        assert isinstance(store, PostgresQueueStore) and store.wakeups.listening
+        # Only this test's listener: its database, its channel (other runs may be listening on the same server).
+        await execute(
+            parse_url(postgres_url).dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query = $1 AND pid <> pg_backend_pid()",
+            f'LISTEN "{store.wakeups.channel}"',
+        )
+        deadline = time.monotonic() + 5
+        while store.wakeups.lost == 0:  # the termination callback runs a loop step after the socket closed
+            assert time.monotonic() < deadline, "the listener's loss was never seen"
+            await asyncio.sleep(0.01)
+        assert (store.wakeups.lost, store.wakeups.listening) == (1, False)
+        await worker.wait_for_rows(0.01)  # listens again
+        assert store.wakeups.listening
+        woken = asyncio.create_task(worker.wait_for_rows(10))
+        await asyncio.sleep(0.05)
+        await producer.enqueue("a", {})
+        async with asyncio.timeout(2):
+            await woken
+
+
+# -- counts and prune ---------------------------------------------------------------------------------------
+
+
+async def test_counts_stay_exact_under_concurrent_writers_and_folding_keeps_them(postgres_url: str) -> None:
+    async with await Queue.open(postgres_url) as first, await Queue.open(postgres_url) as second:
+        await first.enqueue_many([JobSpec(f"j{n}", {}, max_attempts=2) for n in range(400)])
+
+        async def work(queue: Queue, owner: str) -> None:
+            seen = 0
+
+            async def handle(body: Any, context: Any) -> None:
+                nonlocal seen
+                seen += 1
+                if seen % 3 == 0:
+                    raise ValueError("every third attempt fails")
+
+            pool = Pool(queue, owner=owner, concurrency=8)
+            pool.register("default", handle)
+            await pool.run(burst=True)
+
+        await asyncio.gather(work(first, "a"), work(second, "b"), work(first, "c"))
+        schema = parse_url(postgres_url).schema
+        truth = dict(await rows(postgres_url, f"SELECT status, count(*) FROM {schema}.jobs GROUP BY status"))
+        stats = await first.stats()
+        assert {k: v for k, v in stats.by_status.items() if v} == truth and sum(truth.values()) == 400
+        assert stats.dead_by_reason == dict(
+            await rows(
+                postgres_url, f"SELECT reason, count(*) FROM {schema}.jobs WHERE status = 'dead' GROUP BY reason"
+            )
+        )
+    async with await Queue.open(postgres_url) as third:  # opening folds the counters of the backends that are gone
+        backends = await rows(postgres_url, f"SELECT DISTINCT backend FROM {schema}.counts")
+        assert (0,) in backends and len(backends) <= 3
+        assert {k: v for k, v in (await third.stats()).by_status.items() if v} == truth
+
+
+async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(
+    queue: Queue, clock: list[int], postgres_url: str
+) -> None:
+    total = admin.PRUNE_BATCH_ROWS * 2 + 500
+    await queue.enqueue_many([JobSpec(f"j{n:05d}", {}) for n in range(total)])
+    while tickets := await queue.claim("w1", limit=1000):
+        await queue.finish_many([(t, "ok", 0) for t in tickets])
+    await queue.enqueue("kept", {})
+    clock[0] += 10
+    assert (await queue.prunable(0.005))[0] == {"done": total, "dead": 0}
+    done = await queue.prune(0.005)
+    assert (done["deleted"], done["batches"], done["vacuum"]) == (total, 4, "autovacuum")
+    assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0}
+    schema = parse_url(postgres_url).schema
+    assert await rows(postgres_url, f"SELECT id FROM {schema}.jobs") == [("kept",)]
+
+
+async def test_a_notification_while_no_task_waits_ends_the_next_wait_at_once(postgres_url: str) -> None:
+    async with await Queue.open(postgres_url) as producer, await Queue.open(postgres_url) as worker:
+        store = worker.store
+        assert isinstance(store, PostgresQueueStore)
+        before = store.wakeups.received
+        await producer.enqueue("a", {})  # the worker is busy elsewhere: nobody waits when this arrives
+        deadline = time.monotonic() + 5
+        while store.wakeups.received == before:
+            assert time.monotonic() < deadline, "the notification never came"
+            await asyncio.sleep(0.005)
+        started = time.monotonic()
+        await worker.wait_for_rows(10)
+        assert time.monotonic() - started < 1  # not the 10 s poll: the job is claimed at once
+        assert [t.id for t in await worker.claim("w1")] == ["a"]
+
+
+@pytest.mark.timeout(120)
+def test_the_wakeup_benchmark_runs_quick_and_writes_no_docs(tmp_path: Any) -> None:
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    docs = root / "docs" / "benchmarks.md"
+    before = hashlib.sha256(docs.read_bytes()).hexdigest()
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "postgres_wakeup.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root), "ASYNCQ_BENCH_POSTGRES": run_database()},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "enqueue commit -> handler start in another process" in done.stdout and "met" in done.stdout
+    assert hashlib.sha256(docs.read_bytes()).hexdigest() == before
+
+
+async def test_the_dashboard_and_the_metrics_read_a_postgresql_queue_unchanged(
+    queue: Queue, postgres_url: str, clock: list[int]
+) -> None:
+    import aiohttp
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from asyncq.web.dashboard import make_dashboard_app
+    from asyncq.web.metrics import QueueCollector
+
+    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("c", 3)])
+    [ticket] = await queue.claim("w1")
+    await queue.finish(ticket, "permanent")
+    app = make_dashboard_app(postgres_url, token="t" * 16, clock=lambda: clock[0], sample_seconds=3600)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        async with aiohttp.ClientSession() as session, session.get(base) as response:
+            page = await response.text()
+        assert response.status == 200
+        assert 'id="count-pending">2<' in page and 'id="count-dead">1<' in page and "permanent" in page
+    finally:
+        await runner.cleanup()
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(postgres_url, clock=lambda: clock[0]))
+    text = (await asyncio.to_thread(generate_latest, registry)).decode()
+    assert 'asyncq_jobs{status="pending"} 2.0' in text and 'asyncq_dead_jobs{reason="permanent"} 1.0' in text
