@@ -55,11 +55,15 @@ class MovableClock:
 
 
 @asynccontextmanager
-async def temporary_queue(*, clock: MovableClock | None = None, **options: Any) -> AsyncIterator[Queue]:
-    """A queue on a new SQLite file in a temporary directory (removed on exit), its clock a ``MovableClock``
+async def temporary_queue(
+    location: str | None = None, *, clock: MovableClock | None = None, **options: Any
+) -> AsyncIterator[Queue]:
+    """A queue on a new SQLite file in a temporary directory (removed on exit), or at ``location`` (a store URL
+    such as a fresh ``postgresql://`` schema, which the caller drops), its clock a ``MovableClock``
     (``queue_clock(queue)``); ``options`` are ``Queue.open``'s. Fixture-friendly: ``yield`` from it."""
     with tempfile.TemporaryDirectory(prefix="asyncq-test-") as directory:
-        queue = await Queue.open(Path(directory) / "queue.db", clock=clock or MovableClock(), **options)
+        where = Path(directory) / "queue.db" if location is None else location
+        queue = await Queue.open(where, clock=clock or MovableClock(), **options)
         async with queue:
             yield queue
 
