@@ -71,7 +71,12 @@ async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds
         with pytest.raises(NotImplementedError, match="pg_dump"):
             await queue.backup("/tmp/never", force=False)
     state = await Queue.inspect(postgres_url)
-    assert (state.kind, state.store, state.schema_version, state.problem) == ("queue", "postgresql", 1, None)
+    assert (state.kind, state.store, state.schema_version, state.problem) == (
+        "queue",
+        "postgresql",
+        PG_SCHEMA_VERSION,
+        None,
+    )
     other = queue_url(run_database(), schema + "_app")
     await execute(run_database(), f"CREATE SCHEMA {schema}_app")
     try:
