@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
@@ -19,6 +20,7 @@ from asyncq.core.limits import DEFAULT_MAX_ATTEMPTS
 from asyncq.core.values import Duration, check_identifier
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
+from asyncq.tasks.asgi import Lifespan, lifespan
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
 from asyncq.worker.context import JobContext
@@ -138,6 +140,11 @@ class App:
         for name in self.queues if queues is None else queues:
             pool.register(check_identifier(name, "queue"), dispatcher)
         return pool
+
+    def lifespan(self, location: str | os.PathLike[str], **options: Any) -> Lifespan:
+        """An ASGI lifespan (FastAPI, Starlette) that opens the queue and runs a worker: see
+        ``asyncq.tasks.asgi.lifespan``."""
+        return lifespan(self, location, **options)
 
     async def run_worker(
         self, queue: Queue, *, queues: Iterable[str] | None = None, concurrency: int = 16, burst: bool = False,

@@ -123,6 +123,10 @@ class Task(Generic[P, R]):
         ``enqueue_sync``); the job's id."""
         return Deferral(self, self.options).defer_sync(con, *args, **kwargs)
 
+    def job(self, queue: Queue, job_id: str) -> TaskJob[R]:
+        """A handle on a job of this task deferred earlier (by id), e.g. to await its ``result()`` elsewhere."""
+        return TaskJob(check_identifier(job_id, "job_id"), self.name, queue, self.arguments.returns, False)
+
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The job body of a call: ``{"task": name, "args": {…}}`` (``InvalidArguments`` if it does not fit)."""
         return {"task": self.name, "args": self.arguments.dump(args, kwargs)}
