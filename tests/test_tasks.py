@@ -232,7 +232,10 @@ async def test_a_job_that_no_longer_fits_its_task_is_refused_as_permanent_with_t
     await queue.enqueue("old", {"task": "send_email", "args": {"to": "a@b.example", "cc": 1}}, queue="emails")
     await queue.enqueue("gone", {"task": "no_such_task", "args": {}}, queue="emails")
     ran = await drain(app, queue)
-    assert calls == [] and [r.job_id for r in ran] == ["old"]
+    assert calls == [] and sorted((r.job_id, r.task, r.ok) for r in ran) == [
+        ("gone", "no_such_task", False),
+        ("old", "send_email", False),
+    ]
     old, gone = await queue.get("old"), await queue.get("gone")
     assert old is not None and old.status == "dead" and old.reason == "permanent" and old.attempts == 1
     assert old.last_error is not None and "cc: unexpected argument" in old.last_error.message
@@ -279,3 +282,17 @@ async def test_open_is_one_async_with_and_closes_the_queue(tmp_path: Any) -> Non
         await queue.stats()
     async with asyncq.open(tmp_path / "q.db") as queue:
         assert (await queue.stats()).by_status.get("pending") == 1
+
+
+def test_the_labs_and_a_bare_import_load_no_pydantic() -> None:
+    """``import asyncq.lab.lease`` stays standard-library only, and ``import asyncq`` loads the task layer (and
+    pydantic, opentelemetry) only when a task name is first used."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, asyncq.lab.lease, asyncq; assert 'pydantic' not in sys.modules, 'lab';"
+        " assert 'asyncq.tasks' not in sys.modules, 'bare'; asyncq.App; assert 'pydantic' in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -23,8 +24,11 @@ from asyncq.queue import Queue
 from asyncq.tasks.asgi import Lifespan, lifespan
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
+from asyncq.tasks.tracing import Tracing
 from asyncq.worker.context import JobContext
 from asyncq.worker.pool import Pool
+
+log = logging.getLogger("asyncq.tasks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -68,8 +72,11 @@ class Ran:
 class App:
     """A registry of tasks by name; ``run_worker`` works their queues."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tracer_provider: Any = None) -> None:
+        """``tracer_provider``: the OpenTelemetry provider for its spans (default the global one; extra
+        ``asyncq[otel]``, see ``asyncq.tasks.tracing``)."""
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.tracing = Tracing(tracer_provider)
 
     @overload
     def task(self, function: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
@@ -165,40 +172,65 @@ class Dispatcher:
         self.ran = ran
 
     async def __call__(self, body: Any, context: JobContext) -> Any:
-        task = self._task(body)
-        try:
-            args, kwargs = task.arguments.load(body.get("args"))
-        except InvalidArguments as error:
-            raise self._record(context, task.name, Permanent(f"job does not fit task {error}")) from error
+        task = self._task(body, context)
         token = _current.set(TaskContext(self.queue, context, task.name))
         try:
-            if task.timeout is None:
-                value = await task.function(*args, **kwargs)
-            else:
-                async with asyncio.timeout(task.timeout):
-                    value = await task.function(*args, **kwargs)
+            with self.app.tracing.attempt(task.name, body, context.id, context.queue, context.attempt):
+                value = await self._call(task, body)
+                stored = stored_result(task.arguments.returns, value, task.result_ttl)
         except Exception as error:
             self._record(context, task.name, error)
             raise
         finally:
             _current.reset(token)
-        try:
-            stored = stored_result(task.arguments.returns, value, task.result_ttl)
-        except Permanent as error:
-            self._record(context, task.name, error)
-            raise
         if self.ran is not None:
             self.ran.append(Ran(context.id, task.name, context.attempt, value))
+        log.debug("task %s ran job %s", task.name, context.id, extra=fields(context, task.name, "ok"))
         return stored  # the pool keeps it with the job, in the commit of the finish
 
-    def _task(self, body: Any) -> Task[Any, Any]:
+    async def _call(self, task: Task[Any, Any], body: dict[str, Any]) -> Any:
+        try:
+            args, kwargs = task.arguments.load(body.get("args"))
+        except InvalidArguments as error:
+            raise Permanent(f"job does not fit task {error}") from error
+        if task.timeout is None:
+            return await task.function(*args, **kwargs)
+        async with asyncio.timeout(task.timeout):
+            return await task.function(*args, **kwargs)
+
+    def _task(self, body: Any, context: JobContext) -> Task[Any, Any]:
         name = body.get("task") if isinstance(body, dict) else None
         task = self.app.tasks.get(name) if isinstance(name, str) else None
         if task is None:
-            raise Permanent(f"no task named {name!r} in this app (the body is not a task's job, or the task is gone)")
+            error = Permanent(f"no task named {name!r} in this app (the body is not a task's job, or the task is gone)")
+            self._record(context, str(name), error)
+            raise error
         return task
 
-    def _record(self, context: JobContext, task: str, error: Exception) -> Exception:
+    def _record(self, context: JobContext, task: str, error: Exception) -> None:
         if self.ran is not None:
             self.ran.append(Ran(context.id, task, context.attempt, error=error))
-        return error
+        outcome = "permanent" if isinstance(error, Permanent) else "error"
+        log.info("task %s failed job %s: %r", task, context.id, error, extra=fields(context, task, outcome))
+
+
+def fields(context: JobContext, task: str, outcome: str | None) -> dict[str, Any]:
+    """The structured fields of a task's log records (``extra=``): a JSON formatter shows them."""
+    return {"job_id": context.id, "task": task, "queue": context.queue, "attempt": context.attempt, "outcome": outcome}
+
+
+class TaskLogFilter(logging.Filter):
+    """Add ``job_id``, ``task``, ``queue``, ``attempt`` (and ``outcome``: ``None`` while running) to every record
+    logged while a task runs, the task's own included: ``handler.addFilter(TaskLogFilter())``. Records outside a
+    task get ``None`` for each, so a format string may name them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        running = _current.get(None)
+        found = fields(running.job, running.task, None) if running is not None else dict.fromkeys(FIELDS)
+        for name, value in found.items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+FIELDS = ("job_id", "task", "queue", "attempt", "outcome")

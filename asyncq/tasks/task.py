@@ -145,7 +145,12 @@ class Deferral(Generic[P, R]):
             raise TypeError(f"defer needs a Queue or a queue's Transaction, not {type(target).__name__}")
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
-        added = await target.enqueue(job_id, body, **self.options.enqueue_options())
+        with self.task.app.tracing.deferring(
+            self.task.name, self.options.queue, body, self.options.key is None
+        ) as span:
+            if span is not None:
+                span.set_attribute("messaging.message.id", job_id)
+            added = await target.enqueue(job_id, body, **self.options.enqueue_options())
         queue = target if isinstance(target, Queue) else target.queue
         return TaskJob(job_id, self.task.name, queue, self.task.arguments.returns, added)
 
@@ -155,5 +160,10 @@ class Deferral(Generic[P, R]):
 
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
-        enqueue_body(con, job_id, body, self.options.enqueue_options())
+        with self.task.app.tracing.deferring(
+            self.task.name, self.options.queue, body, self.options.key is None
+        ) as span:
+            if span is not None:
+                span.set_attribute("messaging.message.id", job_id)
+            enqueue_body(con, job_id, body, self.options.enqueue_options())
         return job_id
