@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import os
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -15,6 +12,7 @@ from typing import Any
 from asyncq.cli import output as out
 from asyncq.cli.commands import Report, report, writing
 from asyncq.cli.errors import CliError, UsageError
+from asyncq.cli.work import load_object
 from asyncq.tasks.app import App
 
 
@@ -23,12 +21,7 @@ def load_app(spec: str) -> App:
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise UsageError(f"the app must be module:attribute, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        app = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as error:
-        raise CliError(f"cannot load the app {spec}: {error}") from None
+    app = load_object(spec, module_name, name, "app")
     if not isinstance(app, App):
         raise CliError(f"{spec} is not an asyncq.App but a {type(app).__name__}")
     if not app.tasks:

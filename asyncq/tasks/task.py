@@ -7,7 +7,8 @@ pydantic checks them again at run time (``asyncq.tasks.arguments``) before anyth
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -145,11 +146,7 @@ class Deferral(Generic[P, R]):
             raise TypeError(f"defer needs a Queue or a queue's Transaction, not {type(target).__name__}")
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
-        with self.task.app.tracing.deferring(
-            self.task.name, self.options.queue, body, self.options.key is None
-        ) as span:
-            if span is not None:
-                span.set_attribute("messaging.message.id", job_id)
+        with self._traced(body, job_id):
             added = await target.enqueue(job_id, body, **self.options.enqueue_options())
         queue = target if isinstance(target, Queue) else target.queue
         return TaskJob(job_id, self.task.name, queue, self.task.arguments.returns, added)
@@ -160,10 +157,16 @@ class Deferral(Generic[P, R]):
 
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
+        with self._traced(body, job_id):
+            enqueue_body(con, job_id, body, self.options.enqueue_options())
+        return job_id
+
+    @contextmanager
+    def _traced(self, body: dict[str, Any], job_id: str) -> Iterator[None]:
+        """The deferral's span (``asyncq.tasks.tracing``); a keyed job's body carries no trace context."""
         with self.task.app.tracing.deferring(
             self.task.name, self.options.queue, body, self.options.key is None
         ) as span:
             if span is not None:
                 span.set_attribute("messaging.message.id", job_id)
-            enqueue_body(con, job_id, body, self.options.enqueue_options())
-        return job_id
+            yield
