@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from postgres_support import fresh_schema
 from pydantic import BaseModel
 
 import asyncq
@@ -82,10 +83,23 @@ ORDER = Order(
 )
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Each store (PostgreSQL's tests skip, or fail under CI, when the server does not answer)."""
+    if request.param == "postgresql":
+        request.getfixturevalue("postgres_database")
+    return str(request.param)
+
+
 @pytest.fixture
-async def queue() -> AsyncIterator[asyncq.Queue]:
+async def queue(store_kind: str) -> AsyncIterator[asyncq.Queue]:
+    """A temporary queue of the store: a SQLite file, or a fresh PostgreSQL schema dropped after the test."""
     calls.clear()
-    async with temporary_queue() as opened:
+    if store_kind == "sqlite":
+        async with temporary_queue() as opened:
+            yield opened
+        return
+    async with fresh_schema() as (url, _schema), temporary_queue(url) as opened:
         yield opened
 
 
