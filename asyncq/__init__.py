@@ -13,23 +13,27 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.core.jobs import Job, JobSpec, Ticket
     from asyncq.delivery.fake import FakeTransport
     from asyncq.delivery.http import HttpTransport
-    from asyncq.errors import AsyncqError, BadAck, Conflict, Permanent, Retryable
+    from asyncq.errors import AsyncqError, BadAck, Conflict, InvalidArguments, JobFailed, Permanent, Retryable
     from asyncq.inbox import Inbox
     from asyncq.outbox import Outbox, Relay
     from asyncq.queue import Queue
     from asyncq.store.sqlite.sync import enqueue_sync
+    from asyncq.tasks import App, Task, TaskJob, open
     from asyncq.worker.context import JobContext, deliver_with
     from asyncq.worker.pool import Pool
 
 __all__ = [
+    "App",
     "AsyncqError",
     "BadAck",
     "Conflict",
     "FakeTransport",
     "HttpTransport",
     "Inbox",
+    "InvalidArguments",
     "Job",
     "JobContext",
+    "JobFailed",
     "JobSpec",
     "Outbox",
     "Permanent",
@@ -38,20 +42,26 @@ __all__ = [
     "Relay",
     "RetryPolicy",
     "Retryable",
+    "Task",
+    "TaskJob",
     "Ticket",
     "deliver_with",
     "enqueue_sync",
+    "open",
 ]
 
 _WHERE = {
+    "App": "asyncq.tasks",
     "AsyncqError": "asyncq.errors",
     "BadAck": "asyncq.errors",
     "Conflict": "asyncq.errors",
     "FakeTransport": "asyncq.delivery.fake",
     "HttpTransport": "asyncq.delivery.http",
     "Inbox": "asyncq.inbox",
+    "InvalidArguments": "asyncq.errors",
     "Job": "asyncq.core.jobs",
     "JobContext": "asyncq.worker.context",
+    "JobFailed": "asyncq.errors",
     "JobSpec": "asyncq.core.jobs",
     "Outbox": "asyncq.outbox",
     "Permanent": "asyncq.errors",
@@ -60,9 +70,12 @@ _WHERE = {
     "Relay": "asyncq.outbox",
     "RetryPolicy": "asyncq.core.backoff",
     "Retryable": "asyncq.errors",
+    "Task": "asyncq.tasks",
+    "TaskJob": "asyncq.tasks",
     "Ticket": "asyncq.core.jobs",
     "deliver_with": "asyncq.worker.context",
     "enqueue_sync": "asyncq.store.sqlite.sync",
+    "open": "asyncq.tasks",
 }
 
 

@@ -2,6 +2,8 @@
 
     AsyncqError
     ├── Conflict     same id, different payload (enqueue, accept, receive)
+    ├── InvalidArguments   (also a ValueError) a task's arguments do not fit its signature; names each field
+    ├── JobFailed    ``TaskJob.result()``: the job ended dead; carries its stored error
     ├── Retryable    a handler or transport asks for another attempt later
     ├── Permanent    a handler or transport says another attempt cannot help
     ├── BadAck       an answer that is not evidence of completion
@@ -25,6 +27,29 @@ class AsyncqError(Exception):
 
 class Conflict(AsyncqError):
     """The id already exists with a different payload."""
+
+
+class InvalidArguments(AsyncqError, ValueError):
+    """A task's arguments do not fit its signature: ``problems`` holds ``(field, message)`` for each bad one
+    (``field`` is the parameter, with a dotted path into a model or dataclass)."""
+
+    def __init__(self, task: str, problems: list[tuple[str, str]]) -> None:
+        self.task = task
+        self.problems = problems
+        super().__init__(f"{task}: " + "; ".join(f"{field}: {message}" for field, message in problems))
+
+
+class JobFailed(AsyncqError):
+    """A task's job ended dead, so it has no result: ``job_id``, its dead ``reason`` and the newest failed
+    attempt's error as stored (``error_type``, ``error_message``; ``None`` when no attempt failed)."""
+
+    def __init__(self, job_id: str, reason: str | None, error_type: str | None, error_message: str | None) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        self.error_type = error_type
+        self.error_message = error_message
+        cause = f": {error_type}: {error_message}" if error_type is not None else ""
+        super().__init__(f"job {job_id} ended dead ({reason}){cause}")
 
 
 class Retryable(AsyncqError):

@@ -9,6 +9,8 @@ handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (docs/architectu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -31,9 +33,10 @@ from asyncq.core.jobs import (
     Job,
     JobSpec,
     Settled,
+    StoredResult,
     Ticket,
 )
-from asyncq.core.lifecycle import OUTCOMES, STATUSES
+from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats
 from asyncq.core.values import (
@@ -51,8 +54,13 @@ from asyncq.store.port.queue import JobFilter, QueueStore, StoreState, StoreTran
 
 log = logging.getLogger("asyncq.queue")
 
-#: A finished attempt: ``(ticket, outcome, delay_ms)``, or with the attempt's error as a fourth member.
-Result = tuple[Ticket, str, int] | tuple[Ticket, str, int, BaseException | ErrorText | None]
+#: A finished attempt: ``(ticket, outcome, delay_ms)``, or with the attempt's error as a fourth member, and what a
+#: task returned (kept if the finish lands as ``done``) as a fifth.
+Result = (
+    tuple[Ticket, str, int]
+    | tuple[Ticket, str, int, BaseException | ErrorText | None]
+    | tuple[Ticket, str, int, BaseException | ErrorText | None, StoredResult | None]
+)
 
 
 class Transaction:
@@ -62,6 +70,11 @@ class Transaction:
     def __init__(self, queue: Queue, inner: StoreTransaction) -> None:
         self._queue = queue
         self._inner = inner
+
+    @property
+    def queue(self) -> Queue:
+        """The queue this transaction belongs to."""
+        return self._queue
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
         """Run one statement of the app's own and return its rows, in the store's dialect (SQLite: ``?`` or
@@ -81,6 +94,7 @@ class Queue(StoreFacade[QueueStore]):
     def __init__(self, store: QueueStore, clock: Clock = wall_clock_ms, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         super().__init__(store, clock)
         self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
+        self._ended = asyncio.Event()  # set (and replaced) when a finish in this process ends a job
 
     @classmethod
     async def open(
@@ -190,7 +204,7 @@ class Queue(StoreFacade[QueueStore]):
         items = [_finish_item(*result) for result in _results(results)]
         if not items:
             return []
-        return await self.store.finish(items, self.now())
+        return self._note_ends(await self.store.finish(items, self.now()))
 
     async def settle_and_claim(
         self,
@@ -228,9 +242,25 @@ class Queue(StoreFacade[QueueStore]):
         if start_now is not None:
             check_int(start_now, "start_now", 0, MAX_BATCH)
         begun = [_ticket(ticket) for ticket in started]
-        return await self.store.settle_and_claim(
+        settled = await self.store.settle_and_claim(
             items, self.now(), owner, lease_ms, checked, total, start_now=start_now, started=begun
         )
+        self._note_ends(settled.statuses)
+        return settled
+
+    def _note_ends(self, statuses: list[str | None]) -> list[str | None]:
+        """Wake ``wait_for_end`` callers if one of these finishes ended a job (done or dead)."""
+        if DONE in statuses or DEAD in statuses:
+            ended, self._ended = self._ended, asyncio.Event()
+            ended.set()
+        return statuses
+
+    async def wait_for_end(self, timeout: float) -> None:
+        """Return when a finish in this process ends a job, or after ``timeout`` seconds (the fallback for jobs
+        that end in another process, or by the sweep)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._ended.wait()
 
     async def extend(
         self, ticket: Ticket, *, lease: Duration | None = None, lease_ms: int | None = None
@@ -347,9 +377,11 @@ class Queue(StoreFacade[QueueStore]):
     async def prune(
         self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
     ) -> dict[str, Any]:
-        """Delete the done/dead jobs that ended longer than ``older_than`` seconds ago (audit rows stay)."""
+        """Delete the done/dead jobs that ended longer than ``older_than`` seconds ago (audit rows stay), with their
+        tasks' results, and every result kept past its task's retention (its job stays until its own prune)."""
         cutoff = self._cutoff(older_than)
-        return await self.store.prune(cutoff, _prune_statuses(statuses), vacuum=_flag(vacuum, "vacuum"))
+        checked = _prune_statuses(statuses)
+        return await self.store.prune(cutoff, checked, vacuum=_flag(vacuum, "vacuum"), now_ms=self.now())
 
     async def backup(self, target: str, *, force: bool = False) -> dict[str, Any]:
         """An online, checked copy of the store at ``target`` (stores with ``capabilities.backup``)."""
@@ -416,12 +448,18 @@ def _ticket(ticket: object) -> Ticket:
 
 def _results(results: Sequence[Result]) -> Sequence[Result]:
     for result in results:
-        if type(result) is not tuple or len(result) not in (3, 4):
-            raise TypeError("results must be (ticket, outcome, delay_ms[, error]) tuples")
+        if type(result) is not tuple or len(result) not in (3, 4, 5):
+            raise TypeError("results must be (ticket, outcome, delay_ms[, error[, result]]) tuples")
     return results
 
 
-def _finish_item(ticket: Ticket, outcome: str, delay_ms: int, error: BaseException | ErrorText | None = None) -> Finish:
+def _finish_item(
+    ticket: Ticket,
+    outcome: str,
+    delay_ms: int,
+    error: BaseException | ErrorText | None = None,
+    result: StoredResult | None = None,
+) -> Finish:
     if (  # what a pool sends, checked in one expression (a group commit checks every job's result)
         type(ticket) is Ticket
         and type(outcome) is str
@@ -429,16 +467,21 @@ def _finish_item(ticket: Ticket, outcome: str, delay_ms: int, error: BaseExcepti
         and type(delay_ms) is int
         and 0 <= delay_ms <= MAX_TTL_MS
         and (error is None or type(error) is ErrorText)
+        and (result is None or type(result) is StoredResult)
     ):
-        return tuple.__new__(Finish, (ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted))
+        return tuple.__new__(
+            Finish, (ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted, result)
+        )
     _ticket(ticket)
+    if result is not None and type(result) is not StoredResult:
+        raise TypeError(f"result must be a StoredResult, not {type(result).__name__}")
     check_choice(outcome, "outcome", OUTCOMES)
     check_int(delay_ms, "delay_ms", 0, MAX_TTL_MS)
     if isinstance(error, BaseException):
         error = error_text(error)
     elif error is not None and type(error) is not ErrorText:
         raise TypeError(f"error must be an exception, not {type(error).__name__}")
-    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted)
+    return Finish(ticket.id, ticket.fence, outcome, delay_ms, ticket.held, error, ticket.counted, result)
 
 
 _OUTCOME_VALUES = frozenset(outcome.value for outcome in OUTCOMES)

@@ -107,7 +107,8 @@ def test_the_postgres_quickstart_runs_twice_and_is_the_readmes(postgres_database
         'await queue.enqueue("ship-order-1", {"order": "order-1"}, connection=conn)',
     ):
         assert line in readme, line
-    for line in readme.split("```python")[2].split("```")[0].strip().splitlines()[2:]:
+    block = next(b for b in readme.split("```python")[1:] if 'Queue.open("postgresql://' in b.split("```")[0])
+    for line in block.split("```")[0].strip().splitlines()[2:]:
         assert line.strip().split("  #")[0] in example, line
 
 
@@ -119,3 +120,18 @@ async def _rows(url: str, statement: str) -> list[tuple[object, ...]]:
         return [tuple(row) for row in await conn.fetch(statement)]
     finally:
         await conn.close()
+
+
+def test_the_readme_tasks_quickstart_is_the_tasks_example() -> None:
+    """The README's tasks quick start says what examples/tasks.py runs (tests/test_task_results.py runs it)."""
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "tasks.py").read_text()
+    for line in (
+        "app = asyncq.App()",
+        '@app.task(queue="emails", max_attempts=5, timeout=30.0)',
+        "async def send_email(to: str, subject: str, *, urgent: bool = False) -> Receipt:",
+        'job = await send_email.defer(queue, to="a@b.example", subject="hi")',
+        "app.run_worker(queue, concurrency=16)",
+        "receipt = await job.result(timeout=10.0)",
+    ):
+        assert line in readme and line in example, line

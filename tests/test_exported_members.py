@@ -9,14 +9,17 @@ import asyncq
 pytestmark = pytest.mark.timeout(30)
 
 EXPECTED = [
+    "App",
     "AsyncqError",
     "BadAck",
     "Conflict",
     "FakeTransport",
     "HttpTransport",
     "Inbox",
+    "InvalidArguments",
     "Job",
     "JobContext",
+    "JobFailed",
     "JobSpec",
     "Outbox",
     "Permanent",
@@ -25,9 +28,12 @@ EXPECTED = [
     "Relay",
     "RetryPolicy",
     "Retryable",
+    "Task",
+    "TaskJob",
     "Ticket",
     "deliver_with",
     "enqueue_sync",
+    "open",
 ]
 
 

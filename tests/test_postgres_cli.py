@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from cli_support import run_cli, run_json, run_many
 
+from asyncq.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
+
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("postgres_database")]
 
 
@@ -17,7 +19,11 @@ def test_the_commands_work_on_a_postgresql_url(postgres_url: str, tmp_path: Path
     assert missing.stderr.count("\n") == 1 and "not an asyncq queue" in missing.stderr
     assert "no such queue schema" in run_cli("enqueue", "--db", postgres_url, "a", "{}", cwd=tmp_path).stderr
     created = run_json("init", "--db", postgres_url, cwd=tmp_path)
-    assert (created["action"], created["store"], created["schema_version"]) == ("created", "postgresql", 1)
+    assert (created["action"], created["store"], created["schema_version"]) == (
+        "created",
+        "postgresql",
+        PG_SCHEMA_VERSION,
+    )
     assert run_json("init", "--db", postgres_url, cwd=tmp_path)["action"] == "checked"
     lines = "".join(f'{{"id": "j{n}", "body": {{"n": {n}}}}}\n' for n in range(5))
     assert run_json("enqueue", "--db", postgres_url, cwd=tmp_path, stdin=lines)["added"] == 5

@@ -21,6 +21,7 @@ from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres import admin
 from asyncq.store.postgres.connection import parse_url, redact
 from asyncq.store.postgres.queue_store import PostgresQueueStore
+from asyncq.store.postgres.schema import SCHEMA_VERSION as PG_SCHEMA_VERSION
 from asyncq.worker.pool import Pool
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("postgres_database")]
@@ -64,13 +65,18 @@ async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds
         [ticket] = await queue.claim("w1")
         assert await queue.finish(ticket, "ok") == "done"
         found = await queue.describe()
-        assert (found["store"], found["schema"], found["schema_version"]) == ("postgresql", schema, 1)
+        assert (found["store"], found["schema"], found["schema_version"]) == ("postgresql", schema, PG_SCHEMA_VERSION)
         assert found["settings"]["synchronous_commit"] == "on"
         assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0}
         with pytest.raises(NotImplementedError, match="pg_dump"):
             await queue.backup("/tmp/never", force=False)
     state = await Queue.inspect(postgres_url)
-    assert (state.kind, state.store, state.schema_version, state.problem) == ("queue", "postgresql", 1, None)
+    assert (state.kind, state.store, state.schema_version, state.problem) == (
+        "queue",
+        "postgresql",
+        PG_SCHEMA_VERSION,
+        None,
+    )
     other = queue_url(run_database(), schema + "_app")
     await execute(run_database(), f"CREATE SCHEMA {schema}_app")
     try:
@@ -88,7 +94,9 @@ async def test_hosts_opening_a_new_schema_at_once_migrate_it_once(postgres_url: 
     stores = await asyncio.gather(*(PostgresQueueStore.open(postgres_url) for _ in range(4)))
     try:
         schema = parse_url(postgres_url).schema
-        assert await rows(postgres_url, f"SELECT component, version FROM {schema}.versions") == [("queue", 1)]
+        assert await rows(postgres_url, f"SELECT component, version FROM {schema}.versions") == [
+            ("queue", PG_SCHEMA_VERSION)
+        ]
         assert [s.capabilities.read_only for s in stores] == [False] * 4
     finally:
         for store in stores:

@@ -26,10 +26,11 @@ from conformance.support import ALL, T0, claim, new, outcome, stats_of
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from asyncq.core.jobs import Finish, Ticket
+from asyncq.core.jobs import Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.errors import Conflict
 from asyncq.store.port.queue import JobFilter
+from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.queue_store import SqliteQueueStore
 from asyncq.store.sqlite.schema import RECOUNT
 
@@ -129,7 +130,7 @@ async def run(h: History, step: tuple[Any, ...]) -> None:
         _, k, result, delay = step
         ticket = h.pick(k, h.tickets + h.ahead)  # a job claimed ahead is finished with its attempt counted then
         finish = outcome(ticket, result, delay)
-        await store.finish([finish if ticket.counted else Finish(*finish[:-1], counted=False)], now)
+        await store.finish([finish if ticket.counted else finish._replace(counted=False)], now)
     elif kind == "extend" and h.tickets:
         ticket = h.pick(step[1], h.tickets)
         [fence] = await store.extend([(ticket.id, ticket.fence)], now, 5_000)
@@ -266,7 +267,7 @@ def test_the_version_5_migration_counts_the_rows_of_a_version_4_file_once(tmp_pa
     asyncio.run(scenario())
     assert_counts_kept(path)
     with contextlib.closing(sqlite3.connect(path)) as con:
-        assert con.execute("PRAGMA user_version").fetchone() == (5,)
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         kept = con.execute(KEPT_COUNTS).fetchall()
         for statement in RECOUNT:  # counting again from the rows gives the same cells
             con.execute(statement)

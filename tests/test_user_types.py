@@ -35,9 +35,44 @@ async def main() -> None:
 """
 
 
-def test_mypy_strict_reports_each_misuse_of_the_public_api(tmp_path: Path) -> None:
+TASKS_SCRIPT = """\
+import sqlite3
+
+import asyncq
+
+app = asyncq.App()
+
+
+@app.task(queue="emails", max_attempts=5, timeout=30.0)
+async def send_email(to: str, subject: str, *, urgent: bool = False) -> int:
+    return len(subject)
+
+
+async def main(con: sqlite3.Connection) -> None:
+    async with asyncq.open("app.db") as queue:
+        job = await send_email.defer(queue, to="a@b.example", subject="hi")
+        count: int = await job.result(timeout=1.0)
+        await send_email.defer(queue, to=42, subject="hi")  # MISUSE: to-int
+        await send_email.defer(queue, to="a@b.example")  # MISUSE: subject-missing
+        await send_email.defer(queue, "a", "b", True)  # MISUSE: urgent-positional
+        await send_email.defer(queue, to="a", subject="b", cc="c")  # MISUSE: unknown-keyword
+        await send_email.using(key="k", delay=1.0).defer(queue, to="a", subject=b"b")  # MISUSE: using-bytes
+        text: str = await job.result()  # MISUSE: result-type
+        async with queue.transaction() as tx:
+            await send_email.defer(tx, to="a", subject="b")
+            await send_email.defer(tx, to="a", subject="b", urgent="yes")  # MISUSE: tx-urgent-str
+        send_email.defer_sync(con, to="a", subject="b")
+        send_email.defer_sync(con, to="a", subject=3)  # MISUSE: sync-int
+        await send_email.defer("app.db", to="a", subject="b")  # MISUSE: target-str
+        await app.run_worker(queue, concurrency=16)
+    print(count, text)
+"""
+
+
+def mypy_errors(tmp_path: Path, source: str) -> tuple[set[int], subprocess.CompletedProcess[str]]:
+    """The lines of ``source`` (as ``user_app.py``) that ``mypy --strict`` flags, and its run."""
     script = tmp_path / "user_app.py"
-    script.write_text(SCRIPT)
+    script.write_text(source)
     done = subprocess.run(
         [
             sys.executable,
@@ -54,7 +89,12 @@ def test_mypy_strict_reports_each_misuse_of_the_public_api(tmp_path: Path) -> No
         cwd=ROOT,
         timeout=170,
     )
-    flagged = {int(m.group(1)) for m in re.finditer(r"user_app\.py:(\d+): error", done.stdout)}
-    expected = {n for n, line in enumerate(SCRIPT.splitlines(), 1) if "# MISUSE" in line}
+    return {int(m.group(1)) for m in re.finditer(r"user_app\.py:(\d+): error", done.stdout)}, done
+
+
+@pytest.mark.parametrize("source", [SCRIPT, TASKS_SCRIPT], ids=["queue-api", "tasks-api"])
+def test_mypy_strict_reports_each_misuse_of_the_public_api(tmp_path: Path, source: str) -> None:
+    flagged, done = mypy_errors(tmp_path, source)
+    expected = {n for n, line in enumerate(source.splitlines(), 1) if "# MISUSE" in line}
     assert flagged == expected, done.stdout
     assert done.returncode == 1

@@ -219,6 +219,8 @@ async def show(args: argparse.Namespace) -> Report:
     if job is None:
         raise CliError(f"no job {args.id!r} in {args.db}")
     record = job_record(job, body=True) | {"errors": [error_record(error) for error in job.errors]}
+    if job.result_json is not None:  # a task's stored result
+        record["result"] = job.result
     data = {"path": args.db, "now_ms": now, "job": record, "history": [audit_record(entry) for entry in history]}
     return report(data, out.render_show)
 

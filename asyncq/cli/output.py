@@ -171,9 +171,11 @@ def render_show(data: dict[str, Any]) -> str:
     lines = [
         f"{key.ljust(width)}  {moment(value, now) if key in times else '-' if value is None else value}"
         for key, value in job.items()
-        if key not in ("body", "errors")
+        if key not in ("body", "errors", "result")
     ]
     lines += ["body:", json.dumps(job["body"], indent=2, sort_keys=True, ensure_ascii=False), ""]
+    if "result" in job:
+        lines += ["result:", json.dumps(job["result"], indent=2, sort_keys=True, ensure_ascii=False), ""]
     lines += [*render_errors(job["errors"], now), ""]
     history = [(h["seq"], h["action"], h["token"], moment(h["at_ms"], now), h["note"]) for h in data["history"]]
     lines.append(table(["audit", "action", "token", "at", "note"], history) if history else "no redrive or cancel")

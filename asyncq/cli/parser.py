@@ -89,6 +89,7 @@ def build_parser() -> Parser:
     _add_readers(add)
     _add_operator(add)
     _add_work(add)
+    _add_worker(add)
     _add_servers(add)
     return parser
 
@@ -179,21 +180,40 @@ def _add_work(add: Adder) -> None:
     target.add_argument("--url", help="deliver by HTTP POST here (a verified ACK: 200 and the job's id)")
     target.add_argument("--handler", metavar="MODULE:FUNCTION", help="an async function (body, context)")
     work.add_argument("--queue", type=identifier, action="append", help="queue to work (repeatable; default: default)")
-    work.add_argument(
-        "--concurrency", type=whole(1, MAX_CONCURRENCY), default=16, help=f"jobs at once, 1-{MAX_CONCURRENCY}"
-    )
-    work.add_argument("--burst", action="store_true", help="exit once nothing is ready and nothing runs")
-    work.add_argument(
-        "--grace", type=seconds(0, 86_400), default=30.0, help="seconds for jobs in flight after a signal"
-    )
+    _pool_options(work)
     work.add_argument(
         "--lease", type=duration(1, MAX_LEASE_MS), default=DEFAULT_LEASE_MS, help="lease length (default 30s)"
     )
     work.add_argument("--owner", type=identifier, help="this worker's name in leases (default: random)")
     work.add_argument("--allow-host", action="append", help="with --url: a host or network allowed besides loopback")
     work.add_argument("--delivery-timeout", type=seconds(0.001, 3600), default=10.0, help="seconds per HTTP exchange")
+    _log_level(work)
+
+
+def _add_worker(add: Adder) -> None:
+    summary = "Run the tasks of an app (module:attribute, an asyncq.App) on their queues until SIGINT or SIGTERM."
+    worker = add("worker", _command("tasks", "worker"), summary)
+    worker.add_argument("app", metavar="MODULE:APP", help="the app, e.g. myapp.tasks:app (the directory is importable)")
+    worker.add_argument("--queue", type=identifier, action="append", help="queue to work (default: all of the app's)")
+    _pool_options(worker)
+    worker.add_argument("--owner", type=identifier, help="this worker's name in leases (default: random)")
+    _log_level(worker)
+
+
+def _pool_options(parser: argparse.ArgumentParser) -> None:
+    """``--concurrency``, ``--burst`` and ``--grace``: how ``work`` and ``worker`` run their pool."""
+    parser.add_argument(
+        "--concurrency", type=whole(1, MAX_CONCURRENCY), default=16, help=f"jobs at once, 1-{MAX_CONCURRENCY}"
+    )
+    parser.add_argument("--burst", action="store_true", help="exit once nothing is ready and nothing runs")
+    parser.add_argument(
+        "--grace", type=seconds(0, 86_400), default=30.0, help="seconds for jobs in flight after a signal"
+    )
+
+
+def _log_level(parser: argparse.ArgumentParser) -> None:
     levels = ("debug", "info", "warning", "error")
-    work.add_argument("--log-level", choices=levels, default="warning", help="log to stderr from (default warning)")
+    parser.add_argument("--log-level", choices=levels, default="warning", help="log to stderr from (default warning)")
 
 
 def _server(parser: argparse.ArgumentParser) -> None:

@@ -36,15 +36,20 @@ def handler_name(spec: str) -> tuple[str, str]:
     return module_name, name
 
 
-def load_handler(spec: str) -> Handler:
-    """The async function named by ``module:function`` (the working directory is importable)."""
-    module_name, name = handler_name(spec)
+def load_object(spec: str, module_name: str, name: str, what: str) -> Any:
+    """The attribute ``name`` of module ``module_name`` (the working directory is importable); ``CliError``
+    saying it cannot load ``what`` otherwise."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        function = getattr(importlib.import_module(module_name), name)
+        return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as error:
-        raise CliError(f"cannot load the handler {spec}: {error}") from None
+        raise CliError(f"cannot load the {what} {spec}: {error}") from None
+
+
+def load_handler(spec: str) -> Handler:
+    """The async function named by ``module:function`` (the working directory is importable)."""
+    function = load_object(spec, *handler_name(spec), "handler")
     if not inspect.iscoroutinefunction(function):
         raise CliError(f"the handler {spec} must be an async function taking (body, context)")
     handler: Handler = function

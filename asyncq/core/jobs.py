@@ -57,6 +57,14 @@ class Held(NamedTuple):
     deadline: int
 
 
+class StoredResult(NamedTuple):
+    """What a task returned, to keep with its job when the attempt's finish lands as ``done``: its JSON text and
+    how long to keep it (ms from the finish; ``prune`` removes it after that)."""
+
+    json: str
+    keep_ms: int
+
+
 class Finish(NamedTuple):
     """One ticket's outcome: ``delay_ms`` matters only for ``retry``. With ``held``, the finish is decided
     on the claim's snapshot instead of a read of the row (the statement still checks all of it)."""
@@ -70,6 +78,8 @@ class Finish(NamedTuple):
     error: ErrorText | None = None
     #: ``False`` for a job claimed ahead whose attempt is not counted yet: the finish counts it.
     counted: bool = True
+    #: What the handler returned, kept with the job in the finish's transaction if it lands as ``done``.
+    result: StoredResult | None = None
 
 
 __all__ = [
@@ -90,6 +100,7 @@ __all__ = [
     "JobSpec",
     "NewJob",
     "Settled",
+    "StoredResult",
     "Ticket",
     "body_text",
 ]
@@ -275,6 +286,13 @@ class Job:
     redrives: int = 0
     #: The error of each failed attempt, oldest first (``Queue.get`` reads them; listings leave them out).
     errors: tuple[AttemptError, ...] = ()
+    #: A task's stored result as JSON text (``Queue.get`` reads it), ``None`` if none is kept (or it was pruned).
+    result_json: str | None = None
+
+    @property
+    def result(self) -> Any:
+        """The stored result, decoded (``None`` also when there is none: see ``result_json``)."""
+        return None if self.result_json is None else json.loads(self.result_json)
 
     @property
     def last_error(self) -> AttemptError | None:

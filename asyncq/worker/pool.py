@@ -30,7 +30,7 @@ import anyio
 
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, classify, error_text
-from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, Ticket
+from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_QUEUE, MAX_BATCH, StoredResult, Ticket
 from asyncq.core.lifecycle import DEAD, OK, PERMANENT, RETRY
 from asyncq.core.limits import (
     DEFAULT_RETRY_BASE_MS,
@@ -130,8 +130,9 @@ class Pool:
         self.observer: PoolObserver = observer if observer is not None else NoObserver()
         self._observed = observer is not None
         self._handlers: dict[str, Handler] = {}
-        # (the flight, outcome, delay_ms, error): the flight's ticket may still be renewed until the commit
-        self._results: list[tuple[_InFlight, str, int, ErrorText | None]] = []
+        # (the flight, outcome, delay_ms, error, a task's result): the flight's ticket may still be renewed until
+        # the commit
+        self._results: list[tuple[_InFlight, str, int, ErrorText | None, StoredResult | None]] = []
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._inflight: dict[tuple[str, int], _InFlight] = {}  # running, or claimed and waiting in _buffer
@@ -270,7 +271,7 @@ class Pool:
         """Finish what is done and claim up to ``capacity`` jobs, in one commit; start what slots allow."""
         async with self._fences:  # read each ticket after any renewal in flight has replaced it
             kept = self._results
-            results = [(flight.ticket, outcome, delay, error) for flight, outcome, delay, error in kept]
+            results = [(flight.ticket, outcome, delay, error, value) for flight, outcome, delay, error, value in kept]
             self._results = []
             started = self._take_started_ahead()
             wants = self._rotated_wants(capacity) if capacity > 0 else []
@@ -302,12 +303,15 @@ class Pool:
         return len(tickets)
 
     def _record_finishes(
-        self, results: list[tuple[Ticket, str, int, ErrorText | None]], statuses: list[str | None], debug: bool
+        self,
+        results: list[tuple[Ticket, str, int, ErrorText | None, StoredResult | None]],
+        statuses: list[str | None],
+        debug: bool,
     ) -> None:
         """Count (and log, and tell the observer of) each finish of a commit. When all landed and none is dead,
         with no observer and no debug log, only the counts change: counted per status, not per job."""
         if debug or self._observed or None in statuses or DEAD in statuses:
-            for (ticket, outcome, _delay, _error), status in zip(results, statuses, strict=True):
+            for (ticket, outcome, *_rest), status in zip(results, statuses, strict=True):
                 self._log_finish(ticket, status, debug)
                 self._observe("on_finished", outcome, status)
             return
@@ -389,7 +393,7 @@ class Pool:
         self._inflight.pop(flight.key, None)
         recorded = any(result[0] is flight for result in self._results)
         if not flight.lost and not recorded:
-            self._results.append((flight, RETRY, DEFAULT_RETRY_BASE_MS, error_text(error)))
+            self._results.append((flight, RETRY, DEFAULT_RETRY_BASE_MS, error_text(error), None))
         self._wake.set()
 
     def _observe(self, event: str, *args: object) -> None:
@@ -512,6 +516,7 @@ class Pool:
         outcome: str | None = None  # stays None when the job ends without a result
         delay_ms = 0
         failure: ErrorText | None = None
+        value: object = None
         try:
             handler = self._handlers[ticket.queue]
             # A delivery takes the stored JSON text as it is; other handlers get the decoded body.
@@ -525,10 +530,10 @@ class Pool:
                 )
                 running = handler(ticket.body, context)
             if self.job_timeout is None:
-                await running
+                value = await running
             else:
                 async with asyncio.timeout(self.job_timeout):
-                    await running
+                    value = await running
             outcome = OK
         except Exception as error:  # classified once for every worker of asyncq (asyncq.core.failures)
             outcome, delay_ms, failure = self._failed(ticket, error)
@@ -546,7 +551,9 @@ class Pool:
                 _uncancel()
             self._count_lost(flight)
         elif outcome is not None:  # always, here: without a result the job raised out above
-            self._results.append((flight, outcome, delay_ms, failure))
+            # a task's result (asyncq.tasks) is kept with the job by the same commit as its finish
+            stored = value if type(value) is StoredResult else None
+            self._results.append((flight, outcome, delay_ms, failure, stored))
             if observed:
                 self._observe("on_delivery", time.perf_counter() - started, outcome)
         self._wake_if_needed()

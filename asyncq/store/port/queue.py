@@ -167,8 +167,12 @@ class QueueStore(Protocol):
         before ``cutoff_ms``, and the first ``limit`` of their ids (``-1``: all)."""
         ...
 
-    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool) -> dict[str, Any]:
-        """Delete those jobs (audit rows stay) and give the space back as the store can; what it did."""
+    async def prune(
+        self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Delete those jobs (audit rows stay) with their tasks' results, and the results kept past their
+        retention (``expires_at <= now_ms``, when given) whatever their job's age; give the space back as the
+        store can; what it did."""
         ...
 
     async def backup(self, target: str, *, force: bool) -> dict[str, Any]:

@@ -65,12 +65,17 @@ WITH doomed AS MATERIALIZED (
   SELECT seq FROM {{schema}}.jobs WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5 FOR UPDATE SKIP LOCKED
 ), errors AS (
   DELETE FROM {{schema}}.errors WHERE job_seq IN (SELECT seq FROM doomed)
+), results AS (
+  DELETE FROM {{schema}}.results WHERE job_seq IN (SELECT seq FROM doomed)
 ), deleted AS (
   DELETE FROM {{schema}}.jobs WHERE seq IN (SELECT seq FROM doomed) RETURNING seq
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT max(seq) FROM doomed)
 """
 PRUNE_BATCH_ROWS = 1_000
+# Results kept past their task's retention, whatever their job's age (the job stays, without it). $1 now.
+PRUNE_EXPIRED_RESULTS = "DELETE FROM {schema}.results WHERE expires_at <= $1"
+RESULT_OF = "SELECT value FROM {schema}.results WHERE job_seq = $1"
 TABLE_BYTES = "SELECT pg_total_relation_size(to_regclass($1))"
 
 SETTINGS = ("synchronous_commit", "fsync", "full_page_writes", "server_version", "default_transaction_isolation")
@@ -92,7 +97,8 @@ async def get_job(conn: Connection, schema: str, job_id: str) -> Job | None:
     if row is None:
         return None
     errors = await conn.fetch(q(ERRORS_OF, schema), row["seq"])
-    return replace(_job(row), errors=tuple(AttemptError(*error) for error in errors))
+    result = await conn.fetchval(q(RESULT_OF, schema), row["seq"])
+    return replace(_job(row), errors=tuple(AttemptError(*error) for error in errors), result_json=result)
 
 
 async def list_jobs(conn: Connection, schema: str, which: JobFilter) -> list[Job]:
@@ -166,6 +172,12 @@ async def prune_batch(
     row = await conn.fetchrow(q(PRUNE_BATCH, schema), *params, after, size)
     assert row is not None
     return int(row[0]), None if row[1] is None else int(row[1])
+
+
+async def prune_expired_results(conn: Connection, schema: str, now_ms: int) -> int:
+    """Delete the results kept past their retention; how many."""
+    done = await conn.execute(q(PRUNE_EXPIRED_RESULTS, schema), now_ms)
+    return int(done.split()[-1])
 
 
 async def fold_counts(conn: Connection, schema: str) -> None:

@@ -272,7 +272,9 @@ class PostgresQueueStore:
         )
         return found
 
-    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool) -> dict[str, Any]:
+    async def prune(
+        self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int | None = None
+    ) -> dict[str, Any]:
         """Delete in batches of ``admin.PRUNE_BATCH_ROWS``, each its own short transaction (no long lock, no
         table rewrite); the space goes back to the table for new rows (autovacuum marks it free), not to the
         file system: ``vacuum`` asks for none here (``VACUUM FULL`` would lock the table)."""
@@ -286,6 +288,8 @@ class PostgresQueueStore:
             if last is None:
                 break
             after = last
+        if now_ms is not None:
+            await self._write(admin.prune_expired_results, now_ms)
         async with self._pool.acquire() as conn:
             await admin.fold_counts(conn, self.schema)
         return {

@@ -128,6 +128,17 @@ COUNT_TRIGGERS = (
     " FOR EACH STATEMENT EXECUTE FUNCTION {schema}.count_jobs()",
 )
 
+# What a task returned (the SQLite driver's ``asyncq_results``): one row per job that ended done with a result,
+# written in the finish's transaction for a finish that landed; pruned with its job, or alone once expired.
+RESULTS = """
+CREATE TABLE {schema}.results (
+  job_seq bigint PRIMARY KEY,
+  value text NOT NULL,
+  at_ms bigint NOT NULL,
+  expires_at bigint NOT NULL
+)
+"""
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -143,6 +154,7 @@ QUEUE = Migrations(
             COUNT_TRIGGER_FUNCTION,
             *COUNT_TRIGGERS,
         ),
+        (RESULTS, "CREATE INDEX results_expiry ON {schema}.results (expires_at)"),  # version 2: tasks' results
     ),
 )
 SCHEMA_VERSION = QUEUE.version

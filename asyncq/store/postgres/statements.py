@@ -143,6 +143,13 @@ INSERT INTO {schema}.errors (job_seq, attempt, at_ms, type, message, traceback)
 SELECT * FROM unnest($1::bigint[], $2::integer[], $3::bigint[], $4::text[], $5::text[], $6::text[])
 """
 
+# A task's result, for each finish that landed as done (the same transaction as the finish).
+KEEP_RESULTS = """
+INSERT INTO {schema}.results (job_seq, value, at_ms, expires_at)
+SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[])
+ON CONFLICT (job_seq) DO UPDATE SET value = EXCLUDED.value, at_ms = EXCLUDED.at_ms, expires_at = EXCLUDED.expires_at
+"""
+
 # One notification per transaction whatever it carries (PostgreSQL folds identical ones of a transaction into
 # one), sent at commit: waiting workers on every host look for work.
 NOTIFY = "SELECT pg_notify($1, '')"
@@ -162,6 +169,7 @@ NAMES = {
     "REDRIVE": REDRIVE,
     "CANCEL": CANCEL,
     "KEEP_ERRORS": KEEP_ERRORS,
+    "KEEP_RESULTS": KEEP_RESULTS,
 }
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from asyncq.core.jobs import Finish, NewJob
-from asyncq.core.lifecycle import DEAD, LEASED, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.jobs import Finish, NewJob, StoredResult
+from asyncq.core.lifecycle import DEAD, DONE, LEASED, PENDING, REASON_CANCELLED, Fence, JobState
 from asyncq.core.settling import Verdict, all_held_once, decide_item, snapshot
 from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres.connection import Connection
@@ -127,13 +127,29 @@ async def _write_verdicts(
         )
     }
     failed: list[tuple[int, Finish, Verdict]] = []
+    done: list[tuple[int, StoredResult]] = []
     for position, item, seq, verdict in landing:
         if seq in landed and verdict is not None:
             statuses[position] = verdict.change.status
             if item.error is not None:
                 failed.append((seq, item, verdict))
+            if item.result is not None and verdict.change.status == DONE:
+                done.append((seq, item.result))
     await _keep_errors(conn, schema, failed, now_ms)
+    await _keep_results(conn, schema, done, now_ms)
     return statuses
+
+
+async def _keep_results(conn: Connection, schema: str, done: Sequence[tuple[int, StoredResult]], now_ms: int) -> None:
+    """The result of each finish that landed as done, in the finish's transaction."""
+    if done:
+        await conn.execute(
+            sql(schema, "KEEP_RESULTS"),
+            [seq for seq, _r in done],
+            [result.json for _s, result in done],
+            [now_ms] * len(done),
+            [now_ms + result.keep_ms for _s, result in done],
+        )
 
 
 async def _keep_errors(

@@ -67,6 +67,11 @@ PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP
 PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
 PRUNE = f"DELETE FROM {_JOBS} WHERE {_PRUNABLE}"
 PRUNE_ERRORS = f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN (SELECT seq FROM {_JOBS} WHERE {_PRUNABLE})"
+RESULT_OF = f"SELECT value FROM {PRODUCT.results} WHERE job_seq = ?"
+# A result goes with its job, or alone once its retention is over (its job stays, without it, until its own prune).
+PRUNE_RESULTS = (
+    f"DELETE FROM {PRODUCT.results} WHERE expires_at <= :now OR job_seq IN (SELECT seq FROM {_JOBS} WHERE {_PRUNABLE})"
+)
 
 AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
 
@@ -201,9 +206,11 @@ def get_job(con: sqlite3.Connection, job_id: str) -> Job | None:
     with snapshot(con):
         row = con.execute(GET_JOB, {"id": job_id}).fetchone()
         errors = [] if row is None else con.execute(ERRORS_OF, (row[0],)).fetchall()
+        result = None if row is None else con.execute(RESULT_OF, (row[0],)).fetchone()
     if row is None:
         return None
-    return replace(_job(row), errors=tuple(AttemptError(*error) for error in errors))
+    found = tuple(AttemptError(*error) for error in errors)
+    return replace(_job(row), errors=found, result_json=None if result is None else result[0])
 
 
 def list_jobs(con: sqlite3.Connection, which: JobFilter) -> list[Job]:
@@ -264,6 +271,7 @@ def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum:
     size = os.path.getsize(path)
     with write_transaction(con):
         con.execute(PRUNE_ERRORS, params)
+        con.execute(PRUNE_RESULTS, params)
         deleted = con.execute(PRUNE, params).rowcount
     free = int(con.execute("PRAGMA freelist_count").fetchone()[0])
     auto_vacuum = AUTO_VACUUM.get(int(con.execute("PRAGMA auto_vacuum").fetchone()[0]), "unknown")

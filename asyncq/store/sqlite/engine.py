@@ -15,7 +15,7 @@ from operator import itemgetter
 from typing import Any
 
 from asyncq.core.jobs import Claimed, Finish, NewJob
-from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.lifecycle import DEAD, DONE, PENDING, REASON_CANCELLED, Fence, JobState
 from asyncq.core.settling import all_held_once, decide_item, snapshot
 from asyncq.errors import Conflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
@@ -272,6 +272,16 @@ def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish
     ]
     if failed:
         _keep_errors(con, layout, failed, now_ms)
+    _keep_results(
+        con,
+        layout,
+        [
+            (item, item.held.seq)
+            for item, status in zip(items, statuses, strict=True)
+            if status == DONE and item.result is not None and item.held is not None
+        ],
+        now_ms,
+    )
     return statuses
 
 
@@ -285,6 +295,14 @@ def _keep_errors(con: sqlite3.Connection, layout: Layout, failed: Sequence[tuple
         if item.error is not None
     ]
     con.executemany(sql(layout, "KEEP_ERROR"), rows)
+
+
+def _keep_results(con: sqlite3.Connection, layout: Layout, done: Sequence[tuple[Finish, int]], now_ms: int) -> None:
+    """Keep the result of each finish in ``done`` (landed as done; ``(item, job seq)``) where the layout keeps them."""
+    if layout.results is None or not done:
+        return
+    rows = [(seq, item.result.json, now_ms, now_ms + item.result.keep_ms) for item, seq in done if item.result]
+    con.executemany(sql(layout, "KEEP_RESULT"), rows)
 
 
 def _decided_row(item: Finish, seq: int, state: JobState, now_ms: int) -> tuple[FinishChange, FinishRow] | None:
@@ -311,6 +329,8 @@ def _finish_one(
         return None
     if item.error is not None:
         _keep_errors(con, layout, [(item, seq)], now_ms)
+    if item.result is not None and change.status == DONE:
+        _keep_results(con, layout, [(item, seq)], now_ms)
     call_hook(fault, "after-finish")
     return change.status
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import sqlite3
 
-from asyncq.store.sqlite.schema import AUDIT_JOB_SEQ, ERROR_TABLES, JOB_COUNTS, PRODUCT, PRODUCT_TABLES, RECOUNT
+from asyncq.store.sqlite.schema import (
+    AUDIT_JOB_SEQ,
+    ERROR_TABLES,
+    JOB_COUNTS,
+    PRODUCT,
+    PRODUCT_TABLES,
+    RECOUNT,
+    RESULT_TABLES,
+)
 
 # Version 1's lifecycle indexes, kept word for word: version 2 replaces them with partial ones.
 _V1_INDEXES = (
@@ -29,6 +37,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ERROR_TABLES,  # version 3: each failed attempt's error
     AUDIT_JOB_SEQ,  # version 4: audit rows name their job's seq
     (*JOB_COUNTS, *RECOUNT),  # version 5: the job counts kept by triggers, counted once from the rows
+    RESULT_TABLES,  # version 6: tasks' results
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

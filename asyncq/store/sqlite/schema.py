@@ -63,6 +63,8 @@ class Layout:
     errors: str | None = None
     #: The table of job counts its triggers keep (the product's, ``JOB_COUNTS``); ``None`` keeps none (the lab's).
     counts: str | None = None
+    #: The table of tasks' results (the product's, ``RESULT_TABLES``); ``None`` keeps none (the lab's).
+    results: str | None = None
 
 
 LAB = Layout(
@@ -78,6 +80,7 @@ PRODUCT = Layout(
     audit="asyncq_audit",
     errors="asyncq_errors",
     counts="asyncq_counts",
+    results="asyncq_results",
     payload=("queue", "body"),
     scope="AND queue = :queue",
     ddl=(
@@ -147,6 +150,15 @@ RECOUNT = (
     "DELETE FROM asyncq_counts",
     "INSERT INTO asyncq_counts SELECT status, attempts, ifnull(reason, ''), count(*) FROM asyncq_jobs"
     " WHERE status <> 'leased' GROUP BY 1, 2, 3",
+)
+
+# Version 6: what a task returned, one row per job that ended done with a result, keyed by the job's ``seq``.
+# Written in the finish's transaction, only for a finish that landed (a stale worker's result is never written);
+# ``prune`` deletes it with its job, or alone once ``expires_at`` has passed.
+RESULT_TABLES = (
+    """CREATE TABLE IF NOT EXISTS asyncq_results (job_seq INTEGER PRIMARY KEY, value TEXT NOT NULL,
+  at_ms INTEGER NOT NULL, expires_at INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS asyncq_results_expiry ON asyncq_results(expires_at)",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one

@@ -151,6 +151,7 @@ def sql(layout: Layout, name: str) -> str:
         payload=", ".join(layout.payload),
         scope=layout.scope,
         errors=layout.errors,
+        results=layout.results,
         audit_seq=", job_seq" if layout.errors is not None else "",
         audit_seq_value=", :seq" if layout.errors is not None else "",
     )
@@ -266,4 +267,10 @@ WHERE {jobs}.seq = v.column1 AND {jobs}.id = v.column2 AND {jobs}.status = 'leas
 RETURNING {jobs}.seq
 """
 
+# A task's result, kept in the finish's transaction for a finish that landed as done (``Layout.results``).
+KEEP_RESULT = """
+INSERT OR REPLACE INTO {results} (job_seq, value, at_ms, expires_at) VALUES (?, ?, ?, ?)
+"""
+
 NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION, "RELEASE": RELEASE, "KEEP_ERROR": KEEP_ERROR}
+NAMES |= {"KEEP_RESULT": KEEP_RESULT}
