@@ -25,6 +25,7 @@ from typing import Any, Self, TypeVar, cast
 import aiosqlite
 import anyio
 
+from asyncq.store.sqlite import wakeup
 from asyncq.store.sqlite.busy import as_busy
 from asyncq.store.sqlite.effects import effect_transaction
 
@@ -95,7 +96,8 @@ class AsyncFile:
     """One SQLite file behind one aiosqlite connection: what every SQLite store of the product runs on.
 
     Writes of one process queue on an ``asyncio.Lock`` and run whole in the connection's thread; tasks waiting for
-    new rows are woken in-process after a commit that added some. A task holding an app transaction that calls the
+    new rows are woken in-process after a commit that added some, and by the file's wake-up watcher
+    (``asyncq.store.sqlite.wakeup``) when another connection commits. A task holding an app transaction that calls the
     store again would wait for itself forever: that is refused at once with ``RuntimeError``.
     """
 
@@ -106,6 +108,8 @@ class AsyncFile:
         self._holder: asyncio.Task[Any] | None = None  # the task inside ``transaction()``, if any
         self._waiters: set[asyncio.Event] = set()
         self._busy_ms: int | None = None  # the connection's busy timeout, read once
+        self._watcher: wakeup.Watcher | None = None  # started by the first wait for rows
+        self._closed = False
 
     @staticmethod
     async def connect(
@@ -130,8 +134,12 @@ class AsyncFile:
         return conn
 
     async def close(self) -> None:
-        """Close the connection (waits for the transaction in progress)."""
+        """Close the connection (waits for the transaction in progress) and release the wake-up watcher."""
         async with self._locked():
+            self._closed = True
+            if self._watcher is not None:  # before the connection: the watcher's must never be the file's last
+                wakeup.release(self._watcher)
+                self._watcher = None
             await self.conn.close()
 
     async def __aenter__(self) -> Self:
@@ -201,15 +209,22 @@ class AsyncFile:
             event.set()
 
     async def wait_for_rows(self, timeout: float) -> None:
-        """Return when this process commits new rows, or after ``timeout`` seconds; other processes' rows
-        are only seen by polling."""
+        """Return when new rows may be ready (this process committed some, or another connection committed to
+        the file), or after ``timeout`` seconds: the poll, if the watcher is down."""
         waiter = asyncio.Event()
         self._waiters.add(waiter)
+        if self._watcher is None and not self._closed:
+            self._watcher = wakeup.acquire(self.path)
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.add(waiter)
         try:
             with anyio.move_on_after(timeout):
                 await waiter.wait()
         finally:
             self._waiters.discard(waiter)
+            if watcher is not None:
+                watcher.discard(waiter)
 
     @asynccontextmanager
     async def open_transaction(self, tx: TxT) -> AsyncIterator[TxT]:
