@@ -24,6 +24,7 @@ BENCHMARKS = [
     ("http_delivery.py --producer alongside --burn-us 10", "the pool's producer enqueues while it delivers"),
     ("throughput.py", "throughput (jobs/s, medians"),
     ("claim_depth.py", "claim + finish(ok) latency"),
+    ("wakeup.py", "wake-up latency"),
 ]
 
 
