@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Self, TypeVar, cast
 
 import aiosqlite
@@ -109,6 +109,7 @@ class AsyncFile:
         self._waiters: set[asyncio.Event] = set()
         self._busy_ms: int | None = None  # the connection's busy timeout, read once
         self._watcher: wakeup.Watcher | None = None  # started by the first wait for rows
+        self._version: int | None = None  # the connection's data_version when last read
         self._closed = False
 
     @staticmethod
@@ -156,7 +157,11 @@ class AsyncFile:
                 "block (the call would wait for the block to end, forever)"
             )
         async with self._lock:
+            if self._version is None:  # before the file's first call: a commit after it is seen as new
+                self._version = self._read_version(self.conn._conn)
             yield
+        if self._watcher is not None:  # a write reported by the watcher may be this call's, landed now
+            self._watcher.local_write_done()
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(sqlite3_connection, *args, **kwargs)`` in the connection's thread, after every call queued before
@@ -190,16 +195,23 @@ class AsyncFile:
     def _begin_without_waiting(self, con: sqlite3.Connection) -> bool:
         """``BEGIN IMMEDIATE`` if the write lock is free now; ``False`` (nothing open) if another connection
         holds it. A hop to the connection's thread costs 1-3 ms of a busy loop's time; this costs µs."""
+        with self._not_waiting(con):
+            try:
+                con.execute("BEGIN IMMEDIATE")
+                return True
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any SQLITE_BUSY_* extended code
+                    raise
+                return False
+
+    @contextmanager
+    def _not_waiting(self, con: sqlite3.Connection) -> Iterator[None]:
+        """The connection's busy timeout is 0 inside (a statement on the loop's thread must never wait)."""
         if self._busy_ms is None:
             self._busy_ms = int(con.execute("PRAGMA busy_timeout").fetchone()[0])
         con.execute("PRAGMA busy_timeout = 0")
         try:
-            con.execute("BEGIN IMMEDIATE")
-            return True
-        except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any SQLITE_BUSY_* extended code
-                raise
-            return False
+            yield
         finally:
             con.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
@@ -216,15 +228,37 @@ class AsyncFile:
         if self._watcher is None and not self._closed:
             self._watcher = wakeup.acquire(self.path)
         watcher = self._watcher
-        if watcher is not None:
-            watcher.add(waiter)
+        if watcher is not None and len(self._waiters) == 1:
+            watcher.add(self)
         try:
             with anyio.move_on_after(timeout):
                 await waiter.wait()
         finally:
             self._waiters.discard(waiter)
-            if watcher is not None:
-                watcher.discard(waiter)
+            if watcher is not None and not self._waiters:
+                watcher.discard(self)
+
+    def committed_elsewhere(self) -> bool | None:
+        """Whether another connection committed to the file since the last call, or before this file's first
+        call: ``PRAGMA data_version`` on this file's own connection, which its own commits leave unchanged.
+        ``None`` while the connection is in use or a commit holds the lock (ask again)."""
+        if self._closed or self._lock.locked():
+            return None
+        version = self._read_version(self.conn._conn)
+        if version is None:
+            return None
+        changed = self._version is not None and version != self._version
+        self._version = version
+        return changed
+
+    def _read_version(self, con: sqlite3.Connection) -> int | None:
+        try:
+            with self._not_waiting(con):  # DELETE mode: a writer's lock would make the loop wait
+                return int(con.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return None
+            raise
 
     @asynccontextmanager
     async def open_transaction(self, tx: TxT) -> AsyncIterator[TxT]:

@@ -2,17 +2,20 @@
 
 One ``Watcher`` per file and event loop (so one per file per process in the usual one-loop process), shared by
 every queue and pool of that loop open on the file: started by the first wait, stopped when the last file
-using it closes. It never writes, runs no thread, and wakes its waiters when ``PRAGMA data_version`` on a
-read-only connection of its own changes (it changes when any other connection commits; ~3 µs a read in WAL,
-~6 in DELETE). When to read it comes from the first source that starts, in this order:
+using it closes. It runs no thread and never writes. Whether another connection committed is each waiting
+file's own question (``AsyncFile.committed_elsewhere``: ``PRAGMA data_version`` on the file's own connection,
+which changes when any other connection commits and never for its own commits; ~3 µs in WAL, ~6 in DELETE),
+so a pool is not woken by its own commits. When to ask comes from the first source that starts, in order:
 
 - ``inotify`` (Linux): the file's directory is watched; a write to the file, its ``-wal`` or its ``-journal``
-  (a ``-journal`` deleted is a DELETE-mode commit) makes the loop re-read the version at once, then after an
-  eighth of the time since the write (1-50 ms) for up to 2 s, until it changes: a WAL commit is visible only
-  after its fsync, which follows the write the kernel reports. No write, no work: an idle pool costs nothing.
-- ``data_version``: the version read while a task waits, 2 ms after a change and slowing to every 20 ms while
-  nothing changes (where there is no inotify, or it failed; each read wakes the loop, which costs a core's
-  0.1-0.7 % at 20 ms by how busy the machine is).
+  makes the loop ask at once, and again (after an eighth of the time since the write, 1-50 ms) while the write
+  lock is still held (``BEGIN IMMEDIATE`` tried without waiting on a connection of the watcher's own, and rolled
+  back): a WAL commit is visible only after its fsync, which follows the write the kernel reports. No write,
+  no work: an idle pool costs nothing. In DELETE mode the same events come from the ``-journal``'s life (its
+  deletion is the commit) and the file's own writes.
+- ``data_version``: the files asked on a timer while a task waits, 2 ms after a change and slowing to every
+  20 ms while nothing changes (where there is no inotify, or it failed; each tick wakes the loop, which costs
+  a core's 0.1-1 % at 20 ms by how busy the machine is).
 - ``poll``: no watcher; waiters see other processes' rows when their timeout ends (the pool's poll).
 
 A source that fails is logged, counted (``COUNTERS.failures``) and replaced by the next one; the waiters' own
@@ -29,6 +32,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from asyncq.store.sqlite import inotify
 
@@ -73,38 +77,50 @@ def use_sources(*names: str) -> tuple[str, ...]:
     return previous
 
 
-class _Version:
-    """``PRAGMA data_version`` on a read-only connection of its own, never waiting for a lock."""
+class _WriteLock:
+    """Whether some connection holds the file's write lock now (a write is in flight): ``BEGIN IMMEDIATE`` tried
+    without waiting on a connection of its own, and rolled back at once (it never writes; ~5 µs)."""
 
     def __init__(self, path: str) -> None:
-        self._con = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+        self._con = sqlite3.connect(Path(path).absolute().as_uri() + "?mode=rw", uri=True, isolation_level=None)
         try:
             self._con.execute("PRAGMA busy_timeout = 0")
-            self._last = self._read()
         except BaseException:
             self._con.close()
             raise
 
-    def _read(self) -> int:
-        return int(self._con.execute("PRAGMA data_version").fetchone()[0])
-
-    def changed(self) -> bool:
-        """Whether another connection committed since the last call (``False`` while a commit holds the lock)."""
+    def held(self) -> bool:
         try:
-            version = self._read()
+            self._con.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as error:
             if error.sqlite_errorcode & 0xFF in _LOCKED:
-                return False
+                return True
             raise
-        changed, self._last = version != self._last, version
-        return changed
+        self._con.execute("ROLLBACK")
+        return False
 
     def close(self) -> None:
         self._con.close()
 
 
+class Listener(Protocol):
+    """A file whose tasks wait for rows (``AsyncFile``)."""
+
+    def committed_elsewhere(self) -> bool | None:
+        """Whether another connection committed since the last call (``None``: cannot tell now, ask again)."""
+        ...
+
+    def notify(self) -> None:
+        """Wake the tasks waiting on this file."""
+        ...
+
+
 class Watcher:
-    """Wakes the ``asyncio.Event`` s added to it when another connection commits to its file (module docstring)."""
+    """Tells the files added to it (``Listener`` s) to look when their file may have changed (module docstring).
+
+    Whether a change is another connection's is each file's own question (``committed_elsewhere``: the version
+    on its own connection, which its own commits leave alone), so a pool is not woken by its own commits; the
+    watcher's own connection only tells when a reported write has landed, to stop re-reading."""
 
     def __init__(self, path: str, loop: asyncio.AbstractEventLoop) -> None:
         self.path = os.path.realpath(path)
@@ -112,34 +128,40 @@ class Watcher:
         self.closed = False
         self._loop = loop
         self._users = 0  # the files sharing this watcher
-        self._waiters: set[asyncio.Event] = set()
-        self._version: _Version | None = None
+        self._listeners: set[Listener] = set()
+        self._write_lock: _WriteLock | None = None  # inotify: is a reported write still in flight?
         self._watch: inotify.DirectoryWatch | None = None
         base = os.path.basename(self.path)
         self._names = frozenset((base, f"{base}-wal", f"{base}-journal"))
         self._order: tuple[str, ...] = ()
         self._timer: asyncio.TimerHandle | None = None
-        self._last_write: float | None = None  # when the last write was reported; None once it is seen committed
-        self._write_since_check = False
+        self._last_write: float | None = None  # when the last write was reported; None once none is in flight
+        self._after_call = False  # a file could not tell (its connection in use): ask it when its call ends
         self._tick = DATA_VERSION_TICKS_S[0]
 
-    # -- waiters ------------------------------------------------------------------------------------------
+    # -- listeners ----------------------------------------------------------------------------------------
 
-    def add(self, waiter: asyncio.Event) -> None:
-        """Set ``waiter`` at the next change (at once if one landed since the last read)."""
-        self._waiters.add(waiter)
+    def add(self, listener: Listener) -> None:
+        """Tell ``listener`` of the next change (at once if another connection committed since it last looked)."""
+        self._listeners.add(listener)
         if self.source != POLL:
             self._check()
 
-    def discard(self, waiter: asyncio.Event) -> None:
-        self._waiters.discard(waiter)
-        if not self._waiters:
+    def discard(self, listener: Listener) -> None:
+        self._listeners.discard(listener)
+        if not self._listeners:
             self._cancel_timer()
 
     @property
     def waiting(self) -> int:
-        """How many tasks wait on this watcher now."""
-        return len(self._waiters)
+        """How many files have tasks waiting on this watcher now."""
+        return len(self._listeners)
+
+    def local_write_done(self) -> None:
+        """A file of this process finished a call: the write in flight may have been this one's, and a file that
+        could not tell (its connection was in use) can now (a check now saves the timer's)."""
+        if (self._last_write is not None or self._after_call) and self._listeners:
+            self._check()
 
     # -- sources ------------------------------------------------------------------------------------------
 
@@ -163,8 +185,8 @@ class Watcher:
         self.source = POLL
 
     def _start_source(self, name: str) -> None:
-        self._version = _Version(self.path)
         if name == INOTIFY:
+            self._write_lock = _WriteLock(self.path)
             self._watch = inotify.DirectoryWatch(os.path.dirname(self.path))
             self._loop.add_reader(self._watch.fileno(), self._on_events)
 
@@ -174,9 +196,10 @@ class Watcher:
             self._loop.remove_reader(self._watch.fileno())
             self._watch.close()
             self._watch = None
-        if self._version is not None:
-            self._version.close()
-            self._version = None
+        if self._write_lock is not None:
+            self._write_lock.close()
+            self._write_lock = None
+        self._last_write = None
 
     def _failed(self, name: str, error: Exception, rest: tuple[str, ...]) -> None:
         COUNTERS.failures += 1
@@ -184,24 +207,28 @@ class Watcher:
         log.warning("wake-up source %s failed on %s (%r): falling back to %s", name, self.path, error, fallback)
 
     def _fail_over(self, error: Exception) -> None:
-        """The running source failed: the next one in the order takes over (its waiters are woken to re-claim)."""
+        """The running source failed: the next one in the order takes over; the waiting files are told to look
+        (a change may have gone unseen)."""
         failed = self.source
         self._stop_source()
         rest = self._order[self._order.index(failed) + 1 :]
         self._failed(failed, error, rest)
         self.source = POLL
         self.start(rest)
-        self._wake_all()
+        for listener in list(self._listeners):
+            listener.notify()
+        if self.source != POLL:
+            self._check()
 
     def close(self) -> None:
-        """Stop the source; waiters still waiting are left to their timeouts."""
+        """Stop the source; tasks still waiting are left to their timeouts."""
         if not self.closed:
             self.closed = True
             COUNTERS.stopped += 1
             self._stop_source()
             self.source = POLL
 
-    # -- reading the version ------------------------------------------------------------------------------
+    # -- reading the versions -----------------------------------------------------------------------------
 
     def _on_events(self) -> None:
         if self._watch is None:
@@ -216,46 +243,51 @@ class Watcher:
             return
         if any(name in self._names or mask & inotify.IN_Q_OVERFLOW for mask, name in events):
             self._last_write = time.monotonic()
-            self._write_since_check = True
-            if self._waiters:
+            if self._listeners:
                 self._check()
 
     def _check(self) -> None:
-        """Read the version; wake every waiter if it changed; schedule the next read if one is due."""
+        """Ask every waiting file whether another connection committed (waking its tasks if so); schedule the
+        next check while a reported write is still in flight."""
         self._cancel_timer()
-        if self._version is None:  # on the poll alone
+        if self.source == POLL:
             return
         try:
-            changed = self._version.changed()
+            # Probed first: a write not in flight now has landed (or rolled back), so the files see it below.
+            writing = self._last_write is not None and self._write_lock is not None and self._write_lock.held()
+            self._after_call = self._tell_listeners()
         except Exception as error:
             self._fail_over(error)
             return
-        if changed:
-            COUNTERS.wakeups += 1
-            self._tick = DATA_VERSION_TICKS_S[0]
-            self._wake_all()
-            if not self._write_since_check:  # writes are serialised: none since the last read, none in flight
-                self._last_write = None
-        self._write_since_check = False
-        delay = self._next_read()
-        if delay is not None and self._waiters:
+        if not writing:
+            self._last_write = None
+        delay = self._next_check()
+        if delay is not None and self._listeners:
             self._timer = self._loop.call_later(delay, self._check)
 
-    def _next_read(self) -> float | None:
+    def _tell_listeners(self) -> bool:
+        """Wake the files another connection committed to; whether one could not tell (its connection busy)."""
+        unsure = False
+        for listener in list(self._listeners):
+            changed = listener.committed_elsewhere()
+            if changed:
+                COUNTERS.wakeups += 1
+                self._tick = DATA_VERSION_TICKS_S[0]
+                listener.notify()
+            unsure = unsure or changed is None
+        return unsure
+
+    def _next_check(self) -> float | None:
         if self.source == DATA_VERSION:
             tick, self._tick = self._tick, min(self._tick * DATA_VERSION_SLOWING, DATA_VERSION_TICKS_S[1])
             return tick
         if self._last_write is None:
             return None
         since = time.monotonic() - self._last_write
-        if since > WINDOW_S:
+        if since > WINDOW_S:  # a writer holding the lock this long: its commit's own write will be reported
             self._last_write = None
             return None
         return min(max(since / RECHECK_FRACTION, RECHECK_MIN_S), RECHECK_MAX_S)
-
-    def _wake_all(self) -> None:
-        for waiter in self._waiters:
-            waiter.set()
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
