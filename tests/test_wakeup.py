@@ -145,7 +145,7 @@ async def test_a_job_enqueued_by_another_process_starts_long_before_the_pools_po
 @needs_inotify
 async def test_one_watcher_per_file_started_by_the_first_wait_and_stopped_with_the_last_queue(tmp_path: Path) -> None:
     path = tmp_path / "queue.db"
-    threads, descriptors = threading.active_count(), inotify_descriptors()
+    threads, descriptors = set(threading.enumerate()), inotify_descriptors()
     started, stopped = wakeup.COUNTERS.started, wakeup.COUNTERS.stopped
     first, second = await Queue.open(path), await Queue.open(path)
     assert wakeup.watching(str(path)) is None  # nothing waits yet: nothing started
@@ -162,7 +162,8 @@ async def test_one_watcher_per_file_started_by_the_first_wait_and_stopped_with_t
     assert wakeup.COUNTERS.stopped == stopped + 1
     assert wakeup.watching(str(path)) is None
     assert inotify_descriptors() == descriptors
-    assert threading.active_count() == threads  # no thread of its own, and the queues' are gone
+    # No thread of its own; the queues' connection threads end just after their close returns.
+    await until(lambda: True if set(threading.enumerate()) <= threads else None, "the connections' threads to end")
     assert asyncio.all_tasks() == {asyncio.current_task()}
     assert not Path(f"{path}-wal").exists()  # the queue's connection, not the watcher's, closed the file last
 
@@ -224,3 +225,28 @@ async def test_a_file_gone_from_its_path_waits_by_the_poll_and_says_so(
         assert wakeup.watching(str(path)) is None
         os.link(tmp_path / "kept.db", path)
     assert any(r.name == "asyncq.store.sqlite.wakeup" and r.levelno == logging.WARNING for r in caplog.records)
+
+
+APP_WRITE = """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+con.execute("CREATE TABLE IF NOT EXISTS app_rows (x)")
+con.execute("INSERT INTO app_rows VALUES (1)")
+con.close()
+"""
+
+
+async def test_only_other_connections_commits_that_leave_pending_jobs_wake_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    async with await Queue.open(path) as queue:
+        file = queue.store._file  # type: ignore[attr-defined]
+        assert file.committed_elsewhere() is False  # the first read is the baseline
+        child = await asyncio.create_subprocess_exec(sys.executable, "-c", APP_WRITE, str(path))
+        assert await child.wait() == 0
+        assert file.committed_elsewhere() is False  # another connection committed, but to an app's own table
+        await enqueue_from_child(path, "from-child")
+        assert file.committed_elsewhere() is True
+        assert file.committed_elsewhere() is False  # seen once
+        await queue.enqueue("own", {"from": "here"})
+        assert file.committed_elsewhere() is False  # its own commits never (the in-process event wakes for those)
+        assert await queue.get("own") is not None

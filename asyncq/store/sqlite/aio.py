@@ -45,6 +45,10 @@ async def run_sync(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any)
         raise busy from None
 
 
+def _data_version(con: sqlite3.Connection) -> int:
+    return int(con.execute("PRAGMA data_version").fetchone()[0])
+
+
 def _rollback_if_open(con: sqlite3.Connection) -> None:
     if con.in_transaction:
         con.execute("ROLLBACK")
@@ -110,6 +114,9 @@ class AsyncFile:
         self._busy_ms: int | None = None  # the connection's busy timeout, read once
         self._watcher: wakeup.Watcher | None = None  # started by the first wait for rows
         self._version: int | None = None  # the connection's data_version when last read
+        #: Whether another connection's commit may have left work for this file's waiters (``None``: any commit
+        #: may): asked before waking them, so that commits to other tables wake nobody.
+        self.may_have_work: Callable[[sqlite3.Connection], bool] | None = None
         self._closed = False
 
     @staticmethod
@@ -244,17 +251,29 @@ class AsyncFile:
         ``None`` while the connection is in use or a commit holds the lock (ask again)."""
         if self._closed or self._lock.locked():
             return None
-        version = self._read_version(self.conn._conn)
-        if version is None:
-            return None
-        changed = self._version is not None and version != self._version
+        con: sqlite3.Connection = self.conn._conn
+        version = self._read_version(con)
+        if version is None or version == self._version or self._version is None:
+            self._version = self._version if version is None else version
+            return None if version is None else False
+        if self.may_have_work is not None:
+            relevant = self._without_a_lock(con, self.may_have_work)
+            if relevant is None:
+                return None  # the version is kept: the change is asked about again
+            self._version = version
+            return relevant
         self._version = version
-        return changed
+        return True
 
     def _read_version(self, con: sqlite3.Connection) -> int | None:
+        return self._without_a_lock(con, _data_version)
+
+    def _without_a_lock(self, con: sqlite3.Connection, read: Callable[[sqlite3.Connection], T]) -> T | None:
+        """``read(con)`` on this (the loop's) thread without waiting; ``None`` if a writer's lock is in the way
+        (DELETE mode: the loop would wait in the busy handler)."""
         try:
-            with self._not_waiting(con):  # DELETE mode: a writer's lock would make the loop wait
-                return int(con.execute("PRAGMA data_version").fetchone()[0])
+            with self._not_waiting(con):
+                return read(con)
         except sqlite3.OperationalError as error:
             if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 return None
