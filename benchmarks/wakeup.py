@@ -13,7 +13,7 @@ on the file (``--produce``). Each job's body carries ``time.monotonic_ns()`` rea
   it returns: the enqueue's commit and the wake-up alone. The poll has nothing to show here (it claims).
 
 Cross-process wake-up sources (``asyncq.store.sqlite.wakeup``): ``inotify`` (the default on Linux),
-``data_version`` (the version polled while a task waits, every 2 ms slowing to 20 ms) and ``poll`` (no
+``data_version`` (the version polled while a task waits, every 2 ms slowing to 50 ms) and ``poll`` (no
 watcher: the pool's poll, as before the watcher; the baseline). ``full`` is WAL+FULL, ``full-delete``
 DELETE+EXTRA. Sides alternate in rounds of a few jobs (rotating the order), so the disk's drift falls on all
 alike. Idle CPU: a pool on an idle queue for 10 s per source, ``getrusage`` of this process (nothing else runs
@@ -323,9 +323,9 @@ NOTES = """\
   alone takes about 2 ms they cannot be met by any wake-up, so the row "other process p50 − same process p50"
   shows what the wake-up itself adds.
 - `poll` is the pool's own poll (50 ms doubling to 1 s while idle), i.e. asyncq before the watcher.
-- **beside a writer**: another process commits a row of an app table in the same file 50 times a second; the
-  watcher wakes the idle pool for each (the version is the file's, not the queue's), so it claims (finding
-  nothing) 50 times a second instead of once.
+- **beside a writer**: another process commits a row of an app table in the same file 50 times a second. The
+  version is the file's, not the queue's: the queue's file reads whether a job is pending before it wakes the
+  pool, so these commits cost a check each, not a claim.
 """
 
 

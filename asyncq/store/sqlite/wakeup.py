@@ -14,8 +14,8 @@ so a pool is not woken by its own commits. When to ask comes from the first sour
   no work: an idle pool costs nothing. In DELETE mode the same events come from the ``-journal``'s life (its
   deletion is the commit) and the file's own writes.
 - ``data_version``: the files asked on a timer while a task waits, 2 ms after a change and slowing to every
-  20 ms while nothing changes (where there is no inotify, or it failed; each tick wakes the loop, which costs
-  a core's 0.1-1 % at 20 ms by how busy the machine is).
+  50 ms while nothing changes (where there is no inotify, or it failed; each tick wakes the loop, which costs
+  25-150 µs of CPU by how busy the machine is: at 20 ms a busy machine's idle pool spent 1.5 % of a core).
 - ``poll``: no watcher; waiters see other processes' rows when their timeout ends (the pool's poll).
 
 A source that fails is logged, counted (``COUNTERS.failures``) and replaced by the next one; the waiters' own
@@ -44,7 +44,7 @@ RECHECK_MIN_S = 0.001  # a re-read after a write waits at least this long ...
 RECHECK_MAX_S = 0.05  # ... and at most this long: an eighth of the time since the write, in between
 RECHECK_FRACTION = 8
 WINDOW_S = 2.0  # how long after a write the version is still re-read (a slow disk's fsync)
-DATA_VERSION_TICKS_S = (0.002, 0.02)  # the data_version source's poll while a task waits: first, slowest
+DATA_VERSION_TICKS_S = (0.002, 0.05)  # the data_version source's poll while a task waits: first, slowest
 DATA_VERSION_SLOWING = 1.5  # each read that finds no change waits this much longer for the next
 _LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_PROTOCOL)  # a commit in progress: read later
 
