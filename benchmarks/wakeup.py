@@ -232,8 +232,28 @@ async def idle_cpu_percent(path: Path, source: str, seconds: float, *, beside_wr
     return 100 * cpu / (ended - started)
 
 
+def commit_floor(path: Path, commits: int) -> str:
+    """The disk's own share: a one-row WAL+FULL commit on a plain ``sqlite3`` connection, p50 and p99."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=FULL")
+    con.execute("CREATE TABLE rows (at INTEGER)")
+    times = []
+    for _ in range(commits):
+        started = time.perf_counter()
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("INSERT INTO rows VALUES (1)")
+        con.execute("COMMIT")
+        times.append((time.perf_counter() - started) * 1000)
+        time.sleep(0.005)
+    con.close()
+    p50, p99 = _report.percentile(times, 50), _report.percentile(times, 99)
+    return f"a one-row WAL+FULL commit on this disk: p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+
+
 async def measure(sides: Sequence[Side], settings: Settings, folder: Path) -> tuple[dict[str, float], str]:
     before = os.getloadavg()[0]
+    floor = commit_floor(folder / "floor.db", 20 if settings.rounds == 1 else 200)
     for number, side in enumerate(sides):
         side.file = folder / f"side-{number}.db"
     for round_no in range(settings.rounds):
@@ -247,7 +267,7 @@ async def measure(sides: Sequence[Side], settings: Settings, folder: Path) -> tu
     for source in ("inotify", "poll"):
         file = folder / f"beside-{source}.db"
         idle[f"{source}, beside a writer"] = await idle_cpu_percent(file, source, settings.idle_s, beside_writer=True)
-    return idle, f"load average (1 min) {before:.1f} before, {os.getloadavg()[0]:.1f} after"
+    return idle, f"load average (1 min) {before:.1f} before, {os.getloadavg()[0]:.1f} after; {floor}"
 
 
 # -- reporting ---------------------------------------------------------------------------------------------
