@@ -73,7 +73,7 @@ async def until(found: Callable[[], T | None], what: str) -> T:
 
 def waiting_watcher(path: Path) -> Callable[[], wakeup.Watcher | None]:
     def find() -> wakeup.Watcher | None:
-        watcher = wakeup.watching(str(path))
+        watcher = wakeup.watching(str(path), asyncio.get_running_loop())
         return watcher if watcher is not None and watcher.waiting else None
 
     return find
@@ -148,19 +148,19 @@ async def test_one_watcher_per_file_started_by_the_first_wait_and_stopped_with_t
     threads, descriptors = set(threading.enumerate()), inotify_descriptors()
     started, stopped = wakeup.COUNTERS.started, wakeup.COUNTERS.stopped
     first, second = await Queue.open(path), await Queue.open(path)
-    assert wakeup.watching(str(path)) is None  # nothing waits yet: nothing started
+    assert wakeup.watching(str(path), asyncio.get_running_loop()) is None  # nothing waits yet: nothing started
     await first.wait_for_rows(0.001)
     await second.wait_for_rows(0.001)
-    watcher = wakeup.watching(str(path))
+    watcher = wakeup.watching(str(path), asyncio.get_running_loop())
     assert watcher is not None and watcher.source == "inotify" and not watcher.closed
     assert wakeup.COUNTERS.started == started + 1  # both queues share it
     assert inotify_descriptors() == descriptors + 1
     await first.close()
-    assert wakeup.watching(str(path)) is watcher and not watcher.closed
+    assert wakeup.watching(str(path), asyncio.get_running_loop()) is watcher and not watcher.closed
     await second.close()
     assert watcher.closed and watcher.source == "poll"
     assert wakeup.COUNTERS.stopped == stopped + 1
-    assert wakeup.watching(str(path)) is None
+    assert wakeup.watching(str(path), asyncio.get_running_loop()) is None
     assert inotify_descriptors() == descriptors
     # No thread of its own; the queues' connection threads end just after their close returns.
     await until(lambda: True if set(threading.enumerate()) <= threads else None, "the connections' threads to end")
@@ -222,7 +222,7 @@ async def test_a_file_gone_from_its_path_waits_by_the_poll_and_says_so(
         os.unlink(path)
         await queue.wait_for_rows(0.01)  # the timeout, as before the watcher
         assert wakeup.COUNTERS.failures == failures + 1
-        assert wakeup.watching(str(path)) is None
+        assert wakeup.watching(str(path), asyncio.get_running_loop()) is None
         os.link(tmp_path / "kept.db", path)
     assert any(r.name == "asyncq.store.sqlite.wakeup" and r.levelno == logging.WARNING for r in caplog.records)
 

@@ -233,7 +233,7 @@ class AsyncFile:
         waiter = asyncio.Event()
         self._waiters.add(waiter)
         if self._watcher is None and not self._closed:
-            self._watcher = wakeup.acquire(self.path)
+            self._watcher = wakeup.acquire(self.path, asyncio.get_running_loop())
         watcher = self._watcher
         if watcher is not None and len(self._waiters) == 1:
             watcher.add(self)

@@ -24,12 +24,12 @@ timeouts stay as the fallback in every case. The figures behind these choices ar
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sqlite3
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -60,10 +60,24 @@ class WakeupCounters:
 
 
 COUNTERS = WakeupCounters()
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Loop(Protocol):
+    """What a watcher needs of its event loop (``asyncio``'s; the seam, ``aio.py``, passes it in)."""
+
+    def add_reader(self, fd: int, callback: Callable[[], object]) -> None: ...
+
+    def remove_reader(self, fd: int) -> bool: ...
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> Timer: ...
+
+
 _order: tuple[str, ...] = SOURCES
-_watchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, int], Watcher]] = (
-    weakref.WeakKeyDictionary()
-)
+_watchers: weakref.WeakKeyDictionary[Loop, dict[tuple[int, int], Watcher]] = weakref.WeakKeyDictionary()
 
 
 def use_sources(*names: str) -> tuple[str, ...]:
@@ -122,7 +136,7 @@ class Watcher:
     on its own connection, which its own commits leave alone), so a pool is not woken by its own commits; the
     watcher's own connection only tells when a reported write has landed, to stop re-reading."""
 
-    def __init__(self, path: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: str, loop: Loop) -> None:
         self.path = os.path.realpath(path)
         self.source = POLL
         self.closed = False
@@ -134,7 +148,7 @@ class Watcher:
         base = os.path.basename(self.path)
         self._names = frozenset((base, f"{base}-wal", f"{base}-journal"))
         self._order: tuple[str, ...] = ()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._last_write: float | None = None  # when the last write was reported; None once none is in flight
         self._after_call = False  # a file could not tell (its connection in use): ask it when its call ends
         self._tick = DATA_VERSION_TICKS_S[0]
@@ -295,9 +309,8 @@ class Watcher:
             self._timer = None
 
 
-def acquire(path: str) -> Watcher:
-    """The running loop's watcher of ``path``'s file, started if it is the first user (``release`` it)."""
-    loop = asyncio.get_running_loop()
+def acquire(path: str, loop: Loop) -> Watcher:
+    """``loop``'s watcher of ``path``'s file, started if it is the first user (``release`` it)."""
     watcher = Watcher(path, loop)
     try:
         found = os.stat(watcher.path)
@@ -317,13 +330,13 @@ def acquire(path: str) -> Watcher:
     return shared
 
 
-def watching(path: str) -> Watcher | None:
-    """The running loop's watcher of ``path``'s file, if one runs (for diagnostics and tests)."""
+def watching(path: str, loop: Loop) -> Watcher | None:
+    """``loop``'s watcher of ``path``'s file, if one runs (for diagnostics and tests)."""
     try:
         found = os.stat(os.path.realpath(path))
     except OSError:
         return None
-    return _watchers.get(asyncio.get_running_loop(), {}).get((found.st_dev, found.st_ino))
+    return _watchers.get(loop, {}).get((found.st_dev, found.st_ino))
 
 
 def release(watcher: Watcher) -> None:
