@@ -27,6 +27,7 @@ BENCHMARKS = [
     ("stats_depth.py", "Queue.stats() at depth"),
     ("pool_floor.py", "the pool against the set-based floor"),
     ("processes.py", "worker processes on one file"),
+    ("wakeup.py", "wake-up latency"),
 ]
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Self, TypeVar, cast
 
 import aiosqlite
 import anyio
 
+from asyncq.store.sqlite import wakeup
 from asyncq.store.sqlite.busy import as_busy
 from asyncq.store.sqlite.effects import effect_transaction
 
@@ -43,6 +44,10 @@ async def run_sync(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any)
         if busy is error:
             raise
         raise busy from None
+
+
+def _data_version(con: sqlite3.Connection) -> int:
+    return int(con.execute("PRAGMA data_version").fetchone()[0])
 
 
 def _rollback_if_open(con: sqlite3.Connection) -> None:
@@ -107,7 +112,8 @@ class AsyncFile:
     """One SQLite file behind one aiosqlite connection: what every SQLite store of the product runs on.
 
     Writes of one process queue on an ``asyncio.Lock`` and run whole in the connection's thread; tasks waiting for
-    new rows are woken in-process after a commit that added some. A task holding an app transaction that calls the
+    new rows are woken in-process after a commit that added some, and by the file's wake-up watcher
+    (``asyncq.store.sqlite.wakeup``) when another connection commits. A task holding an app transaction that calls the
     store again would wait for itself forever: that is refused at once with ``RuntimeError``.
     """
 
@@ -118,6 +124,12 @@ class AsyncFile:
         self._holder: asyncio.Task[Any] | None = None  # the task inside ``transaction()``, if any
         self._waiters: set[asyncio.Event] = set()
         self._busy_ms: int | None = None  # the connection's busy timeout, read once
+        self._watcher: wakeup.Watcher | None = None  # started by the first wait for rows
+        self._version: int | None = None  # the connection's data_version when last read
+        #: Whether another connection's commit may have left work for this file's waiters (``None``: any commit
+        #: may): asked before waking them, so that commits to other tables wake nobody.
+        self.may_have_work: Callable[[sqlite3.Connection], bool] | None = None
+        self._closed = False
 
     @staticmethod
     async def connect(
@@ -142,8 +154,12 @@ class AsyncFile:
         return conn
 
     async def close(self) -> None:
-        """Close the connection (waits for the transaction in progress)."""
+        """Close the connection (waits for the transaction in progress) and release the wake-up watcher."""
         async with self._locked():
+            self._closed = True
+            if self._watcher is not None:  # before the connection: the watcher's must never be the file's last
+                wakeup.release(self._watcher)
+                self._watcher = None
             await self.conn.close()
 
     async def __aenter__(self) -> Self:
@@ -160,7 +176,11 @@ class AsyncFile:
                 "block (the call would wait for the block to end, forever)"
             )
         async with self._lock:
+            if self._version is None:  # before the file's first call: a commit after it is seen as new
+                self._version = self._read_version(self.conn._conn)
             yield
+        if self._watcher is not None:  # a write reported by the watcher may be this call's, landed now
+            self._watcher.local_write_done()
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(sqlite3_connection, *args, **kwargs)`` in the connection's thread, after every call queued before
@@ -195,9 +215,7 @@ class AsyncFile:
         """``BEGIN IMMEDIATE`` if the write lock is free now; ``False`` (nothing open) if another connection
         holds it, or with ``last`` its busy error (``SqliteBusy``). A hop to the connection's thread costs 1-3 ms
         of a busy loop's time; this costs µs."""
-        busy_ms = self._busy_timeout_ms(con)
-        con.execute("PRAGMA busy_timeout = 0")
-        try:
+        with self._not_waiting(con):
             if not last:
                 return _try_begin(con)
             try:
@@ -205,6 +223,14 @@ class AsyncFile:
             except sqlite3.OperationalError as error:
                 raise as_busy(error) from None
             return True
+
+    @contextmanager
+    def _not_waiting(self, con: sqlite3.Connection) -> Iterator[None]:
+        """The connection's busy timeout is 0 inside (a statement on the loop's thread must never wait)."""
+        busy_ms = self._busy_timeout_ms(con)
+        con.execute("PRAGMA busy_timeout = 0")
+        try:
+            yield
         finally:
             con.execute(f"PRAGMA busy_timeout = {busy_ms}")
 
@@ -237,15 +263,56 @@ class AsyncFile:
             event.set()
 
     async def wait_for_rows(self, timeout: float) -> None:
-        """Return when this process commits new rows, or after ``timeout`` seconds; other processes' rows
-        are only seen by polling."""
+        """Return when new rows may be ready (this process committed some, or another connection committed to
+        the file), or after ``timeout`` seconds: the poll, if the watcher is down."""
         waiter = asyncio.Event()
         self._waiters.add(waiter)
+        if self._watcher is None and not self._closed:
+            self._watcher = wakeup.acquire(self.path, asyncio.get_running_loop())
+        watcher = self._watcher
+        if watcher is not None and len(self._waiters) == 1:
+            watcher.add(self)
         try:
             with anyio.move_on_after(timeout):
                 await waiter.wait()
         finally:
             self._waiters.discard(waiter)
+            if watcher is not None and not self._waiters:
+                watcher.discard(self)
+
+    def committed_elsewhere(self) -> bool | None:
+        """Whether another connection committed to the file since the last call, or before this file's first
+        call: ``PRAGMA data_version`` on this file's own connection, which its own commits leave unchanged.
+        ``None`` while the connection is in use or a commit holds the lock (ask again)."""
+        if self._closed or self._lock.locked():
+            return None
+        con: sqlite3.Connection = self.conn._conn
+        version = self._read_version(con)
+        if version is None or version == self._version or self._version is None:
+            self._version = self._version if version is None else version
+            return None if version is None else False
+        if self.may_have_work is not None:
+            relevant = self._without_a_lock(con, self.may_have_work)
+            if relevant is None:
+                return None  # the version is kept: the change is asked about again
+            self._version = version
+            return relevant
+        self._version = version
+        return True
+
+    def _read_version(self, con: sqlite3.Connection) -> int | None:
+        return self._without_a_lock(con, _data_version)
+
+    def _without_a_lock(self, con: sqlite3.Connection, read: Callable[[sqlite3.Connection], T]) -> T | None:
+        """``read(con)`` on this (the loop's) thread without waiting; ``None`` if a writer's lock is in the way
+        (DELETE mode: the loop would wait in the busy handler)."""
+        try:
+            with self._not_waiting(con):
+                return read(con)
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return None
+            raise
 
     @asynccontextmanager
     async def open_transaction(self, tx: TxT) -> AsyncIterator[TxT]:

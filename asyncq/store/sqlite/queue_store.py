@@ -42,6 +42,12 @@ def _check_reader(con: sqlite3.Connection, path: str) -> None:
     admin.check_version(admin.inspect(con, path), writing=False)
 
 
+def _may_have_work(con: sqlite3.Connection) -> bool:
+    """Whether a claim may find work another connection's commit left: some pending job (the first entry of the
+    pending jobs' partial index). A commit to an app's own table, or a job finished, wakes no idle pool."""
+    return con.execute(f"SELECT 1 FROM {PRODUCT.jobs} WHERE status = 'pending' LIMIT 1").fetchone() is not None
+
+
 def _level(durability: str | None, path: str) -> Durability:
     """The named level; ``None`` keeps an existing file's journal mode (a new file gets the default)."""
     if durability is None:
@@ -75,6 +81,7 @@ class SqliteQueueStore:
 
     def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
         self._file = file
+        file.may_have_work = _may_have_work
         self.location = file.path
         self.level = level
         self.capabilities = Capabilities(
