@@ -324,7 +324,12 @@ class SqliteOutboxStore:
         setup = functools.partial(open_tables, journal_mode=level.journal_mode, synchronous=level.synchronous)
         return cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
 
-    async def add(self, item: NewItem, now_ms: int) -> bool:
+    async def add(self, item: NewItem, now_ms: int, *, connection: object = None) -> bool:
+        if connection is not None:
+            raise TypeError(
+                "a SQLite outbox joins the app's transaction through outbox.transaction(), or add_sync on the app's"
+                " own sqlite3 connection"
+            )
         added: bool = await self._file.run(add, item, now_ms)
         return added
 
