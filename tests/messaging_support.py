@@ -58,6 +58,30 @@ class Place:
             return bool(found)
         return bool(await self.rows(target, "SELECT name FROM sqlite_master WHERE name = ?", name))
 
+    async def tables(self, target: str) -> dict[str, list[tuple[Any, ...]]]:
+        """Every table's rows (sorted), by its SQLite name: a whole store's state, to compare before and after."""
+        if self.postgres:
+            from asyncq.store.postgres.connection import parse_url
+
+            schema = parse_url(target).schema
+            names = await self.rows(target, "SELECT tablename FROM pg_tables WHERE schemaname = ?", schema)
+            found = {name: await self.rows(target, f"SELECT * FROM {schema}.{name}") for (name,) in names}
+            return {_sqlite_name(name): sorted(rows) for name, rows in sorted(found.items())}
+        tables = await self.rows(target, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        return {name: sorted(await self.rows(target, f"SELECT * FROM {name}")) for (name,) in tables}
+
+    async def in_no_transaction(self, target: str) -> bool:
+        """Whether no connection holds a transaction open on ``target`` (SQLite: its write lock is free; PostgreSQL:
+        no asyncq connection to this database is idle inside a transaction)."""
+        if not self.postgres:
+            return not write_lock_is_held(Path(target))
+        [(count,)] = await self.rows(
+            target,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'asyncq'"
+            " AND state LIKE 'idle in transaction%'",
+        )
+        return bool(count == 0)
+
     def sql(self, statement: str) -> str:
         """An app's statement written with ``?`` parameters, in this store's dialect."""
         return numbered(statement) if self.postgres else statement
@@ -81,6 +105,24 @@ class Place:
             return [tuple(row) for row in await conn.fetch(text, *args)]
         finally:
             await conn.close()
+
+
+def _sqlite_name(name: str) -> str:
+    return f"asyncq_{name}" if _TABLES.fullmatch(f"asyncq_{name}") else name
+
+
+def write_lock_is_held(db: Path) -> bool:
+    """Whether another connection holds the file's write lock (a ``BEGIN IMMEDIATE`` that may not wait fails)."""
+    other = sqlite3.connect(db, timeout=0, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as error:
+        assert "locked" in str(error)
+        return True
+    finally:
+        other.close()
 
 
 @pytest.fixture(params=DRIVERS)
