@@ -33,6 +33,11 @@ def numbered(statement: str) -> str:
     return re.sub(r"\?", lambda _: f"${next(count)}", statement)
 
 
+def on_postgres(statement: str, schema: str) -> str:
+    """A statement written as on SQLite (asyncq's table names, ``?`` parameters) for the store in ``schema``."""
+    return _TABLES.sub(lambda match: f"{schema}.{match.group(1)}", numbered(statement))
+
+
 @dataclass(frozen=True)
 class Place:
     """The test's outbox and inbox: paths (SQLite) or URLs (PostgreSQL), and how to read them."""
@@ -101,8 +106,7 @@ class Place:
         found = parse_url(target)
         conn = await asyncpg.connect(found.dsn)
         try:
-            text = _TABLES.sub(lambda match: f"{found.schema}.{match.group(1)}", numbered(statement))
-            return [tuple(row) for row in await conn.fetch(text, *args)]
+            return [tuple(row) for row in await conn.fetch(on_postgres(statement, found.schema), *args)]
         finally:
             await conn.close()
 
