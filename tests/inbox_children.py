@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncq.inbox import EffectTransaction, make_inbox_app
 from asyncq.web.serving import serve
 
-EFFECTS_DDL = {
-    "postgresql": ("CREATE TABLE IF NOT EXISTS effects (id text NOT NULL)",),
-    "sqlite": ("CREATE TABLE IF NOT EXISTS effects (id TEXT NOT NULL)",),
+#: The effect's table (the same text on both stores) and its row.
+EFFECTS_DDL = ("CREATE TABLE IF NOT EXISTS effects (id text NOT NULL, at bigint NOT NULL)",)
+ADD_EFFECT = {
+    "postgresql": "INSERT INTO effects (id, at) VALUES ($1, $2)",
+    "sqlite": "INSERT INTO effects (id, at) VALUES (?, ?)",
 }
-ADD_EFFECT = {"postgresql": "INSERT INTO effects (id) VALUES ($1)", "sqlite": "INSERT INTO effects (id) VALUES (?)"}
 BACKEND = {"postgresql": "SELECT pg_backend_pid()", "sqlite": "SELECT 0"}
 
 
@@ -33,7 +35,7 @@ def say(**fields: Any) -> None:
 
 
 def effect(tx: EffectTransaction, event_id: str, body: Any) -> None:
-    tx.execute(ADD_EFFECT[tx.dialect], (event_id,))
+    tx.execute(ADD_EFFECT[tx.dialect], (event_id, time.monotonic_ns()))
     if type(body) is dict and body.get("hang"):
         [(backend,)] = tx.execute(BACKEND[tx.dialect])
         say(in_effect=event_id, backend=backend)
@@ -41,8 +43,7 @@ def effect(tx: EffectTransaction, event_id: str, body: Any) -> None:
 
 
 def main(config: dict[str, Any]) -> None:
-    dialect = "postgresql" if config["db"].startswith("postgresql://") else "sqlite"
-    app = make_inbox_app(config["db"], effect=effect, ddl=EFFECTS_DDL[dialect])
+    app = make_inbox_app(config["db"], effect=effect, ddl=EFFECTS_DDL)
     asyncio.run(serve(app, "127.0.0.1", 0, "/events", lambda url: say(url=url)))
 
 
