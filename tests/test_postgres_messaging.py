@@ -43,10 +43,9 @@ CHILD = Path(__file__).resolve().parent / "inbox_children.py"
 
 
 @pytest.fixture
-async def url() -> AsyncIterator[str]:
+def url(postgres_url: str) -> str:
     """A store URL of a fresh schema (the app's tables resolve there too), dropped after the test."""
-    async with fresh_schema() as (found, _schema):
-        yield found
+    return postgres_url
 
 
 @pytest.fixture
