@@ -24,6 +24,7 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
+from cli_support import run_cli, run_json
 from inbox_children import EFFECTS_DDL  # the child's table: a restarted receiver goes on with it
 from postgres_support import fresh_schema, run_database
 
@@ -433,3 +434,13 @@ async def test_the_amqp_consumers_store_is_sqlite_only_and_says_so(url: str) -> 
     consumer = IdempotentConsumer(url, lambda tx, delivery: None, queue="q", url="amqp://guest:guest@127.0.0.1:1/")
     with pytest.raises(ValueError, match="no PostgreSQL driver"):
         await consumer.start()  # refused before the broker is reached
+
+
+async def test_asyncq_status_reads_a_receivers_inbox_by_url(url: str, sink: str, tmp_path: Path) -> None:
+    async with await Queue.open(url) as queue, Inbox(sink) as inbox:
+        await queue.enqueue("j", {})
+        assert [await inbox.receive("e-1", {}), await inbox.receive("e-1", {})] == ["applied", "duplicate"]
+    found = await asyncio.to_thread(run_json, "status", "--db", url, "--inbox", sink, cwd=tmp_path)
+    assert found["inbox"] == {"file": sink, "applied": 1, "duplicates": 1, "conflicts": 0}
+    missing = await asyncio.to_thread(run_cli, "status", "--db", url, "--inbox", url, cwd=tmp_path)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "not an asyncq inbox" in missing.stderr
