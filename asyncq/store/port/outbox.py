@@ -27,6 +27,7 @@ What every outbox store must guarantee:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -123,6 +124,12 @@ class AuditEntry:
     last_error: str | None
     skipped_ahead_of: list[str]
     skipped_count: int
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> AuditEntry:
+        """A stored audit row: its columns in this class's order, ``skipped_ahead_of`` as JSON text."""
+        item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
+        return cls(item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count)
 
 
 @dataclass(frozen=True)

@@ -251,14 +251,7 @@ async def _operate(
 
 async def _audit(conn: Connection, schema: str, item_id: str | None) -> list[AuditEntry]:
     rows = await conn.fetch(SELECT_AUDIT.format(s=schema), item_id)
-    return [_audit_entry(*row) for row in rows]
-
-
-def _audit_entry(*row: Any) -> AuditEntry:
-    item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
-    return AuditEntry(
-        item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count
-    )
+    return [AuditEntry.from_row(row) for row in rows]
 
 
 async def _figures(conn: Connection, schema: str, now_ms: int) -> Figures:

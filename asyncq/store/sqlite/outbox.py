@@ -254,14 +254,7 @@ def _audit_params(seq: int, entry: AuditEntry) -> dict[str, Any]:
 def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[AuditEntry]:
     """The audit rows of one item (or of all items), oldest first."""
     rows = con.execute(SELECT_AUDIT, {"id": item_id}).fetchall()
-    return [_audit_entry(*row) for row in rows]
-
-
-def _audit_entry(*row: Any) -> AuditEntry:
-    item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
-    return AuditEntry(
-        item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count
-    )
+    return [AuditEntry.from_row(row) for row in rows]
 
 
 def read_figures(con: sqlite3.Connection, now_ms: int) -> Figures:
