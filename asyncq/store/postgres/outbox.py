@@ -1,5 +1,6 @@
 """``PostgresOutboxStore``: the outbox store's port on PostgreSQL (``asyncq.store.port.outbox`` draws the edges
-an item moves along). Its tables live in the store's schema beside the queue's, migrated as component ``outbox``.
+an item moves along). Its tables (``outbox_schema``) live in the store's schema beside the queue's, migrated as
+component ``outbox``.
 
 **Order across hosts.** Items are delivered in ``seq`` order, so ``seq`` order must be commit order: an item
 whose number is lower but whose transaction commits later would otherwise be found after its successor was
@@ -38,56 +39,11 @@ from asyncq.store.port.outbox import (
     OutboxStoreTransaction,
     Step,
 )
-from asyncq.store.postgres.connection import Connection, Migrations, Target
+from asyncq.store.postgres.connection import Connection, Target
 from asyncq.store.postgres.effects import execute_inside
 from asyncq.store.postgres.failures import PostgresBusy
+from asyncq.store.postgres.outbox_schema import OUTBOX
 from asyncq.store.postgres.pooled import PooledStore, app_connection, one_row, raise_translated
-
-OUTBOX = Migrations(
-    component="outbox",
-    steps=(
-        (
-            """CREATE TABLE {schema}.outbox (
-  seq bigint PRIMARY KEY,
-  id text NOT NULL UNIQUE,
-  topic text NOT NULL,
-  body text NOT NULL,
-  created_at bigint NOT NULL,
-  state text NOT NULL CHECK (state IN ('unsent', 'sent', 'alarm', 'quarantined')),
-  attempts integer NOT NULL DEFAULT 0,
-  budget_from integer NOT NULL DEFAULT 0,
-  last_error text,
-  next_attempt_at bigint NOT NULL,
-  sent_at bigint
-) WITH (fillfactor = 80)""",
-            # The head and the figures read the waiting items only: sent ones leave the index.
-            "CREATE INDEX outbox_waiting ON {schema}.outbox (seq) WHERE state IN ('unsent', 'alarm')",
-            "CREATE INDEX outbox_quarantined ON {schema}.outbox (seq) WHERE state = 'quarantined'",
-            """CREATE TABLE {schema}.outbox_audit (
-  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  id text NOT NULL,
-  item_seq bigint NOT NULL,
-  at_ms bigint NOT NULL,
-  action text NOT NULL CHECK (action IN ('retry', 'quarantine', 'requeue')),
-  from_state text NOT NULL,
-  note text NOT NULL,
-  reason text,
-  attempts integer NOT NULL,
-  last_error text,
-  skipped_ahead_of text NOT NULL,
-  skipped_count integer NOT NULL
-)""",
-            "CREATE INDEX outbox_audit_id ON {schema}.outbox_audit (id)",
-            """CREATE TABLE {schema}.outbox_lease (
-  name text PRIMARY KEY,
-  owner text,
-  token bigint NOT NULL,
-  lease_until bigint
-)""",
-            "INSERT INTO {schema}.outbox_lease (name, token) VALUES ('relay', 0)",
-        ),
-    ),
-)
 
 ITEM_COLUMNS = "seq, id, topic, body, created_at, state, attempts, budget_from, last_error, next_attempt_at, sent_at"
 ORDER_LOCK = "SELECT pg_advisory_xact_lock($1)"
