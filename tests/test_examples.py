@@ -135,3 +135,42 @@ def test_the_readme_tasks_quickstart_is_the_tasks_example() -> None:
         "receipt = await job.result(timeout=10.0)",
     ):
         assert line in readme and line in example, line
+
+
+@pytest.mark.timeout(60)
+def test_the_postgres_outbox_example_runs_twice_and_is_the_readmes(postgres_database: str) -> None:
+    """``examples/postgres_outbox.py`` on a schema of its own: the event goes out once, its effect lands once."""
+    import asyncio
+
+    from postgres_support import execute, new_schema_name, queue_url
+
+    schema = new_schema_name()
+    url = queue_url(postgres_database, schema)  # the outbox, the inbox and the app's tables: all in the schema
+    argv = [
+        sys.executable,
+        str(ROOT / "examples" / "postgres_outbox.py"),
+        url,
+        f"{postgres_database}?search_path={schema}",
+    ]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    try:
+        runs = [subprocess.run(argv, capture_output=True, text=True, timeout=50, env=env) for _ in range(2)]
+        assert [run.returncode for run in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+        assert "sent=1, stopped='idle'" in runs[0].stdout and "sent=0, stopped='idle'" in runs[1].stdout
+        assert "inbox {'applied': 1, 'duplicates': 0, 'conflicts': 0}" in runs[1].stdout
+        found = asyncio.run(
+            _rows(postgres_database, f"SELECT o.state, s.event FROM {schema}.orders o, {schema}.shipments s")
+        )
+        assert found == [("paid", "order-1-paid")]
+    finally:
+        asyncio.run(execute(postgres_database, f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "postgres_outbox.py").read_text()
+    blocks = [block.split("```")[0].strip() for block in readme.split("```python")[1:]]
+    [block] = [block for block in blocks if block.startswith('outbox = await Outbox.open("postgresql://')]
+    [opening, *lines] = block.splitlines()
+    assert (
+        opening.startswith('outbox = await Outbox.open("postgresql://') and "outbox = await Outbox.open(url)" in example
+    )
+    for line in lines:
+        assert line.strip() in example, line

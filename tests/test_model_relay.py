@@ -1,13 +1,16 @@
 """Outbox → relay → inbox against a plain-Python model (``relay_model``), one Hypothesis state machine.
 
-Real parts: an ``Outbox`` on a file, one ``Relay`` delivering with ``HttpTransport`` to an ``asyncq.inbox`` receiver
-served by aiohttp on 127.0.0.1 (its own file, an effect that writes one ``effects`` row per application), the same
-injected clock for all. Rules: add items (the same id and body again is a no-op, another body or topic is
-``Conflict``; also inside an app transaction that commits or raises), relay passes, the clock jumping by powers of
-4 ms either way, the receiver stopped, started and restarted on its port, the receiver answering 503, 422, a
-500 after applying, or an ACK for another id (for every item or one), an operator's retry, and the relay crashing
-(its lease left to expire), stalling (it runs again later, believing it holds its lease) or stopping cleanly
-(the lease released), with the outbox closed and reopened.
+Real parts: an ``Outbox`` on a store, one ``Relay`` delivering with ``HttpTransport`` to an ``asyncq.inbox`` receiver
+served by aiohttp on 127.0.0.1 (its own store, an effect that writes one ``effects`` row per application), the same
+injected clock for all. The machine runs on each driver: two SQLite files, or two fresh schemas of this run's
+PostgreSQL database per example (read through connections of the machine's own, dropped at its end).
+
+Rules: add items (the same id and body again is a no-op, another body or topic is ``Conflict``; also inside an app
+transaction that commits or raises), relay passes, the clock jumping by powers of 4 ms either way, the receiver
+stopped, started and restarted on its port, the receiver answering 503, 422, a 500 after applying, or an ACK for
+another id (for every item or one), an operator's retry, and the relay crashing (its lease left to expire), stalling
+(it runs again later, believing it holds its lease) or stopping cleanly (the lease released), with the outbox closed
+and reopened.
 
 After every step every row of the outbox, its lease, the app's table, the inbox and the effects must equal the
 model, and the relay's promises hold on their own: every item is applied at most once, the effects come in the
@@ -15,7 +18,8 @@ outbox's order, and an item marked sent has been applied. After the last step a 
 up, operators retrying alarms, time moving past every backoff and lease) must leave every item sent and applied
 exactly once, in order. The client connects anew for each request (``force_close``): a pooled connection to a
 receiver that restarted would fail its next request or not depending on timing, which no model can tell.
-Size: ``ASYNCQ_MODEL_RELAY_EXAMPLES`` × ``ASYNCQ_MODEL_RELAY_STEPS`` (CI: 150 × 40); a failure prints its blob.
+Size: ``ASYNCQ_MODEL_RELAY_EXAMPLES`` × ``ASYNCQ_MODEL_RELAY_STEPS`` (CI: 150 × 40 on SQLite; PostgreSQL takes a
+third of the examples, ``ASYNCQ_MODEL_RELAY_PG_EXAMPLES`` to change it); a failure prints its blob.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sqlite3
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import astuple
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -43,10 +47,13 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from messaging_support import on_postgres
+from postgres_support import execute as pg_execute
+from postgres_support import new_schema_name, queue_url, run_database
 from relay_model import Model, Result, Settings
 
 from asyncq import Conflict, HttpTransport, Outbox, Relay, RetryPolicy
-from asyncq.inbox import make_inbox_app
+from asyncq.inbox import EffectTransaction, make_inbox_app
 
 T0 = 1_700_000_000_000
 IDS = ("a", "b", "c", "d", "e", "f")
@@ -54,7 +61,6 @@ TOPICS = ("default", "orders")
 FAULTS = (None, None, None, "unavailable", "refuse", "lost-answer", "bad-ack")
 JUMPS = (0, *(4**k for k in range(1, 10)), *(4**k for k in range(1, 10)), *(-(4**k) for k in range(1, 10)))
 SETTINGS = Settings(batch=3, lease_ms=4096, alarm_after=2, base_ms=100, cap_ms=1600, poll_ms=1000)
-EFFECTS_DDL = ("CREATE TABLE IF NOT EXISTS effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)",)
 AUDIT_COLUMNS = (
     "item_seq, id, at_ms, action, from_state, note, reason, attempts, last_error, skipped_ahead_of, skipped_count"
 )
@@ -73,9 +79,12 @@ def body_of(item_id: str, variant: str) -> Any:
     return {"same": {"id": item_id, "n": 1}, "reordered": {"n": 1, "id": item_id}}.get(variant, [item_id, 2])
 
 
-def effect(con: sqlite3.Connection, event_id: str, body: Any) -> None:
+ADD_EFFECT = {"sqlite": "INSERT INTO effects (id) VALUES (?)", "postgresql": "INSERT INTO effects (id) VALUES ($1)"}
+
+
+def effect(tx: EffectTransaction, event_id: str, body: Any) -> None:
     """The receiver's effect, in the inbox row's transaction: one row per application, never deduplicated."""
-    con.execute("INSERT INTO effects (id) VALUES (?)", (event_id,))
+    tx.execute(ADD_EFFECT[tx.dialect], (event_id,))
 
 
 class FaultGate:
@@ -105,38 +114,96 @@ def error_type(text: str | None) -> str | None:
     return None if text is None else text.split(":")[0]
 
 
-def read_files(outbox: str, inbox: str) -> dict[str, list[tuple[Any, ...]]]:
-    """The stores' rows through fresh connections (``last_error`` cut to its error type)."""
-    con = sqlite3.connect(outbox, timeout=0)
-    try:
-        items = [(*row[:8], error_type(row[8]), *row[9:])
-                 for row in con.execute(f"SELECT {ITEM_COLUMNS} FROM asyncq_outbox ORDER BY seq")]  # fmt: skip
-        audit = [(*row[:8], error_type(row[8]), json.loads(row[9]), row[10])
-                 for row in con.execute(f"SELECT {AUDIT_COLUMNS} FROM asyncq_outbox_audit ORDER BY seq")]  # fmt: skip
-        found = {
-            "items": items,
-            "audit": audit,
-            "lease": con.execute("SELECT owner, token, lease_until FROM asyncq_outbox_lease").fetchall(),
-            "app": con.execute("SELECT seq, value FROM app_rows ORDER BY seq").fetchall(),
-        }
-    finally:
-        con.close()
-    con = sqlite3.connect(inbox, timeout=0)
-    try:
-        found["inbox"] = con.execute("SELECT * FROM asyncq_inbox ORDER BY id").fetchall()
-        found["effects"] = [event_id for (event_id,) in con.execute("SELECT id FROM effects ORDER BY seq")]
-    finally:
-        con.close()
-    return found
+class SqliteStores:
+    """The machine's outbox and inbox as two files of a temporary folder, read through fresh connections."""
+
+    outbox_options: ClassVar[dict[str, Any]] = {"durability": "normal"}
+    APP_TABLE = "CREATE TABLE app_rows (seq INTEGER PRIMARY KEY AUTOINCREMENT, value INTEGER NOT NULL)"
+    ADD_APP_ROW = "INSERT INTO app_rows (value) VALUES (?)"
+    EFFECTS_DDL = ("CREATE TABLE IF NOT EXISTS effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL)",)
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="asyncq-relay-model-")
+        self.outbox, self.inbox = os.path.join(self.dir, "app.db"), os.path.join(self.dir, "inbox.db")
+
+    async def start(self) -> None:
+        pass
+
+    async def fetch(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        con = sqlite3.connect(target, timeout=0)
+        try:
+            return con.execute(statement).fetchall()
+        finally:
+            con.close()
+
+    async def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresStores:
+    """The machine's outbox and inbox as two fresh schemas of this run's database (their URLs resolve the app's
+    tables there too), read through two connections of the machine's own; dropped at its end. The app's rows are
+    numbered ``max + 1`` like SQLite's AUTOINCREMENT after a rollback (a sequence would leave a gap)."""
+
+    outbox_options: ClassVar[dict[str, Any]] = {}
+    APP_TABLE = "CREATE TABLE app_rows (seq integer PRIMARY KEY, value integer NOT NULL)"
+    ADD_APP_ROW = "INSERT INTO app_rows (seq, value) SELECT coalesce(max(seq), 0) + 1, $1 FROM app_rows"
+    EFFECTS_DDL = (
+        "CREATE TABLE IF NOT EXISTS effects (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id text NOT NULL)",
+    )
+
+    def __init__(self) -> None:
+        self.schemas = (new_schema_name(), new_schema_name())
+        self.outbox, self.inbox = (queue_url(run_database(), schema) for schema in self.schemas)
+        self.readers: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        import asyncpg
+
+        from asyncq.store.postgres.connection import parse_url
+
+        for target in (self.outbox, self.inbox):
+            self.readers[target] = await asyncpg.connect(parse_url(target).dsn)
+
+    async def fetch(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        from asyncq.store.postgres.connection import parse_url
+
+        text = on_postgres(statement, parse_url(target).schema)
+        return [tuple(row) for row in await self.readers[target].fetch(text)]
+
+    async def close(self) -> None:
+        for reader in self.readers.values():
+            await reader.close()
+        for schema in self.schemas:
+            await pg_execute(run_database(), f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+async def read_stores(stores: SqliteStores | PostgresStores) -> dict[str, list[tuple[Any, ...]]]:
+    """The stores' rows through the machine's own connections (``last_error`` cut to its error type)."""
+    outbox, inbox = stores.outbox, stores.inbox
+    item_rows = await stores.fetch(outbox, f"SELECT {ITEM_COLUMNS} FROM asyncq_outbox ORDER BY seq")
+    audit_rows = await stores.fetch(outbox, f"SELECT {AUDIT_COLUMNS} FROM asyncq_outbox_audit ORDER BY seq")
+    items = [(*row[:8], error_type(row[8]), *row[9:]) for row in item_rows]
+    audit = [(*row[:8], error_type(row[8]), json.loads(row[9]), row[10]) for row in audit_rows]
+    return {
+        "items": items,
+        "audit": audit,
+        "lease": await stores.fetch(outbox, "SELECT owner, token, lease_until FROM asyncq_outbox_lease"),
+        "app": await stores.fetch(outbox, "SELECT seq, value FROM app_rows ORDER BY seq"),
+        "inbox": await stores.fetch(inbox, "SELECT * FROM asyncq_inbox ORDER BY id"),
+        "effects": [event_id for (event_id,) in await stores.fetch(inbox, "SELECT id FROM effects ORDER BY seq")],
+    }
 
 
 class RelayMachine(RuleBasedStateMachine):
     """The three parts, their model, and whether a check failed already (then the drain is not run)."""
 
+    Stores: type[SqliteStores | PostgresStores] = SqliteStores
+
     def __init__(self) -> None:
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="asyncq-relay-model-")
-        self.outbox_path, self.inbox_path = os.path.join(self.dir, "app.db"), os.path.join(self.dir, "inbox.db")
+        self.stores = self.Stores()
+        self.outbox_path, self.inbox_path = self.stores.outbox, self.stores.inbox
         self.clock, self.port, self.restarts = [T0], 0, 0
         self.gate, self.runner = FaultGate(), None
         self.model, self.broken = Model(SETTINGS), False
@@ -147,14 +214,18 @@ class RelayMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(awaitable)
 
     async def start(self) -> None:
-        self.outbox = await Outbox.open(self.outbox_path, clock=lambda: self.clock[0], durability="normal")
+        self.outbox = await self.open_outbox()
         async with self.outbox.transaction() as tx:
-            await tx.execute("CREATE TABLE app_rows (seq INTEGER PRIMARY KEY AUTOINCREMENT, value INTEGER NOT NULL)")
+            await tx.execute(self.stores.APP_TABLE)
         await self.start_receiver()
+        await self.stores.start()
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), trust_env=False)
         self.transport = HttpTransport(f"http://127.0.0.1:{self.port}/events", session=self.session, timeout=5.0)
         self.relay = self.new_relay()
         self.stalled: dict[str, Relay] = {}  # relays that crashed-stopped and may come back (same outbox connection)
+
+    async def open_outbox(self) -> Outbox:
+        return await Outbox.open(self.outbox_path, clock=lambda: self.clock[0], **self.stores.outbox_options)
 
     def new_relay(self) -> Relay:
         retry = RetryPolicy(base_ms=SETTINGS.base_ms, cap_ms=SETTINGS.cap_ms, jitter=lambda: 1.0)
@@ -163,7 +234,7 @@ class RelayMachine(RuleBasedStateMachine):
                      **options)  # fmt: skip
 
     async def start_receiver(self) -> None:
-        app = make_inbox_app(self.inbox_path, effect=effect, ddl=EFFECTS_DDL, clock=lambda: self.clock[0])
+        app = make_inbox_app(self.inbox_path, effect=effect, ddl=self.stores.EFFECTS_DDL, clock=lambda: self.clock[0])
         app.middlewares.append(self.gate.middleware)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -181,8 +252,8 @@ class RelayMachine(RuleBasedStateMachine):
                 self.drain()
         finally:
             self.run(self.close())
+            self.run(self.stores.close())
             self.loop.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
 
     async def close(self) -> None:
         await self.stop_receiver()
@@ -227,7 +298,7 @@ class RelayMachine(RuleBasedStateMachine):
             if via == "add":
                 return await self.outbox.add(item_id, body, topic=topic)
             async with self.outbox.transaction() as tx:
-                await tx.execute("INSERT INTO app_rows (value) VALUES (?)", (value,))
+                await tx.execute(self.stores.ADD_APP_ROW, (value,))
                 added = await tx.add(item_id, body, topic=topic)
                 if via == "raise":
                     raise Boom("the app fails after its writes")
@@ -309,7 +380,7 @@ class RelayMachine(RuleBasedStateMachine):
                 del self.model.held[owner]
             self.stalled.clear()
             self.run(self.outbox.close())
-            self.outbox = self.run(Outbox.open(self.outbox_path, clock=lambda: self.clock[0], durability="normal"))
+            self.outbox = self.run(self.open_outbox())
         self.restarts += 1
         self.model.owner = f"relay-{self.restarts}"
         self.model.held[self.model.owner] = None
@@ -328,7 +399,7 @@ class RelayMachine(RuleBasedStateMachine):
 
     @invariant()
     def stores_match_the_model(self) -> None:
-        found, m = read_files(self.outbox_path, self.inbox_path), self.model
+        found, m = self.run(read_stores(self.stores)), self.model
         items = sorted(m.items.values(), key=lambda item: item.seq)
         expected = [tuple(vars(item).values()) for item in items]
         self.check(found["items"] == expected, f"outbox {found['items']} != model {expected}")
@@ -363,18 +434,31 @@ class RelayMachine(RuleBasedStateMachine):
             if all(item.state == "sent" for item in self.model.items.values()):
                 break
         order = [item.id for item in sorted(self.model.items.values(), key=lambda item: item.seq)]
-        effects = read_files(self.outbox_path, self.inbox_path)["effects"]
+        effects = self.run(read_stores(self.stores))["effects"]
         assert effects == order, f"after the drain: effects {effects}, items {order}"
 
 
-# A passing run takes ~20 s; a failing one shrinks for up to Hypothesis's own five minutes (a pytest timeout raised
-# into that would end it with a FlakyFailure instead).
+class PostgresRelayMachine(RelayMachine):
+    Stores = PostgresStores
+
+
+MACHINES = {"sqlite": (RelayMachine, 1), "postgresql": (PostgresRelayMachine, 3)}
+
+
+# A passing run takes ~20 s on SQLite; a failing one shrinks for up to Hypothesis's own five minutes (a pytest timeout
+# raised into that would end it with a FlakyFailure instead).
 @pytest.mark.timeout(420)
-def test_outbox_relay_inbox_match_their_model() -> None:
+@pytest.mark.parametrize("driver", sorted(MACHINES))
+def test_outbox_relay_inbox_match_their_model(driver: str, request: pytest.FixtureRequest) -> None:
+    machine, share = MACHINES[driver]
+    examples = int(os.environ.get("ASYNCQ_MODEL_RELAY_EXAMPLES", "150")) // share
+    if driver == "postgresql":
+        request.getfixturevalue("postgres_database")
+        examples = int(os.environ.get("ASYNCQ_MODEL_RELAY_PG_EXAMPLES", str(examples)))
     run_state_machine_as_test(
-        RelayMachine,
+        machine,
         settings=settings(
-            max_examples=int(os.environ.get("ASYNCQ_MODEL_RELAY_EXAMPLES", "150")),
+            max_examples=max(1, examples),
             stateful_step_count=int(os.environ.get("ASYNCQ_MODEL_RELAY_STEPS", "40")),
             deadline=None,
             print_blob=True,

@@ -1,5 +1,7 @@
-"""The product outbox and its relay on real SQLite files, a real inbox receiver on loopback, and real child
-processes (restarted relays, a relay SIGKILLed in the middle of a delivery)."""
+"""The product outbox and its relay on each store (real SQLite files; schemas of the real PostgreSQL server), a real
+inbox receiver on loopback on the same store, and real child processes (restarted relays, a relay SIGKILLed in the
+middle of a delivery). ``messaging_support.place`` says where the stores live; the SQLite driver's own cases (its
+``add_sync``, a file locked by another process) run on SQLite only."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from messaging_support import Place
 
 from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
@@ -73,7 +76,7 @@ class Receiver:
 
 
 @asynccontextmanager
-async def running_inbox(db: Path, receiver: Receiver) -> AsyncIterator[str]:
+async def running_inbox(db: Path | str, receiver: Receiver) -> AsyncIterator[str]:
     app = make_inbox_app(db, effect=receiver.effect)
     app.middlewares.append(receiver.gate)
     runner = web.AppRunner(app)
@@ -86,8 +89,8 @@ async def running_inbox(db: Path, receiver: Receiver) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Read through an independent connection."""
+def file_rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Read a SQLite file through an independent connection."""
     con = sqlite3.connect(db)
     try:
         return con.execute(sql).fetchall()
@@ -95,14 +98,18 @@ def rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def item(db: Path, item_id: str) -> dict[str, Any]:
+async def item(place: Place, item_id: str) -> dict[str, Any]:
     columns = ("state", "attempts", "last_error", "next_attempt_at", "sent_at")
-    [row] = rows(db, f"SELECT {', '.join(columns)} FROM asyncq_outbox WHERE id = '{item_id}'")
+    [row] = await place.rows(place.outbox, f"SELECT {', '.join(columns)} FROM asyncq_outbox WHERE id = ?", item_id)
     return dict(zip(columns, row, strict=True))
 
 
-def states(db: Path) -> list[tuple[str, str]]:
-    return [(i, s) for i, s in rows(db, "SELECT id, state FROM asyncq_outbox ORDER BY seq")]
+async def states(place: Place) -> list[tuple[str, str]]:
+    return [(i, s) for i, s in await place.rows(place.outbox, "SELECT id, state FROM asyncq_outbox ORDER BY seq")]
+
+
+async def lease_row(place: Place) -> list[tuple[Any, ...]]:
+    return await place.rows(place.outbox, "SELECT owner, token FROM asyncq_outbox_lease")
 
 
 async def child(mode: str, config: dict[str, Any], cwd: Path) -> list[dict[str, Any]]:
@@ -140,20 +147,19 @@ def clock() -> Clock:
 # --- adding: atomic with the app's rows --------------------------------------------------------------------------
 
 
-async def test_items_commit_and_roll_back_with_the_apps_rows(tmp_path: Path, clock: Clock) -> None:
-    db = tmp_path / "app.db"
-    async with await Outbox.open(str(db), clock=clock) as outbox:
+async def test_items_commit_and_roll_back_with_the_apps_rows(place: Place, clock: Clock) -> None:
+    async with await Outbox.open(place.outbox, clock=clock) as outbox:
         async with outbox.transaction() as tx:
             await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
         with pytest.raises(RuntimeError):
             async with outbox.transaction() as tx:
-                await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-1", 1))
+                await tx.execute(place.sql("INSERT INTO orders VALUES (?, ?)"), ("o-1", 1))
                 assert await tx.add("o-1", {"qty": 1, "item": "snack"}, topic="orders")
                 raise RuntimeError("the app fails after both writes")
-        assert rows(db, "SELECT * FROM orders") == [] and states(db) == []
+        assert await place.rows(place.outbox, "SELECT * FROM orders") == [] and await states(place) == []
 
         async with outbox.transaction() as tx:
-            await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-1", 1))
+            await tx.execute(place.sql("INSERT INTO orders VALUES (?, ?)"), ("o-1", 1))
             assert await tx.add("o-1", {"qty": 1, "item": "snack"}, topic="orders")
         assert await outbox.add("o-1", {"item": "snack", "qty": 1}, topic="orders") is False  # same canonical body
         with pytest.raises(Conflict):
@@ -162,7 +168,7 @@ async def test_items_commit_and_roll_back_with_the_apps_rows(tmp_path: Path, clo
             await outbox.add("o-1", {"qty": 1, "item": "snack"})  # another topic
         with pytest.raises(Conflict):  # a conflict inside the app's transaction rolls its rows back too
             async with outbox.transaction() as tx:
-                await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-2", 2))
+                await tx.execute(place.sql("INSERT INTO orders VALUES (?, ?)"), ("o-2", 2))
                 await tx.add("o-1", {"qty": 9})
         for bad in ("", "o 1", "x" * 65):
             with pytest.raises(ValueError):
@@ -171,7 +177,8 @@ async def test_items_commit_and_roll_back_with_the_apps_rows(tmp_path: Path, clo
             await outbox.add("o-3", {"qty": float("nan")})
         found = await outbox.get("o-1")
         assert found is not None and (found.state, found.attempts, found.created_at) == ("unsent", 0, clock.now)
-    assert rows(db, "SELECT * FROM orders") == [("o-1", 1)] and states(db) == [("o-1", "unsent")]
+    assert await place.rows(place.outbox, "SELECT * FROM orders") == [("o-1", 1)]
+    assert await states(place) == [("o-1", "unsent")]
 
 
 async def test_add_sync_joins_the_callers_sqlite3_transaction(tmp_path: Path, clock: Clock) -> None:
@@ -183,8 +190,8 @@ async def test_add_sync_joins_the_callers_sqlite3_transaction(tmp_path: Path, cl
         con.execute("INSERT INTO orders VALUES ('o-1')")
         assert add_sync(con, "o-1", {"qty": 1}, now_ms=5)
         con.execute("ROLLBACK")
-        assert rows(db, "SELECT * FROM orders") == []
-        assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'asyncq_outbox'") == []  # rolled back too
+        assert file_rows(db, "SELECT * FROM orders") == []
+        assert file_rows(db, "SELECT name FROM sqlite_master WHERE name = 'asyncq_outbox'") == []  # rolled back too
         con.execute("BEGIN IMMEDIATE")
         con.execute("INSERT INTO orders VALUES ('o-1')")
         assert add_sync(con, "o-1", {"qty": 1}, now_ms=5)
@@ -203,11 +210,10 @@ async def test_add_sync_joins_the_callers_sqlite3_transaction(tmp_path: Path, cl
 # --- order, backoff, alarm ---------------------------------------------------------------------------------------
 
 
-async def test_a_failing_middle_item_holds_back_the_ones_behind_it(tmp_path: Path, clock: Clock) -> None:
+async def test_a_failing_middle_item_holds_back_the_ones_behind_it(place: Place, clock: Clock) -> None:
     receiver = Receiver()
     receiver.poison["B"] = RuntimeError  # the receiver answers 500: Retryable
-    db = tmp_path / "app.db"
-    async with running_inbox(tmp_path / "sink.db", receiver) as url, await Outbox.open(str(db), clock=clock) as outbox:
+    async with running_inbox(place.inbox, receiver) as url, await Outbox.open(place.outbox, clock=clock) as outbox:
         for item_id in "ABC":
             await outbox.add(item_id, {"qty": 1})
         transport = HttpTransport(url, timeout=5)
@@ -216,9 +222,10 @@ async def test_a_failing_middle_item_holds_back_the_ones_behind_it(tmp_path: Pat
             first = await relay.run_once()
             assert (first.sent, first.stopped, first.head_id, first.wait_ms) == (1, "failed", "B", 100)
             assert "Retryable" in (first.error or "")
-            assert states(db) == [("A", "sent"), ("B", "unsent"), ("C", "unsent")]
-            assert item(db, "B")["attempts"] == 1 and item(db, "B")["next_attempt_at"] == clock.now + 100
-            assert item(db, "C")["attempts"] == 0
+            assert await states(place) == [("A", "sent"), ("B", "unsent"), ("C", "unsent")]
+            assert (await item(place, "B"))["attempts"] == 1
+            assert (await item(place, "B"))["next_attempt_at"] == clock.now + 100
+            assert (await item(place, "C"))["attempts"] == 0
 
             waiting = await relay.run_once()  # not due yet: nothing is sent, B is not tried
             assert (waiting.sent, waiting.stopped, waiting.wait_ms) == (0, "backoff", 100)
@@ -233,47 +240,57 @@ async def test_a_failing_middle_item_holds_back_the_ones_behind_it(tmp_path: Pat
         finally:
             await transport.close()
     assert receiver.applied == ["A", "B", "C"]  # the order of the first successful deliveries
-    assert [i for (i,) in rows(tmp_path / "sink.db", "SELECT id FROM asyncq_inbox ORDER BY rowid")] == ["A", "B", "C"]
-    assert receiver.requests == ["A", "B", "B", "B", "C"] and item(db, "B")["attempts"] == 3
+    inserted = await place.rows(place.inbox, f"SELECT id FROM asyncq_inbox ORDER BY {place.insertion_order}")
+    assert [i for (i,) in inserted] == ["A", "B", "C"]
+    assert receiver.requests == ["A", "B", "B", "B", "C"] and (await item(place, "B"))["attempts"] == 3
 
 
-async def test_alarm_and_attempts_survive_a_restart_and_nothing_behind_moves(tmp_path: Path) -> None:
-    receiver = Receiver()
-    receiver.poison["B"] = RuntimeError
-    db = tmp_path / "app.db"
-    con = sqlite3.connect(db, isolation_level=None)
-    for item_id in "ABC":
+async def seed(place: Place, ids: str) -> None:
+    """Items added by another program before the relays start (on SQLite through its own ``sqlite3`` connection)."""
+    if place.postgres:
+        async with await Outbox.open(place.outbox) as outbox:
+            for item_id in ids:
+                await outbox.add(item_id, {"qty": 1})
+        return
+    con = sqlite3.connect(place.outbox, isolation_level=None)
+    for item_id in ids:
         add_sync(con, item_id, {"qty": 1})
     con.close()
-    async with running_inbox(tmp_path / "sink.db", receiver) as url:
-        config = {"db": str(db), "url": url, "alarm_after": 3}
+
+
+async def test_alarm_and_attempts_survive_a_restart_and_nothing_behind_moves(place: Place, tmp_path: Path) -> None:
+    receiver = Receiver()
+    receiver.poison["B"] = RuntimeError
+    await seed(place, "ABC")
+    async with running_inbox(place.inbox, receiver) as url:
+        config = {"db": place.outbox, "url": url, "alarm_after": 3}
         passes = await child("until-alarm", config, tmp_path)
         assert [(p["stopped"], p["sent"]) for p in passes] == [("failed", 1), ("failed", 0), ("alarm", 0)]
-        stored = item(db, "B")
+        stored = await item(place, "B")
         assert (stored["state"], stored["attempts"]) == ("alarm", 3) and "Retryable" in stored["last_error"]
 
         restarted = await child("once", config, tmp_path)  # a new process reads the alarm from the file
         [result, figures] = restarted
         assert (result["stopped"], result["sent"], result["head_id"]) == ("alarm", 0, "B")
         assert (figures["alarm"], figures["head_id"], figures["head_attempts"], figures["unsent"]) == (True, "B", 3, 2)
-        assert receiver.requests == ["A", "B", "B", "B"] and item(db, "C")["attempts"] == 0
+        assert receiver.requests == ["A", "B", "B", "B"] and (await item(place, "C"))["attempts"] == 0
 
         del receiver.poison["B"]
-        async with await Outbox.open(str(db)) as outbox:
+        async with await Outbox.open(place.outbox) as outbox:
             entry = await outbox.retry("B", "INC-7: receiver fixed")
             assert (entry.action, entry.from_state, entry.attempts, entry.skipped_ahead_of) == ("retry", "alarm", 3, [])
             with pytest.raises(ValueError):
                 await outbox.retry("A", "it is sent")  # only alarm or unsent items
         [result, figures] = await child("once", config, tmp_path)
         assert (result["stopped"], result["sent"]) == ("idle", 2) and figures["unsent"] == 0
-    assert receiver.applied == ["A", "B", "C"] and item(db, "B")["attempts"] == 4
+    assert receiver.applied == ["A", "B", "C"] and (await item(place, "B"))["attempts"] == 4
 
 
 async def test_a_fresh_budget_after_retry_and_one_warning_per_state_change(
-    tmp_path: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+    place: Place, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="asyncq.outbox")
-    async with await Outbox.open(str(tmp_path / "app.db"), clock=clock) as outbox:
+    async with await Outbox.open(place.outbox, clock=clock) as outbox:
         await outbox.add("A", {"qty": 1})
         transport = FakeTransport()
         transport.fail_always("A", Retryable("busy"))
@@ -295,11 +312,10 @@ async def test_a_fresh_budget_after_retry_and_one_warning_per_state_change(
         assert (await outbox.get("A")).attempts == 4  # type: ignore[union-attr]
 
 
-async def test_quarantine_records_reason_and_the_items_that_now_go_first(tmp_path: Path, clock: Clock) -> None:
+async def test_quarantine_records_reason_and_the_items_that_now_go_first(place: Place, clock: Clock) -> None:
     receiver = Receiver()
     receiver.poison["B"] = Permanent  # 422: no retry can help, so the alarm comes at once
-    db = tmp_path / "app.db"
-    async with running_inbox(tmp_path / "sink.db", receiver) as url, await Outbox.open(str(db), clock=clock) as outbox:
+    async with running_inbox(place.inbox, receiver) as url, await Outbox.open(place.outbox, clock=clock) as outbox:
         for item_id in "ABCD":
             await outbox.add(item_id, {"qty": 1})
         transport = HttpTransport(url, timeout=5)
@@ -307,7 +323,7 @@ async def test_quarantine_records_reason_and_the_items_that_now_go_first(tmp_pat
         try:
             result = await relay.run_once()
             assert (result.sent, result.stopped, result.head_id) == (1, "alarm", "B")
-            assert "Permanent" in (result.error or "") and item(db, "B")["attempts"] == 1
+            assert "Permanent" in (result.error or "") and (await item(place, "B"))["attempts"] == 1
 
             entry = await outbox.quarantine("B", reason="the receiver refuses this body (422)", note="INC-42")
             assert (entry.action, entry.from_state, entry.reason, entry.note) == (
@@ -336,9 +352,9 @@ async def test_quarantine_records_reason_and_the_items_that_now_go_first(tmp_pat
             await transport.close()
         assert [e.action for e in await outbox.audit("B")] == ["quarantine", "requeue"]
     assert receiver.applied == ["A", "C", "D", "B"]
-    assert states(db) == [("A", "sent"), ("B", "sent"), ("C", "sent"), ("D", "sent")]
-    [(reason, skipped)] = rows(
-        db, "SELECT reason, skipped_ahead_of FROM asyncq_outbox_audit WHERE action = 'quarantine'"
+    assert await states(place) == [("A", "sent"), ("B", "sent"), ("C", "sent"), ("D", "sent")]
+    [(reason, skipped)] = await place.rows(
+        place.outbox, "SELECT reason, skipped_ahead_of FROM asyncq_outbox_audit WHERE action = 'quarantine'"
     )
     assert (reason, json.loads(skipped)) == ("the receiver refuses this body (422)", ["C", "D"])
 
@@ -346,8 +362,8 @@ async def test_quarantine_records_reason_and_the_items_that_now_go_first(tmp_pat
 # --- one relay per outbox: the fenced lease ----------------------------------------------------------------------
 
 
-async def test_a_relay_that_lost_its_lease_can_never_mark_sent(tmp_path: Path, clock: Clock) -> None:
-    db = str(tmp_path / "app.db")
+async def test_a_relay_that_lost_its_lease_can_never_mark_sent(place: Place, clock: Clock) -> None:
+    db = place.outbox
     async with await Outbox.open(db, clock=clock) as first_box, await Outbox.open(db, clock=clock) as second_box:
         await first_box.add("A", {"qty": 1})
         entered, release = asyncio.Event(), asyncio.Event()
@@ -372,37 +388,36 @@ async def test_a_relay_that_lost_its_lease_can_never_mark_sent(tmp_path: Path, c
         release.set()  # the first relay gets its ACK now, with a stale token
         late = await in_flight
         assert (late.stopped, late.sent) == ("lease-lost", 0)
-        stored = item(Path(db), "A")
+        stored = await item(place, "A")
         assert (stored["state"], stored["attempts"], stored["sent_at"]) == ("unsent", 2, None)
         assert "busy" in stored["last_error"]  # what the current holder recorded, nothing from the stale one
 
         stale = Lease("first", 1, None)
         step = await first_box.store.advance(stale, clock.now, 60_000, 1, None)
         assert step == Step(None, marked=False, started=False)
-        assert item(Path(db), "A")["state"] == "unsent"
+        assert (await item(place, "A"))["state"] == "unsent"
         assert (await first.run_once()).stopped == "not-leader"  # it does not get the lease back either
         clock.now += took_over.wait_ms
         assert (await second.run_once()).sent == 1
 
 
-async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(tmp_path: Path) -> None:
+async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(place: Place, tmp_path: Path) -> None:
     receiver = Receiver()
     receiver.hold.add("A")  # the first request for A is held until the test says so
-    db = tmp_path / "app.db"
-    async with await Outbox.open(str(db)) as outbox:
+    async with await Outbox.open(place.outbox) as outbox:
         for item_id in "ABC":
             await outbox.add(item_id, {"qty": 1})
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(owner: str) -> asyncio.subprocess.Process:
-        config = {"db": str(db), "url": url, "owner": owner, "lease_ms": 1500}
+        config = {"db": place.outbox, "url": url, "owner": owner, "lease_ms": 1500}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(CHILD), "run", json.dumps(config), cwd=tmp_path, stdout=asyncio.subprocess.PIPE
         )
         procs.append(proc)
         return proc
 
-    async with running_inbox(tmp_path / "sink.db", receiver) as url:
+    async with running_inbox(place.inbox, receiver) as url:
         try:
             first = await start("first")
             await asyncio.wait_for(receiver.arrived.wait(), 15)  # the first relay is inside its delivery of A
@@ -410,13 +425,13 @@ async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(tmp_
             for _ in range(2):  # it keeps waiting while the first renews its lease
                 assert (await line(second, lambda p: True))["stopped"] == "not-leader"
             assert receiver.requests == ["A"] and receiver.applied == []
-            assert rows(db, "SELECT owner, token FROM asyncq_outbox_lease") == [("first", 1)]
+            assert await lease_row(place) == [("first", 1)]
 
             first.kill()  # SIGKILL, in the middle of the delivery
             assert await first.wait() == -signal.SIGKILL
             took_over = await line(second, lambda p: p["stopped"] != "not-leader")
             assert (took_over["token"], took_over["sent"]) == (2, 3)
-            assert rows(db, "SELECT owner, token FROM asyncq_outbox_lease") == [("second", 2)]
+            assert await lease_row(place) == [("second", 2)]
 
             second.send_signal(signal.SIGTERM)  # a graceful stop releases the lease
             assert await asyncio.wait_for(second.wait(), 15) == 0
@@ -426,12 +441,12 @@ async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(tmp_
                     os.kill(proc.pid, signal.SIGKILL)
                     await proc.wait()
     assert receiver.applied == ["A", "B", "C"] and receiver.requests == ["A", "A", "B", "C"]
-    assert rows(db, "SELECT owner, token FROM asyncq_outbox_lease") == [(None, 2)]
-    assert [s for _, s in states(db)] == ["sent"] * 3
+    assert await lease_row(place) == [(None, 2)]
+    assert [s for _, s in await states(place)] == ["sent"] * 3
 
 
-async def test_run_wakes_on_adds_and_stops_gracefully(tmp_path: Path) -> None:
-    async with await Outbox.open(str(tmp_path / "app.db")) as outbox:
+async def test_run_wakes_on_adds_and_stops_gracefully(place: Place) -> None:
+    async with await Outbox.open(place.outbox) as outbox:
         transport = FakeTransport()
         relay = Relay(outbox, transport, poll_ms=60_000)  # only a wake-up can make it look again
         running = asyncio.create_task(relay.run())
@@ -450,11 +465,11 @@ async def test_run_wakes_on_adds_and_stops_gracefully(tmp_path: Path) -> None:
 # --- the operator's figures --------------------------------------------------------------------------------------
 
 
-async def test_figures_show_backlog_age_head_attempts_and_the_receivers_counts(tmp_path: Path, clock: Clock) -> None:
+async def test_figures_show_backlog_age_head_attempts_and_the_receivers_counts(place: Place, clock: Clock) -> None:
     receiver = Receiver()
     async with (
-        running_inbox(tmp_path / "sink.db", receiver) as url,
-        await Outbox.open(str(tmp_path / "app.db"), clock=clock) as outbox,
+        running_inbox(place.inbox, receiver) as url,
+        await Outbox.open(place.outbox, clock=clock) as outbox,
     ):
         direct = HttpTransport(url, timeout=5)
         await direct.deliver("A", {"qty": 1}, {})  # another publisher got A there first: a duplicate later
@@ -488,7 +503,7 @@ async def test_figures_show_backlog_age_head_attempts_and_the_receivers_counts(t
     assert (after.lease_owner, after.lease_token) == ("relay-1", 1)
     assert after.receiver == ReceiverFigures(applied=2, duplicates=1, conflicts=1)
 
-    async with await Outbox.open(str(tmp_path / "app.db"), clock=clock) as reopened:
+    async with await Outbox.open(place.outbox, clock=clock) as reopened:
         figures = await Relay(reopened, FakeTransport(), stats_url=url + "/stats").figures()  # the receiver is gone
     assert figures.receiver is None and figures.receiver_error is not None and figures.unsent == 2
 
@@ -518,17 +533,17 @@ async def test_run_rides_out_a_store_held_by_another_process(tmp_path: Path, cap
             blocker.close()
             relay.stop()
             await asyncio.wait_for(running, 10)
-    assert states(db) == [("A", "sent")]
+    assert file_rows(db, "SELECT id, state FROM asyncq_outbox ORDER BY seq") == [("A", "sent")]
 
 
-async def test_a_transaction_is_usable_only_inside_its_block(tmp_path: Path, clock: Clock) -> None:
-    db = tmp_path / "app.db"
-    async with await Outbox.open(str(db), clock=clock) as outbox:
+async def test_a_transaction_is_usable_only_inside_its_block(place: Place, clock: Clock) -> None:
+    db = place.outbox
+    async with await Outbox.open(db, clock=clock) as outbox:
         with pytest.raises(RuntimeError, match="refused"):
             async with outbox.transaction() as tx:
                 await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
                 await tx.execute("COMMIT")  # refused before it runs: nothing is committed early
-        assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'orders'") == []
+        assert not await place.has_table(db, "orders")
         async with outbox.transaction() as tx:
             await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
             with pytest.raises(RuntimeError, match="holds an open transaction"):
@@ -536,9 +551,11 @@ async def test_a_transaction_is_usable_only_inside_its_block(tmp_path: Path, clo
             with pytest.raises(RuntimeError, match="refused"):
                 await tx.execute("ROLLBACK")  # caught by the app: the block is still whole and commits
             await tx.add("A", {"qty": 1})
-        assert rows(db, "SELECT name FROM sqlite_master WHERE name = 'orders'") == [("orders",)]
+        assert await place.has_table(db, "orders")
         with pytest.raises(RuntimeError, match="block has ended"):
             await tx.add("B", {"qty": 1})
+        with pytest.raises(RuntimeError, match="block has ended"):
+            await tx.execute("SELECT 1")
         with pytest.raises(ValueError):
-            await Outbox.open(str(db), durability="fast")
-    assert states(db) == [("A", "unsent")]
+            await Outbox.open(db, durability="fast")
+    assert await states(place) == [("A", "unsent")]

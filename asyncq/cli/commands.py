@@ -190,7 +190,7 @@ async def status(args: argparse.Namespace) -> Report:
     if args.inbox:
         from asyncq.inbox.receiver import read_totals  # the receiver's reader; it loads aiohttp, so only here
 
-        data["inbox"] = {"file": args.inbox} | read_totals(args.inbox, args.timeout)
+        data["inbox"] = {"file": args.inbox} | await read_totals(args.inbox, args.timeout)
     return report(data, out.render_status)
 
 

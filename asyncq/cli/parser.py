@@ -222,9 +222,9 @@ def _server(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_servers(add: Adder) -> None:
-    summary = "Run the inbox receiver on a sink file (python -m asyncq.inbox)."
+    summary = "Run the inbox receiver on a sink file or a postgresql:// URL (python -m asyncq.inbox)."
     inbox = add("serve-inbox", _command("work", "serve_inbox"), summary, common=False)
-    inbox.add_argument("--db", required=True, metavar="PATH", help="the sink file (created if missing)")
+    inbox.add_argument("--db", required=True, metavar="PATH", help="the sink file (created if missing), or a URL")
     _server(inbox)
     inbox.add_argument("--path", default="/events", help="the receiver's path (default /events)")
     inbox.add_argument("--effect", choices=("none", "stock"), default="none", help="'stock' adds qty to stock")

@@ -1,7 +1,8 @@
 """The receiving side: an aiohttp endpoint that applies each event's effect once, with its inbox row.
 
 ``asyncq.inbox.receiver`` holds the facade and the HTTP handling, over the inbox store's port
-(``asyncq.store.port.inbox``; the SQLite driver is ``asyncq.store.sqlite.inbox``). An effect is written against
+(``asyncq.store.port.inbox``; the drivers are ``asyncq.store.sqlite.inbox`` and, for a ``postgresql://`` db,
+``asyncq.store.postgres.inbox``). An effect is written against
 ``EffectTransaction``; ``add_to_stock`` is the example. ``python -m asyncq.inbox`` runs a receiver standalone.
 """
 

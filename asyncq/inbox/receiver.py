@@ -25,7 +25,9 @@ writer thread; ``tx`` is an ``EffectTransaction`` (``tx.execute(statement, param
 app's rows and the inbox row commit together. ``add_to_stock`` (``asyncq.inbox.stock``) is the example.
 
 Durability: the store's (SQLite: asyncq's ``full`` level, WAL with ``synchronous=FULL``, as ``Queue`` opens its
-files), and the ACK goes out only after the commit returned, so an acknowledged effect survives a power loss.
+files; PostgreSQL: ``synchronous_commit=on``), and the ACK goes out only after the commit returned, so an
+acknowledged effect survives a power loss. On PostgreSQL, receivers on several hosts can share one inbox: an id is
+still applied once (``asyncq.store.postgres.inbox``).
 
 Group commit: requests that arrive while a transaction is being written wait for the next one, which
 records all of them, each on its own (a failing effect rolls back only its own event). Under load one
@@ -55,7 +57,7 @@ from asyncq.core.jsontext import canonical_json, loads_strict
 from asyncq.core.values import check_identifier, check_int, check_time
 from asyncq.errors import Conflict, Permanent
 from asyncq.inbox.stock import STOCK_TABLES, add_to_stock
-from asyncq.store.opening import open_inbox_store, read_inbox_totals, store_path
+from asyncq.store.opening import open_inbox_store, read_inbox_totals, store_target
 from asyncq.store.port.inbox import InboxEffect as Effect
 from asyncq.store.port.inbox import InboxEvent, InboxResult, InboxStore
 from asyncq.web.serving import serve
@@ -80,7 +82,8 @@ class InboxCounters:
 
 class Inbox:
     """The durable receiver state: an inbox store (on SQLite, one file and one writer thread owning its only
-    connection) and the group commit in front of it.
+    connection; on PostgreSQL, ``db`` is a ``postgresql://`` URL and its schema holds the inbox) and the group
+    commit in front of it.
 
     ``ddl`` adds the effect's own ``CREATE … IF NOT EXISTS`` statements, run with the inbox's on open.
     Use as ``async with Inbox(db, effect=…) as inbox:`` or call :meth:`open` and :meth:`close`.
@@ -94,7 +97,7 @@ class Inbox:
         ddl: Iterable[str] = (),
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
-        self.db = store_path(db, "db")
+        self.db = store_target(db, "db")
         if effect is not None and not callable(effect):
             raise ValueError("effect must be None or callable")
         self.effect = effect
@@ -305,7 +308,7 @@ EFFECTS: dict[str, tuple[Effect | None, tuple[str, ...]]] = {"none": (None, ()),
 def spawn(db: object, *, effect: str = "none", env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """Start ``python -m asyncq.inbox`` on ``db`` in a child process on a free loopback port; returns the process
     and the URL it printed. The caller stops it (SIGTERM stops it cleanly)."""
-    command = [sys.executable, "-m", "asyncq.inbox", "--db", store_path(db, "db"), "--effect", effect]
+    command = [sys.executable, "-m", "asyncq.inbox", "--db", store_target(db, "db"), "--effect", effect]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert process.stdout is not None
     url = process.stdout.readline().strip()
@@ -319,7 +322,7 @@ def spawn(db: object, *, effect: str = "none", env: dict[str, str] | None = None
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m asyncq.inbox --db PATH [--host H] [--port P]``: prints the URL first, then serves."""
     parser = argparse.ArgumentParser(prog="python -m asyncq.inbox", description="Run an asyncq inbox receiver.")
-    parser.add_argument("--db", required=True, help="the SQLite file (created if missing)")
+    parser.add_argument("--db", required=True, help="the SQLite file (created if missing) or a postgresql:// URL")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=0, help="port to bind (default 0: any free port)")
     parser.add_argument("--path", default="/events", help="the receiver's path (default /events)")
@@ -332,11 +335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def read_totals(path: str, timeout: float) -> dict[str, int]:
-    """A receiver's durable counts (``applied`` rows, ``duplicates``, ``conflicts``) read from its file without an
-    ``Inbox``: read-only, so nothing is created or changed; ``StoreError`` if ``path`` is missing or not an inbox.
-    (For ``asyncq status --inbox``.)"""
-    totals = read_inbox_totals(path, timeout=timeout)
+async def read_totals(path: str, timeout: float) -> dict[str, int]:
+    """A receiver's durable counts (``applied`` rows, ``duplicates``, ``conflicts``) read from its store (a file
+    or a ``postgresql://`` URL) without an ``Inbox``: read-only, so nothing is created or changed; ``StoreError`` if
+    ``path`` is missing or not an inbox. (For ``asyncq status --inbox``.)"""
+    totals = await read_inbox_totals(path, timeout=timeout)
     return {"applied": totals.applied, "duplicates": totals.duplicates, "conflicts": totals.conflicts}
 
 

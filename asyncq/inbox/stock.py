@@ -8,10 +8,13 @@ from asyncq.core.values import check_identifier, check_int
 from asyncq.errors import Permanent
 from asyncq.store.port.effects import EffectTransaction
 
-#: The example effect's table, created with the inbox's own.
+#: The example effect's table, created with the inbox's own (the same text for both stores; on PostgreSQL in the
+#: connection's ``search_path``).
 STOCK_TABLES = ("CREATE TABLE IF NOT EXISTS stock (item TEXT PRIMARY KEY, qty INTEGER NOT NULL)",)
 
-ADD_TO_STOCK = "INSERT INTO stock (item, qty) VALUES (?, ?) ON CONFLICT(item) DO UPDATE SET qty = qty + excluded.qty"
+_UPSERT = "INSERT INTO stock (item, qty) VALUES ({}) ON CONFLICT (item) DO UPDATE SET qty = stock.qty + excluded.qty"
+#: The effect's statement in each store's dialect (``EffectTransaction.dialect``).
+ADD_TO_STOCK = {"sqlite": _UPSERT.format("?, ?"), "postgresql": _UPSERT.format("$1, $2")}
 
 
 def add_to_stock(tx: EffectTransaction, event_id: str, body: Any) -> None:
@@ -24,4 +27,4 @@ def add_to_stock(tx: EffectTransaction, event_id: str, body: Any) -> None:
         item = check_identifier(body.get("item", "snack"), "item")
     except ValueError as exc:
         raise Permanent(str(exc)) from None
-    tx.execute(ADD_TO_STOCK, (item, qty))
+    tx.execute(ADD_TO_STOCK[tx.dialect], (item, qty))

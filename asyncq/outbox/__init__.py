@@ -1,5 +1,6 @@
 """The transactional outbox and its ordered relay (``docs/outbox.md``), over the outbox store's port
-(``asyncq.store.port.outbox``; the SQLite driver is ``asyncq.store.sqlite.outbox``)."""
+(``asyncq.store.port.outbox``; the drivers are ``asyncq.store.sqlite.outbox`` and, for a ``postgresql://``
+URL, ``asyncq.store.postgres.outbox``)."""
 
 from asyncq.outbox.outbox import Outbox, OutboxTransaction, receiver_figures
 from asyncq.outbox.relay import Relay, RelayResult

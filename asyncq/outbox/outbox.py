@@ -53,7 +53,8 @@ class OutboxTransaction:
         self.added = 0
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run one statement of the app's own and return its rows."""
+        """Run one statement of the app's own and return its rows, in the store's dialect (SQLite: ``?`` or
+        ``:name`` parameters; PostgreSQL: ``$1``, ``$2`` … from a list or tuple)."""
         return await self._inner.execute(statement, parameters)
 
     async def add(self, item_id: str, body: Any, topic: str = DEFAULT_TOPIC) -> bool:
@@ -64,7 +65,8 @@ class OutboxTransaction:
 
 
 class Outbox(StoreFacade[OutboxStore]):
-    """The outbox of one store, beside the app's own tables. Open with ``await Outbox.open(path)``."""
+    """The outbox of one store, beside the app's own tables. Open with ``await Outbox.open(path)`` (a SQLite file)
+    or ``await Outbox.open("postgresql://…")``."""
 
     def __init__(self, store: OutboxStore, clock: Clock = wall_clock_ms) -> None:
         super().__init__(store, clock)
@@ -74,7 +76,8 @@ class Outbox(StoreFacade[OutboxStore]):
     async def open(
         cls, path: str, *, durability: str = "full", clock: Clock = wall_clock_ms, busy_timeout: float = 5.0
     ) -> Outbox:
-        """Open (creating the outbox tables if missing) ``path``; ``durability`` as for ``Queue.open``."""
+        """Open (creating the outbox tables if missing) ``path``, a SQLite file or a ``postgresql://`` URL (its
+        schema as for ``Queue.open``, migrated as the component ``outbox``); ``durability`` as for ``Queue.open``."""
         if not callable(clock):
             raise TypeError("clock must be a callable returning epoch milliseconds")  # before the file is made
         return cls(await open_outbox_store(path, durability=durability, busy_timeout=busy_timeout), clock)
@@ -84,10 +87,17 @@ class Outbox(StoreFacade[OutboxStore]):
         for event in self._waiters:
             event.set()
 
-    async def add(self, item_id: str, body: Any, topic: str = DEFAULT_TOPIC) -> bool:
+    async def add(self, item_id: str, body: Any, topic: str = DEFAULT_TOPIC, *, connection: Any = None) -> bool:
         """Add one item in its own transaction: ``True``; the same id, topic and body again → ``False``;
-        the same id with another topic or body → ``Conflict``."""
-        added = await self.store.add(NewItem.check(item_id, body, topic), self.now())
+        the same id with another topic or body → ``Conflict``.
+
+        ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
+        conn.transaction(): … await outbox.add(…, connection=conn)``): the item commits or rolls back with the
+        app's rows. On SQLite, use ``transaction()`` (or ``add_sync`` on the app's ``sqlite3`` connection)."""
+        item = NewItem.check(item_id, body, topic)
+        if connection is not None:  # this process's relays are woken by their next poll, after the app's commit
+            return await self.store.add(item, self.now(), connection=connection)
+        added = await self.store.add(item, self.now())
         if added:
             self.notify()
         return added

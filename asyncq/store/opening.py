@@ -29,11 +29,7 @@ async def open_queue_store(
 ) -> QueueStore:
     """The queue store ``target`` names, open (created and migrated unless ``read_only``)."""
     if is_store_url(target):
-        if durability not in POSTGRES_DURABILITY:
-            raise ValueError(
-                f"durability {durability!r} is a SQLite file's setting: a PostgreSQL store always commits with"
-                " synchronous_commit=on (durability 'full')"
-            )
+        _check_durability(durability)
         _check_asyncpg()
         from asyncq.store.postgres.queue_store import PostgresQueueStore
 
@@ -65,19 +61,47 @@ def _check_asyncpg() -> None:
         raise ImportError("a postgresql:// store needs asyncpg: pip install 'asyncq[postgres]'")
 
 
-def store_path(target: object, name: str = "path") -> str:
-    """``target`` as the text a file store is opened from, checked before anything opens: ``ValueError`` for a
-    store URL (the inbox, the outbox and the AMQP consumer have no PostgreSQL store yet) or for what is not a path
-    to a local file."""
+def store_target(target: object, name: str = "path") -> str:
+    """``target`` as the text a store is opened from, checked before anything opens: a ``postgresql://`` URL
+    (``ValueError`` naming what is wrong with it) or a path to a local SQLite file."""
     if is_store_url(target):
-        raise ValueError(f"{name} must be a path to a SQLite file here (no PostgreSQL store for this yet)")
+        _check_asyncpg()
+        from asyncq.store.postgres.connection import parse_url
+
+        parse_url(target)
+        assert isinstance(target, str)
+        return target
+    return store_path(target, name)
+
+
+def store_path(target: object, name: str = "path") -> str:
+    """``target`` as the path of a SQLite file, checked before anything opens: ``ValueError`` for a store URL (for
+    the stores that live in files only: the AMQP consumer's) or for what is not a path to a local file."""
+    if is_store_url(target):
+        raise ValueError(
+            f"{name} must be a path to a SQLite file: the AMQP consumer's store has no PostgreSQL driver (its "
+            "effects and completion keys live in a file beside the consumer)"
+        )
     from asyncq.store.sqlite.connection import check_path
 
     return check_path(target, name)
 
 
+def _check_durability(durability: str | None) -> None:
+    if durability not in POSTGRES_DURABILITY:
+        raise ValueError(
+            f"durability {durability!r} is a SQLite file's setting: a PostgreSQL store always commits with"
+            " synchronous_commit=on (durability 'full')"
+        )
+
+
 async def open_inbox_store(target: object, *, ddl: Sequence[str] = ()) -> InboxStore:
     """The inbox store ``target`` names, open: its tables and the effect's ``ddl`` created if missing."""
+    if is_store_url(target):
+        _check_asyncpg()
+        from asyncq.store.postgres.inbox import PostgresInboxStore
+
+        return await PostgresInboxStore.open(target, ddl=ddl)
     from asyncq.store.sqlite.inbox import SqliteInboxStore
 
     return await SqliteInboxStore.open(store_path(target, "db"), ddl=ddl)
@@ -85,13 +109,20 @@ async def open_inbox_store(target: object, *, ddl: Sequence[str] = ()) -> InboxS
 
 async def open_outbox_store(target: object, *, durability: str, busy_timeout: float) -> OutboxStore:
     """The outbox store ``target`` names, open (its tables created if missing, beside the app's own)."""
+    if is_store_url(target):
+        _check_durability(durability)
+        _check_asyncpg()
+        from asyncq.store.postgres.outbox import PostgresOutboxStore
+
+        return await PostgresOutboxStore.open(target)
     from asyncq.store.sqlite.outbox import SqliteOutboxStore
 
     return await SqliteOutboxStore.open(store_path(target), durability=durability, busy_timeout=busy_timeout)
 
 
 async def open_amqp_store(target: object, *, connections: int) -> AmqpStore:
-    """The AMQP consumer's store ``target`` names, open for ``connections`` concurrent deliveries."""
+    """The AMQP consumer's store ``target`` names (a SQLite file only), open for ``connections`` concurrent
+    deliveries."""
     from asyncq.store.sqlite.amqp import SqliteAmqpStore
 
     return await SqliteAmqpStore.open(store_path(target, "database"), connections=connections)
@@ -105,9 +136,14 @@ def read_dead_messages(target: object) -> list[DeadMessage]:
     return read_dead(store_path(target, "database"))
 
 
-def read_inbox_totals(target: object, *, timeout: float) -> InboxTotals:
+async def read_inbox_totals(target: object, *, timeout: float) -> InboxTotals:
     """A receiver's durable counts read-only from the inbox store ``target`` names (``StoreError`` if it is
     missing or not an inbox; nothing is created or changed)."""
+    if is_store_url(target):
+        _check_asyncpg()
+        from asyncq.store.postgres.inbox import read_totals_of_url
+
+        return await read_totals_of_url(target)
     from asyncq.store.sqlite.inbox import read_totals_of_file
 
-    return read_totals_of_file(store_path(target, "db"), timeout)
+    return await asyncio.to_thread(read_totals_of_file, store_path(target, "db"), timeout)

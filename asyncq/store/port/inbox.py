@@ -4,15 +4,19 @@ What every inbox store must guarantee:
 
 - **One write transaction per batch.** ``record`` writes every event of its batch in one transaction (one
   durable commit: the inbox's group commit) and returns only after that commit is durable at the store's
-  level (SQLite: WAL with ``synchronous=FULL``), so an answer sent after it never acknowledges a lost effect.
+  level (SQLite: WAL with ``synchronous=FULL``; PostgreSQL: ``synchronous_commit=on``), so an answer sent after it
+  never acknowledges a lost effect.
 - **Each event alone.** An event whose effect raises is rolled back alone (its inbox row and every row its
-  effect wrote; SQLite: a savepoint) and gets its exception as its result; the others still commit. A
+  effect wrote: a savepoint) and gets its exception as its result; the others still commit. A
   failure of the transaction itself raises, and nothing of the batch is kept.
 - **Once per id.** A new id gets its row (with ``now_ms``) and its effect: ``'applied'``. A known id with the
   same canonical body counts a duplicate (``'duplicate'``), with another body a conflict (``'conflict'``);
   neither runs the effect.
-- **The effect inside.** The effect runs synchronously in that transaction, in the store's writer thread, and is
-  handed an ``EffectTransaction`` (``asyncq.store.port.effects``), never the driver's connection.
+- **The effect inside.** The effect runs synchronously in that transaction, in the store's writer thread (on
+  PostgreSQL its effect thread), and is handed an ``EffectTransaction`` (``asyncq.store.port.effects``), never the
+  driver's connection.
+- **Once across processes.** Receivers in several processes (hosts) on one store still apply an id once: one
+  of them records it, the others find it (and wait for the first one's transaction to end if they must).
 - **Time from the caller.** ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 """
 
@@ -53,7 +57,7 @@ class InboxTotals:
 class InboxStore(Protocol):
     """An inbox's storage. Arguments are already checked by the facade."""
 
-    #: Where the store lives, for messages (a file path).
+    #: Where the store lives, for messages (a file path, a URL without its password).
     location: str
 
     async def record(self, events: Sequence[InboxEvent], now_ms: int, effect: InboxEffect | None) -> list[InboxResult]:

@@ -12,7 +12,8 @@ An item moves only along these edges (``docs/outbox.md`` draws them)::
 What every outbox store must guarantee:
 
 - **Order.** Items are delivered in ``seq`` (insertion) order; ``head_batch`` returns the waiting items
-  (``unsent`` or ``alarm``) lowest ``seq`` first.
+  (``unsent`` or ``alarm``) lowest ``seq`` first. ``seq`` order is commit order: an item never becomes visible
+  behind one that was already sent (on SQLite, writers are serial; on PostgreSQL, adds take an order lock).
 - **Atomic with the app.** ``transaction()`` commits the app's statements and its items together, or neither;
   ``add`` of an existing id with the same topic and body is ``False`` (the row is kept), with another ``Conflict``.
 - **Fenced relay writes.** Starting an attempt, marking sent and recording a failure happen in one transaction
@@ -26,6 +27,7 @@ What every outbox store must guarantee:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -123,6 +125,12 @@ class AuditEntry:
     skipped_ahead_of: list[str]
     skipped_count: int
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> AuditEntry:
+        """A stored audit row: its columns in this class's order, ``skipped_ahead_of`` as JSON text."""
+        item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
+        return cls(item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count)
+
 
 @dataclass(frozen=True)
 class ReceiverFigures:
@@ -181,15 +189,17 @@ class OutboxStoreTransaction(Protocol):
 class OutboxStore(Protocol):
     """An outbox's storage. Every method is one transaction; arguments are already checked by the facade."""
 
-    #: Where the store lives, for messages (a file path).
+    #: Where the store lives, for messages (a file path, a URL without its password).
     location: str
-    #: What the store raises when another process holds it (busy, locked): worth trying again later.
+    #: What the store raises when it cannot be used for now (busy, locked, a lost connection): worth trying again.
     busy_errors: tuple[type[Exception], ...]
 
     # -- the app ------------------------------------------------------------------------------------------
 
-    async def add(self, item: NewItem, now_ms: int) -> bool:
-        """Add an unsent item: ``True``; the same id, topic and body again: ``False``; else ``Conflict``."""
+    async def add(self, item: NewItem, now_ms: int, *, connection: Any = None) -> bool:
+        """Add an unsent item: ``True``; the same id, topic and body again: ``False``; else ``Conflict``.
+        ``connection``: an app's own connection to the store's database with its transaction open, to add in (the
+        item then commits or rolls back with the app's rows); a store that cannot join one raises ``TypeError``."""
         ...
 
     def transaction(self) -> AbstractAsyncContextManager[OutboxStoreTransaction]:

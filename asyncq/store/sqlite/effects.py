@@ -37,6 +37,8 @@ def ends_transaction(statement: str) -> bool:
 class SqliteEffectTransaction:
     """The store's open write transaction on ``con``, for one effect: usable only while the effect runs."""
 
+    dialect = "sqlite"
+
     def __init__(self, con: sqlite3.Connection) -> None:
         self._con = con
         self._open = True

@@ -254,14 +254,7 @@ def _audit_params(seq: int, entry: AuditEntry) -> dict[str, Any]:
 def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[AuditEntry]:
     """The audit rows of one item (or of all items), oldest first."""
     rows = con.execute(SELECT_AUDIT, {"id": item_id}).fetchall()
-    return [_audit_entry(*row) for row in rows]
-
-
-def _audit_entry(*row: Any) -> AuditEntry:
-    item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
-    return AuditEntry(
-        item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count
-    )
+    return [AuditEntry.from_row(row) for row in rows]
 
 
 def read_figures(con: sqlite3.Connection, now_ms: int) -> Figures:
@@ -324,7 +317,12 @@ class SqliteOutboxStore:
         setup = functools.partial(open_tables, journal_mode=level.journal_mode, synchronous=level.synchronous)
         return cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
 
-    async def add(self, item: NewItem, now_ms: int) -> bool:
+    async def add(self, item: NewItem, now_ms: int, *, connection: object = None) -> bool:
+        if connection is not None:
+            raise TypeError(
+                "a SQLite outbox joins the app's transaction through outbox.transaction(), or add_sync on the app's"
+                " own sqlite3 connection"
+            )
         added: bool = await self._file.run(add, item, now_ms)
         return added
 
