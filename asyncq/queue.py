@@ -64,7 +64,8 @@ class Transaction:
         self._inner = inner
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run one statement of the app's own and return its rows."""
+        """Run one statement of the app's own and return its rows, in the store's dialect (SQLite: ``?`` or
+        ``:name`` parameters; PostgreSQL: ``$1``, ``$2`` … from a list or tuple)."""
         return await self._inner.execute(statement, parameters)
 
     async def enqueue(self, job_id: str, body: Any, **options: Any) -> bool:

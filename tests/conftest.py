@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import build_queue
-from postgres_support import postgres_database  # noqa: F401  (the session fixture: this run's database)
+from postgres_support import postgres_database, postgres_url  # noqa: F401  (this run's database, a fresh schema)
 
 from asyncq import Queue
 from asyncq.lab.lease import open_queue

@@ -132,3 +132,10 @@ async def fresh_schema(**options: str) -> AsyncIterator[tuple[str, str]]:
         yield queue_url(database, schema, **options), schema
     finally:
         await execute(database, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+async def postgres_url(postgres_database: str) -> AsyncIterator[str]:
+    """A store URL of a fresh schema in this run's database (dropped with everything in it after the test)."""
+    async with fresh_schema() as (found, _schema):
+        yield found

@@ -24,7 +24,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from postgres_support import fresh_schema
 
 from asyncq import Queue
 from asyncq.core.jobs import JobSpec, Ticket
@@ -41,12 +40,6 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("postgres_databas
 T0 = 1_700_000_000_000
 
 
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    async with fresh_schema() as (found, _schema):
-        yield found
-
-
 class Host:
     """One host: its own facade (its own connection pool) and its own clock, which the test moves."""
 
@@ -55,10 +48,10 @@ class Host:
 
 
 @pytest.fixture
-async def hosts(url: str) -> AsyncIterator[tuple[Host, Host]]:
+async def hosts(postgres_url: str) -> AsyncIterator[tuple[Host, Host]]:
     clocks = [T0], [T0]
-    first = await Queue.open(url, clock=lambda: clocks[0][0])
-    second = await Queue.open(url, clock=lambda: clocks[1][0])
+    first = await Queue.open(postgres_url, clock=lambda: clocks[0][0])
+    second = await Queue.open(postgres_url, clock=lambda: clocks[1][0])
     try:
         yield Host(first, clocks[0]), Host(second, clocks[1])
     finally:
@@ -100,15 +93,15 @@ async def test_river_1302_a_job_rescued_while_its_worker_runs_rejects_the_old_wo
 
 
 async def test_oban_lifeline_a_rescue_waiting_on_a_slow_completion_lets_exactly_one_win(
-    hosts: tuple[Host, Host], url: str
+    hosts: tuple[Host, Host], postgres_url: str
 ) -> None:
     a, b = hosts
     await a.queue.enqueue_many([JobSpec("first", {}), JobSpec("second", {})])
     first, second = await a.queue.claim("worker-a", limit=2, lease=1)
-    schema = parse_url(url).schema
+    schema = parse_url(postgres_url).schema
     # The completion's transaction is slow: the job's row is locked (a blocker stands for it) when the rescue
     # comes. The rescue skips the locked row; the completion lands when the lock goes.
-    blocker = await asyncpg.connect(parse_url(url).dsn)
+    blocker = await asyncpg.connect(parse_url(postgres_url).dsn)
     try:
         lock = blocker.transaction()
         await lock.start()
@@ -184,7 +177,7 @@ async def test_pgqueuer_430_a_heartbeat_racing_the_completion_lands_one_of_them_
     assert (await a.queue.stats()).by_status["done"] == n
 
 
-async def test_pgqueuer_430_a_pool_renewing_leases_while_jobs_complete_loses_none(url: str) -> None:
+async def test_pgqueuer_430_a_pool_renewing_leases_while_jobs_complete_loses_none(postgres_url: str) -> None:
     n = 60
     starts: dict[str, int] = {}
     rng = random.Random(430)
@@ -193,7 +186,7 @@ async def test_pgqueuer_430_a_pool_renewing_leases_while_jobs_complete_loses_non
         starts[context.id] = starts.get(context.id, 0) + 1
         await asyncio.sleep(rng.uniform(0.05, 0.35))  # around the renewal every lease/4 = 100 ms
 
-    async with await Queue.open(url) as queue:
+    async with await Queue.open(postgres_url) as queue:
         await queue.enqueue_many([JobSpec(f"j{i:03d}", {}) for i in range(n)])
         pool = Pool(queue, owner="w", concurrency=16, lease_ms=400)
         pool.register("default", handle)
@@ -225,16 +218,16 @@ def _wait_for(condition: Any, timeout: float, what: str, procs: list[subprocess.
 
 
 async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker_without_an_operator(
-    url: str, tmp_path: Path
+    postgres_url: str, tmp_path: Path
 ) -> None:
-    async with await Queue.open(url) as queue:
+    async with await Queue.open(postgres_url) as queue:
         await queue.enqueue("stalled", {"n": 1})
     effects = tmp_path / "effects.db"
     pool_children.open_effects(effects).close()
     script = str(Path(pool_children.__file__).resolve())
 
     def start(owner: str, handler_seconds: float) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, script, "worker", "--db", url, "--effects", str(effects), "--owner", owner]
+        argv = [sys.executable, script, "worker", "--db", postgres_url, "--effects", str(effects), "--owner", owner]
         argv += ["--lease-ms", "1000", "--handler-seconds", str(handler_seconds), "--poll-max", "0.1"]
         return subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
@@ -257,7 +250,7 @@ async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker
                 proc.stdout.close()
     assert [row[0] for row in _effects(effects, "SELECT owner FROM started ORDER BY seq")] == ["doomed", "rescuer"]
     assert _effects(effects, "SELECT owner, count FROM applied") == [("rescuer", 1)]
-    async with await Queue.open(url, read_only=True) as reader:
+    async with await Queue.open(postgres_url, read_only=True) as reader:
         job = await reader.get("stalled")
     assert job is not None and (job.status, job.attempts, job.token, job.redrives) == ("done", 2, 2, 0)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from postgres_support import execute, fresh_schema, queue_url, run_database
+from postgres_support import execute, queue_url, run_database
 
 from asyncq import Queue
 from asyncq.core.jobs import JobSpec
@@ -29,25 +29,18 @@ T0 = 1_700_000_000_000
 
 
 @pytest.fixture
-async def url() -> AsyncIterator[str]:
-    """A store URL of a fresh schema (dropped after the test)."""
-    async with fresh_schema() as (found, _schema):
-        yield found
-
-
-@pytest.fixture
 def clock() -> list[int]:
     return [T0]
 
 
 @pytest.fixture
-async def queue(url: str, clock: list[int]) -> AsyncIterator[Queue]:
-    async with await Queue.open(url, clock=lambda: clock[0]) as opened:
+async def queue(postgres_url: str, clock: list[int]) -> AsyncIterator[Queue]:
+    async with await Queue.open(postgres_url, clock=lambda: clock[0]) as opened:
         yield opened
 
 
-async def rows(url: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = await asyncpg.connect(parse_url(url).dsn)
+async def rows(postgres_url: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
     try:
         return [tuple(row) for row in await conn.fetch(statement, *args)]
     finally:
@@ -57,11 +50,13 @@ async def rows(url: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
 # -- opening ------------------------------------------------------------------------------------------------
 
 
-async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds(url: str, clock: list[int]) -> None:
-    schema = parse_url(url).schema
-    assert (await Queue.inspect(url)).kind == "missing"
-    assert (await Queue.inspect(url)).problem == f"no such queue schema: {url}"
-    async with await Queue.open(url, clock=lambda: clock[0]) as queue:
+async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds(
+    postgres_url: str, clock: list[int]
+) -> None:
+    schema = parse_url(postgres_url).schema
+    assert (await Queue.inspect(postgres_url)).kind == "missing"
+    assert (await Queue.inspect(postgres_url)).problem == f"no such queue schema: {postgres_url}"
+    async with await Queue.open(postgres_url, clock=lambda: clock[0]) as queue:
         assert await queue.enqueue("a", {"n": 1}) is True
         assert await queue.enqueue("a", {"n": 1}) is False
         with pytest.raises(Conflict):
@@ -74,7 +69,7 @@ async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds
         assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0}
         with pytest.raises(NotImplementedError, match="pg_dump"):
             await queue.backup("/tmp/never", force=False)
-    state = await Queue.inspect(url)
+    state = await Queue.inspect(postgres_url)
     assert (state.kind, state.store, state.schema_version, state.problem) == ("queue", "postgresql", 1, None)
     other = queue_url(run_database(), schema + "_app")
     await execute(run_database(), f"CREATE SCHEMA {schema}_app")
@@ -89,33 +84,37 @@ async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds
         await execute(run_database(), f"DROP SCHEMA {schema}_app CASCADE")
 
 
-async def test_hosts_opening_a_new_schema_at_once_migrate_it_once(url: str) -> None:
-    stores = await asyncio.gather(*(PostgresQueueStore.open(url) for _ in range(4)))
+async def test_hosts_opening_a_new_schema_at_once_migrate_it_once(postgres_url: str) -> None:
+    stores = await asyncio.gather(*(PostgresQueueStore.open(postgres_url) for _ in range(4)))
     try:
-        schema = parse_url(url).schema
-        assert await rows(url, f"SELECT component, version FROM {schema}.versions") == [("queue", 1)]
+        schema = parse_url(postgres_url).schema
+        assert await rows(postgres_url, f"SELECT component, version FROM {schema}.versions") == [("queue", 1)]
         assert [s.capabilities.read_only for s in stores] == [False] * 4
     finally:
         for store in stores:
             await store.close()
 
 
-async def test_a_schema_of_a_newer_asyncq_is_refused_with_nothing_changed(url: str) -> None:
-    store = await PostgresQueueStore.open(url)
+async def test_a_schema_of_a_newer_asyncq_is_refused_with_nothing_changed(postgres_url: str) -> None:
+    store = await PostgresQueueStore.open(postgres_url)
     await store.close()
-    schema = parse_url(url).schema
-    await execute(parse_url(url).dsn, f"UPDATE {schema}.versions SET version = 99")
-    tables = await rows(url, "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema)
+    schema = parse_url(postgres_url).schema
+    await execute(parse_url(postgres_url).dsn, f"UPDATE {schema}.versions SET version = 99")
+    tables = await rows(postgres_url, "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema)
     for read_only in (False, True):
         with pytest.raises(StoreError, match="version 99, newer"):
-            await PostgresQueueStore.open(url, read_only=read_only)
-    assert await rows(url, "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema) == tables
-    assert await rows(url, f"SELECT version FROM {schema}.versions") == [(99,)]
+            await PostgresQueueStore.open(postgres_url, read_only=read_only)
+    assert (
+        await rows(postgres_url, "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema) == tables
+    )
+    assert await rows(postgres_url, f"SELECT version FROM {schema}.versions") == [(99,)]
 
 
-async def test_the_jobs_table_is_set_for_a_hot_table_of_short_lived_rows(queue: Queue, url: str) -> None:
-    schema = parse_url(url).schema
-    [(options,)] = await rows(url, "SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", f"{schema}.jobs")
+async def test_the_jobs_table_is_set_for_a_hot_table_of_short_lived_rows(queue: Queue, postgres_url: str) -> None:
+    schema = parse_url(postgres_url).schema
+    [(options,)] = await rows(
+        postgres_url, "SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", f"{schema}.jobs"
+    )
     assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.01" in options
 
 
@@ -141,18 +140,20 @@ def test_urls_are_checked_before_anything_connects_and_shown_without_password() 
             parse_url(text)
 
 
-async def test_a_url_cannot_lower_the_commit_level_nor_take_a_sqlite_durability(url: str) -> None:
+async def test_a_url_cannot_lower_the_commit_level_nor_take_a_sqlite_durability(postgres_url: str) -> None:
     with pytest.raises(ValueError, match="synchronous_commit=on"):
-        await Queue.open(url, durability="normal")
-    async with await Queue.open(url + "&synchronous_commit=off") as queue:
+        await Queue.open(postgres_url, durability="normal")
+    async with await Queue.open(postgres_url + "&synchronous_commit=off") as queue:
         assert (await queue.describe())["settings"]["synchronous_commit"] == "on"
 
 
 # -- the app's own transaction ------------------------------------------------------------------------------
 
 
-async def test_jobs_enqueued_on_the_apps_connection_commit_and_roll_back_with_its_rows(queue: Queue, url: str) -> None:
-    conn = await asyncpg.connect(parse_url(url).dsn)
+async def test_jobs_enqueued_on_the_apps_connection_commit_and_roll_back_with_its_rows(
+    queue: Queue, postgres_url: str
+) -> None:
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
     try:
         await conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
         async with conn.transaction():
@@ -178,9 +179,9 @@ async def test_jobs_enqueued_on_the_apps_connection_commit_and_roll_back_with_it
 
 
 async def test_the_apps_connection_without_a_transaction_or_of_another_kind_is_refused(
-    queue: Queue, url: str, tmp_path: Any
+    queue: Queue, postgres_url: str, tmp_path: Any
 ) -> None:
-    conn = await asyncpg.connect(parse_url(url).dsn)
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
     try:
         with pytest.raises(ValueError, match="no transaction open"):
             await queue.enqueue("a", {}, connection=conn)
@@ -223,8 +224,8 @@ class Listener:
         self.conn, self.channel, self.payloads = conn, channel, []
 
     @classmethod
-    async def on(cls, url: str) -> Listener:
-        listener = cls(await asyncpg.connect(parse_url(url).dsn), f"{parse_url(url).schema}_wake")
+    async def on(cls, postgres_url: str) -> Listener:
+        listener = cls(await asyncpg.connect(parse_url(postgres_url).dsn), f"{parse_url(postgres_url).schema}_wake")
         await listener.conn.add_listener(listener.channel, lambda *args: listener.payloads.append(args[3]))
         return listener
 
@@ -240,8 +241,8 @@ class Listener:
         return count
 
 
-async def test_one_notify_per_transaction_whatever_it_enqueues(queue: Queue, url: str) -> None:
-    listener = await Listener.on(url)
+async def test_one_notify_per_transaction_whatever_it_enqueues(queue: Queue, postgres_url: str) -> None:
+    listener = await Listener.on(postgres_url)
     try:
         await queue.enqueue_many([JobSpec(f"j{n}", {}) for n in range(200)])
         assert await listener.count_until_marker() == 1
@@ -258,11 +259,11 @@ async def test_one_notify_per_transaction_whatever_it_enqueues(queue: Queue, url
         await listener.conn.close()
 
 
-async def test_a_waiter_on_another_host_wakes_at_the_commit_and_a_poll_only_one_does_not(url: str) -> None:
+async def test_a_waiter_on_another_host_wakes_at_the_commit_and_a_poll_only_one_does_not(postgres_url: str) -> None:
     async with (
-        await Queue.open(url) as producer,
-        await Queue.open(url) as listening,
-        await Queue.open(url + "&wakeups=poll") as polling,
+        await Queue.open(postgres_url) as producer,
+        await Queue.open(postgres_url) as listening,
+        await Queue.open(postgres_url + "&wakeups=poll") as polling,
     ):
         woken = asyncio.create_task(listening.wait_for_rows(10))
         polled = asyncio.create_task(polling.wait_for_rows(0.5))
@@ -282,20 +283,22 @@ async def test_a_waiter_on_another_host_wakes_at_the_commit_and_a_poll_only_one_
             await local
 
 
-async def test_a_lost_listener_is_counted_and_waiting_listens_again(url: str) -> None:
-    async with await Queue.open(url) as producer, await Queue.open(url) as worker:
+async def test_a_lost_listener_is_counted_and_waiting_listens_again(postgres_url: str) -> None:
+    async with await Queue.open(postgres_url) as producer, await Queue.open(postgres_url) as worker:
         store = worker.store
         assert isinstance(store, PostgresQueueStore) and store.wakeups.listening
+        # Only this test's listener: its database, its channel (other runs may be listening on the same server).
         await execute(
-            parse_url(url).dsn,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+            parse_url(postgres_url).dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query = $1 AND pid <> pg_backend_pid()",
+            f'LISTEN "{store.wakeups.channel}"',
         )
         deadline = time.monotonic() + 5
-        while store.wakeups.listening:
+        while store.wakeups.lost == 0:  # the termination callback runs a loop step after the socket closed
             assert time.monotonic() < deadline, "the listener's loss was never seen"
             await asyncio.sleep(0.01)
-        assert store.wakeups.lost == 1
+        assert (store.wakeups.lost, store.wakeups.listening) == (1, False)
         await worker.wait_for_rows(0.01)  # listens again
         assert store.wakeups.listening
         woken = asyncio.create_task(worker.wait_for_rows(10))
@@ -308,8 +311,8 @@ async def test_a_lost_listener_is_counted_and_waiting_listens_again(url: str) ->
 # -- counts and prune ---------------------------------------------------------------------------------------
 
 
-async def test_counts_stay_exact_under_concurrent_writers_and_folding_keeps_them(url: str) -> None:
-    async with await Queue.open(url) as first, await Queue.open(url) as second:
+async def test_counts_stay_exact_under_concurrent_writers_and_folding_keeps_them(postgres_url: str) -> None:
+    async with await Queue.open(postgres_url) as first, await Queue.open(postgres_url) as second:
         await first.enqueue_many([JobSpec(f"j{n}", {}, max_attempts=2) for n in range(400)])
 
         async def work(queue: Queue, owner: str) -> None:
@@ -326,20 +329,24 @@ async def test_counts_stay_exact_under_concurrent_writers_and_folding_keeps_them
             await pool.run(burst=True)
 
         await asyncio.gather(work(first, "a"), work(second, "b"), work(first, "c"))
-        schema = parse_url(url).schema
-        truth = dict(await rows(url, f"SELECT status, count(*) FROM {schema}.jobs GROUP BY status"))
+        schema = parse_url(postgres_url).schema
+        truth = dict(await rows(postgres_url, f"SELECT status, count(*) FROM {schema}.jobs GROUP BY status"))
         stats = await first.stats()
         assert {k: v for k, v in stats.by_status.items() if v} == truth and sum(truth.values()) == 400
         assert stats.dead_by_reason == dict(
-            await rows(url, f"SELECT reason, count(*) FROM {schema}.jobs WHERE status = 'dead' GROUP BY reason")
+            await rows(
+                postgres_url, f"SELECT reason, count(*) FROM {schema}.jobs WHERE status = 'dead' GROUP BY reason"
+            )
         )
-    async with await Queue.open(url) as third:  # opening folds the counters of the backends that are gone
-        backends = await rows(url, f"SELECT DISTINCT backend FROM {schema}.counts")
+    async with await Queue.open(postgres_url) as third:  # opening folds the counters of the backends that are gone
+        backends = await rows(postgres_url, f"SELECT DISTINCT backend FROM {schema}.counts")
         assert (0,) in backends and len(backends) <= 3
         assert {k: v for k, v in (await third.stats()).by_status.items() if v} == truth
 
 
-async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(queue: Queue, clock: list[int], url: str) -> None:
+async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(
+    queue: Queue, clock: list[int], postgres_url: str
+) -> None:
     total = admin.PRUNE_BATCH_ROWS * 2 + 500
     await queue.enqueue_many([JobSpec(f"j{n:05d}", {}) for n in range(total)])
     while tickets := await queue.claim("w1", limit=1000):
@@ -350,12 +357,12 @@ async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(queue: Queu
     done = await queue.prune(0.005)
     assert (done["deleted"], done["batches"], done["vacuum"]) == (total, 4, "autovacuum")
     assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0}
-    schema = parse_url(url).schema
-    assert await rows(url, f"SELECT id FROM {schema}.jobs") == [("kept",)]
+    schema = parse_url(postgres_url).schema
+    assert await rows(postgres_url, f"SELECT id FROM {schema}.jobs") == [("kept",)]
 
 
-async def test_a_notification_while_no_task_waits_ends_the_next_wait_at_once(url: str) -> None:
-    async with await Queue.open(url) as producer, await Queue.open(url) as worker:
+async def test_a_notification_while_no_task_waits_ends_the_next_wait_at_once(postgres_url: str) -> None:
+    async with await Queue.open(postgres_url) as producer, await Queue.open(postgres_url) as worker:
         store = worker.store
         assert isinstance(store, PostgresQueueStore)
         before = store.wakeups.received
@@ -392,3 +399,34 @@ def test_the_wakeup_benchmark_runs_quick_and_writes_no_docs(tmp_path: Any) -> No
     assert done.returncode == 0, done.stderr[-2000:]
     assert "enqueue commit -> handler start in another process" in done.stdout and "met" in done.stdout
     assert hashlib.sha256(docs.read_bytes()).hexdigest() == before
+
+
+async def test_the_dashboard_and_the_metrics_read_a_postgresql_queue_unchanged(
+    queue: Queue, postgres_url: str, clock: list[int]
+) -> None:
+    import aiohttp
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from asyncq.web.dashboard import make_dashboard_app
+    from asyncq.web.metrics import QueueCollector
+
+    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("c", 3)])
+    [ticket] = await queue.claim("w1")
+    await queue.finish(ticket, "permanent")
+    app = make_dashboard_app(postgres_url, token="t" * 16, clock=lambda: clock[0], sample_seconds=3600)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        async with aiohttp.ClientSession() as session, session.get(base) as response:
+            page = await response.text()
+        assert response.status == 200
+        assert 'id="count-pending">2<' in page and 'id="count-dead">1<' in page and "permanent" in page
+    finally:
+        await runner.cleanup()
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(postgres_url, clock=lambda: clock[0]))
+    text = (await asyncio.to_thread(generate_latest, registry)).decode()
+    assert 'asyncq_jobs{status="pending"} 2.0' in text and 'asyncq_dead_jobs{reason="permanent"} 1.0' in text

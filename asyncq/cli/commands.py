@@ -60,6 +60,11 @@ async def writing(args: argparse.Namespace, now_ms: int | None = None) -> Queue:
 # -- init -----------------------------------------------------------------------------------------------
 
 INIT_ACTIONS = {"missing": "created", "empty": "created", "other": "added"}
+#: What ``init`` reports of each kind of store, from its ``describe()``.
+INIT_KEYS = {
+    "sqlite": ("schema_version", "journal_mode", "auto_vacuum"),
+    "postgresql": ("store", "schema_version", "schema"),
+}
 
 
 async def init(args: argparse.Namespace) -> Report:
@@ -82,7 +87,7 @@ async def init(args: argparse.Namespace) -> Report:
         found = await queue.describe()
     data = {"path": args.db, "action": action, "created": action == "created"}
     data |= {"previous_schema_version": state.schema_version if state.kind == "queue" else None}
-    data |= {key: found.get(key) for key in ("store", "schema_version", "journal_mode", "auto_vacuum", "schema")}
+    data |= {key: found[key] for key in INIT_KEYS[found["store"]]}
     return report(data, out.render_init)
 
 
