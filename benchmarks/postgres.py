@@ -304,6 +304,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="runs of each library at each process count (default 3; 1)")
     parser.add_argument("--processes", help="process counts, comma-separated (default 1,2,4; 1,2 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 300 jobs, 1 and 2 processes, no docs")
+    parser.add_argument("--libraries", help="which libraries, comma-separated (default: every one installed)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -313,8 +314,12 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     processes = tuple(int(n) for n in args.processes.split(",")) if args.processes else PROCESSES
     processes = processes if args.processes or not args.quick else (1, 2)
-    names = [name for name, (module, _factory) in LIBRARIES.items() if installed(module)]
-    missing = sorted(set(LIBRARIES) - set(names))
+    asked = args.libraries.split(",") if args.libraries else list(LIBRARIES)
+    unknown = sorted(set(asked) - set(LIBRARIES))
+    if unknown:
+        parser.error(f"unknown libraries {unknown}: choose from {sorted(LIBRARIES)}")
+    names = [name for name, (module, _factory) in LIBRARIES.items() if name in asked and installed(module)]
+    missing = sorted(set(asked) - set(names))
     if "asyncq" not in names:
         raise SystemExit("asyncq's PostgreSQL store needs asyncpg: pip install -e '.[postgres]'")
     if missing:
@@ -327,7 +332,8 @@ def main() -> None:
         )
     load_before = load()
     samples = asyncio.run(measure(names, processes, jobs, min(args.batch, jobs), rounds))
-    report(figures(samples), names, processes, settings, jobs, rounds, args, load_before, quick=args.quick)
+    partial = args.quick or bool(args.libraries)  # a smoke run, or not every library: no docs
+    report(figures(samples), names, processes, settings, jobs, rounds, args, load_before, quick=partial)
 
 
 def report(
