@@ -39,13 +39,17 @@ def tail(path: Path, size: int = 2000) -> str:
         return ""
 
 
-def end(process: subprocess.Popen[Any], timeout: float) -> int:
-    """SIGTERM ``process`` (SIGCONT first: a stopped process cannot act on it), SIGKILL it after ``timeout`` s;
-    its exit code."""
+def terminate(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM ``process`` if it runs (SIGCONT first: a stopped process cannot act on it)."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGCONT)
             process.terminate()
+
+
+def wait_or_kill(process: subprocess.Popen[Any], timeout: float) -> int:
+    """Wait ``timeout`` s for ``process`` told to stop (once: a second SIGTERM could land after it removed its
+    handler), then SIGKILL it; its exit code."""
     try:
         return process.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -68,7 +72,8 @@ def running_receiver(db: Path, address: str) -> Iterator[str]:
             raise RuntimeError(f"the receiver did not start: {tail(errors)}")
         yield url
     finally:
-        code = end(process, 15)
+        terminate(process)
+        code = wait_or_kill(process, 15)
         if process.stdout is not None:
             process.stdout.close()
     if code != 0:
@@ -150,11 +155,8 @@ class Fleet:
         while time.monotonic() < deadline and not all(self.status(owner) for owner, _process in processes):
             time.sleep(0.02)
         for _owner, process in processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGCONT)
-                    process.terminate()
-        codes = [(owner, end(process, timeout)) for owner, process in processes]
+            terminate(process)
+        codes = [(owner, wait_or_kill(process, timeout)) for owner, process in processes]
         for host in self.hosts:
             host.process = None
         return codes
