@@ -52,6 +52,7 @@ PROCESSES = (1, 2, 4)
 TARGET_PEER_RATIO = 2.0
 TARGET_SCALING = 1.5
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CPUS = os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,17 @@ class Sample:
     drain_s: float
     worker_cpu_s: float
     server_cpu_s: float
+    busy: float  # the machine's CPUs busy during the drain, 0-1 (every process on it, the benchmark's or not)
     jobs: int
 
     @property
     def end_to_end(self) -> float:
         return self.jobs / (self.enqueue_s + self.drain_s)
+
+    @property
+    def own_cores(self) -> float:
+        """CPUs the drain kept busy with this library's work: its workers' and their backends' CPU over its time."""
+        return (self.worker_cpu_s + self.server_cpu_s) / self.drain_s
 
 
 # -- one worker process -------------------------------------------------------------------------------------
@@ -162,7 +169,14 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-async def drain(library_name: str, url: str, database: str, processes: int) -> tuple[float, int, float, float]:
+def cpu_times() -> tuple[int, int]:
+    """The machine's (busy, total) CPU time so far, in ticks (``/proc/stat``; idle and iowait are not busy)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(n) for n in stat.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+async def drain(library_name: str, url: str, database: str, processes: int) -> tuple[float, int, float, float, float]:
     """Start ``processes`` workers, let them go at once, wait for the last to report; (seconds, jobs run,
     workers' CPU s, server CPU s)."""
     command = [sys.executable, __file__, "--worker", library_name, url]
@@ -181,12 +195,13 @@ async def drain(library_name: str, url: str, database: str, processes: int) -> t
                 raise RuntimeError(f"a {library_name} worker did not start (it said {line!r})")
         await server.sample()  # the backends of the set-up connections: their CPU from here on
         watcher = asyncio.create_task(server.watch())
-        started = time.perf_counter()
+        started, machine = time.perf_counter(), cpu_times()
         for child in children:
             assert child.stdin is not None
             child.stdin.write(b"GO\n")
         lines = [await asyncio.wait_for(child.stdout.readline(), 900) for child in children if child.stdout]
-        elapsed = time.perf_counter() - started
+        elapsed, (busy, total) = time.perf_counter() - started, cpu_times()
+        busy_share = (busy - machine[0]) / max(1, total - machine[1])
         watcher.cancel()
         await server.sample()  # the connections are still open: their backends' last figures
         for child in children:
@@ -199,7 +214,7 @@ async def drain(library_name: str, url: str, database: str, processes: int) -> t
             _word, count, seconds = line.split()
             handled += int(count)
             cpu += float(seconds)
-        return elapsed, handled, cpu, server.seconds
+        return elapsed, handled, cpu, server.seconds, busy_share
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -221,13 +236,13 @@ async def one_run(library_name: str, processes: int, jobs: int, batch: int) -> S
         url = database_url(database)
         await library.install(url)
         enqueue_s = await library.enqueue(url, jobs, batch)
-        drain_s, handled, worker_cpu, server_cpu = await drain(library_name, url, database, processes)
+        drain_s, handled, worker_cpu, server_cpu, busy = await drain(library_name, url, database, processes)
         left = await library.unfinished(url)
         if handled != jobs or left != 0:
             raise RuntimeError(f"{library_name} ran {handled} of {jobs} jobs and left {left} unfinished")
     finally:
         await admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-    return Sample(library_name, processes, enqueue_s, drain_s, worker_cpu, server_cpu, jobs)
+    return Sample(library_name, processes, enqueue_s, drain_s, worker_cpu, server_cpu, busy, jobs)
 
 
 async def server_settings() -> dict[str, str]:
@@ -278,6 +293,8 @@ class Figures:
     end_to_end: float
     worker_cpu_ms: float  # per 1,000 jobs drained
     server_cpu_ms: float
+    busy: float
+    own_cores: float
     runs: int
 
 
@@ -292,6 +309,8 @@ def figures(samples: list[Sample]) -> dict[tuple[str, int], Figures]:
             end_to_end=statistics.median(s.end_to_end for s in group),
             worker_cpu_ms=statistics.median(s.worker_cpu_s / jobs * 1e6 for s in group),
             server_cpu_ms=statistics.median(s.server_cpu_s / jobs * 1e6 for s in group),
+            busy=statistics.median(s.busy for s in group),
+            own_cores=statistics.median(s.own_cores for s in group),
             runs=len(group),
         )
     return found
@@ -356,6 +375,7 @@ def report(
         "end to end jobs/s",
         "worker CPU ms/1k",
         "server CPU ms/1k",
+        "CPUs: its own / all busy",
         "runs",
     ]
     rows = [
@@ -367,6 +387,7 @@ def report(
             f"{f.end_to_end:,.0f}",
             f"{f.worker_cpu_ms:,.0f}",
             f"{f.server_cpu_ms:,.0f}",
+            f"{f.own_cores:.2f} / {f.busy * CPUS:.2f}",
             f.runs,
         )
         for name in names
