@@ -1,0 +1,141 @@
+"""A PostgreSQL cluster a test owns: ``initdb`` into a temporary folder, ``pg_ctl start`` on the addresses the test
+names (a bridge's, in tests/test_many_hosts.py), trust authentication for the networks it names, stopped and
+removed at the end even when the test fails.
+
+The server binaries come from Debian's versioned folder (``/usr/lib/postgresql/<version>/bin``, outside ``PATH``;
+``ASYNCQ_PG_BIN`` names another). ``initdb`` refuses to run as root, so as root the cluster belongs to the
+``postgres`` user (``runuser``) and lives in a folder of its own under the system's temporary directory (a
+pytest ``tmp_path`` is root's only). The server runs with asyncq's durable settings: ``fsync`` and
+``synchronous_commit`` on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVER_USER = "postgres"
+
+
+def server_binaries() -> Path | None:
+    """The folder holding ``initdb`` and ``pg_ctl`` (``ASYNCQ_PG_BIN``, else Debian's newest), or ``None``."""
+    named = os.environ.get("ASYNCQ_PG_BIN")
+    candidates = [Path(named)] if named else sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    for folder in candidates:
+        if (folder / "initdb").is_file() and (folder / "pg_ctl").is_file():
+            return folder
+    return None
+
+
+def cluster_problem() -> str | None:
+    """Why this machine cannot start a cluster of the test's own (``None``: it can)."""
+    if server_binaries() is None:
+        return "no PostgreSQL server binaries (initdb, pg_ctl) in /usr/lib/postgresql/*/bin or ASYNCQ_PG_BIN"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            return f"running as root, and initdb refuses root: no {SERVER_USER!r} user to run the server as"
+        if shutil.which("runuser") is None:
+            return "running as root without runuser: cannot start the server as another user"
+    return None
+
+
+def free_port(address: str) -> int:
+    """A TCP port free on ``address`` now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running cluster: where it listens, and the URL of its ``postgres`` database."""
+
+    folder: Path
+    address: str
+    port: int
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://{SERVER_USER}@{self.address}:{self.port}/{database}"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "server.log"
+
+
+def _as_server_user(command: Sequence[str]) -> list[str]:
+    return ["runuser", "-u", SERVER_USER, "--", *command] if os.geteuid() == 0 else list(command)
+
+
+def _run(command: Sequence[str], timeout: float = 60) -> None:
+    done = subprocess.run(_as_server_user(command), capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{Path(command[0]).name} failed ({done.returncode}): {(done.stderr or done.stdout)[-1500:]}"
+        )
+
+
+HBA = """local all all trust
+host all all 127.0.0.1/32 trust
+{networks}
+"""
+
+
+def _configure(data: Path, address: str, port: int, folder: Path, trusted: Sequence[str]) -> None:
+    networks = "\n".join(f"host all all {network} trust" for network in trusted)
+    (data / "pg_hba.conf").write_text(HBA.format(networks=networks))
+    settings = {
+        "listen_addresses": f"'{address}'",
+        "port": str(port),
+        "unix_socket_directories": f"'{folder}'",
+        "fsync": "on",
+        "synchronous_commit": "on",
+        "max_connections": "100",
+        "shared_buffers": "'64MB'",
+    }
+    with open(data / "postgresql.conf", "a") as conf:
+        conf.write("".join(f"{name} = {value}\n" for name, value in settings.items()))
+
+
+@contextlib.contextmanager
+def running_cluster(address: str, trusted: Sequence[str] = ()) -> Iterator[Cluster]:
+    """A fresh cluster listening on ``address`` (a free port), trusting local connections and ``trusted``
+    networks; stopped (fast, then immediate) and its folder removed when the block ends, however it ends."""
+    binaries = server_binaries()
+    if binaries is None:
+        raise RuntimeError(cluster_problem() or "no server binaries")
+    folder = Path(tempfile.mkdtemp(prefix="asyncq-cluster-"))
+    data = folder / "data"
+    try:
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(SERVER_USER)
+            os.chown(folder, entry.pw_uid, entry.pw_gid)
+        # --no-sync: only initdb's own final flush is skipped; the server then runs with fsync on.
+        _run([str(binaries / "initdb"), "-D", str(data), "-A", "trust", "-U", SERVER_USER, "-E", "UTF8", "--no-sync"])
+        port = free_port(address)
+        _configure(data, address, port, folder, trusted)
+        cluster = Cluster(folder, address, port)
+        _run([str(binaries / "pg_ctl"), "-D", str(data), "-l", str(cluster.log), "-w", "-t", "60", "start"], 90)
+        try:
+            yield cluster
+        finally:
+            _stop(binaries, data)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(binaries: Path, data: Path) -> None:
+    """Stop the server: fast shutdown (ends its connections), immediate if that does not end in time."""
+    try:
+        _run([str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop"], 45)
+    except (RuntimeError, subprocess.TimeoutExpired):
+        _run([str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "-t", "30", "stop"], 45)
