@@ -37,6 +37,7 @@ from asyncq.inbox import EffectTransaction, Inbox, make_inbox_app
 from asyncq.inbox.receiver import read_totals
 from asyncq.outbox import Outbox, Relay
 from asyncq.store.postgres.connection import parse_url
+from asyncq.store.postgres.schema import SCHEMA_VERSION as QUEUE_SCHEMA_VERSION
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("postgres_database")]
 
@@ -397,7 +398,7 @@ async def test_queue_outbox_and_inbox_keep_their_own_versions_in_one_schema(url:
     async with await Queue.open(url) as queue, await Outbox.open(url) as outbox, Inbox(url) as inbox:
         assert await queue.enqueue("j", {}) and await outbox.add("o", {}) and await inbox.receive("e", {}) == "applied"
     versions = await rows(url, f"SELECT component, version FROM {schema}.versions ORDER BY component")
-    assert versions == [("inbox", 1), ("outbox", 1), ("queue", 1)]
+    assert versions == [("inbox", 1), ("outbox", 1), ("queue", QUEUE_SCHEMA_VERSION)]
     await rows(url, f"UPDATE {schema}.versions SET version = 9 WHERE component = 'outbox'")
     before = await rows(url, f"SELECT * FROM {schema}.outbox")
     with pytest.raises(StoreError, match="outbox version 9"):
