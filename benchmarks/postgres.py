@@ -349,36 +349,27 @@ def main() -> None:
             f"the server is not durable: fsync={settings.get('fsync')}, "
             f"synchronous_commit={settings.get('synchronous_commit')}"
         )
-    load_before = load()
+    args.load_before, args.jobs_run, args.rounds_run = load(), jobs, rounds
     samples = asyncio.run(measure(names, processes, jobs, min(args.batch, jobs), rounds))
     partial = args.quick or bool(args.libraries)  # a smoke run, or not every library: no docs
-    report(figures(samples), names, processes, settings, jobs, rounds, args, load_before, quick=partial)
+    report(figures(samples), names, processes, settings, args, quick=partial)
 
 
-def report(
-    found: dict[tuple[str, int], Figures],
-    names: list[str],
-    processes: tuple[int, ...],
-    settings: dict[str, str],
-    jobs: int,
-    rounds: int,
-    args: argparse.Namespace,
-    load_before: str,
-    *,
-    quick: bool,
-) -> None:
-    headers = [
-        "library",
-        "processes",
-        "enqueue jobs/s",
-        "drain jobs/s",
-        "end to end jobs/s",
-        "worker CPU ms/1k",
-        "server CPU ms/1k",
-        "CPUs: its own / all busy",
-        "runs",
-    ]
-    rows = [
+HEADERS = [
+    "library",
+    "processes",
+    "enqueue jobs/s",
+    "drain jobs/s",
+    "end to end jobs/s",
+    "worker CPU ms/1k",
+    "server CPU ms/1k",
+    "CPUs: own / others",
+    "runs",
+]
+
+
+def table_rows(found: dict[tuple[str, int], Figures], names: list[str], processes: tuple[int, ...]) -> list[Any]:
+    return [
         (
             name,
             count,
@@ -387,74 +378,97 @@ def report(
             f"{f.end_to_end:,.0f}",
             f"{f.worker_cpu_ms:,.0f}",
             f"{f.server_cpu_ms:,.0f}",
-            f"{f.own_cores:.2f} / {f.busy * CPUS:.2f}",
+            f"{f.own_cores:.2f} / {max(0.0, f.busy * CPUS - f.own_cores):.2f}",
             f.runs,
         )
         for name in names
         for count in processes
         for f in [found[(name, count)]]
     ]
-    print_table(f"PostgreSQL queues, {jobs:,} jobs, {TASKS} tasks a process (medians)", headers, rows)
+
+
+def targets(
+    found: dict[tuple[str, int], Figures], names: list[str], processes: tuple[int, ...]
+) -> list[tuple[str, str, bool]]:
+    """Each target: what, the figure, met or not."""
     peers = [name for name in names if name != "asyncq"]
     checks: list[tuple[str, str, bool]] = []
-    for count in processes:
+    for count in processes if peers else ():
         ours = found[("asyncq", count)].end_to_end
-        if peers:
-            best = max(peers, key=lambda name: found[(name, count)].end_to_end)
-            theirs = found[(best, count)].end_to_end
-            checks.append(
-                (
-                    f"{count} process(es): asyncq ≥ {TARGET_PEER_RATIO:.0f}× the faster peer end to end ({best})",
-                    f"{ours / theirs:.2f}× ({ours:,.0f} vs {theirs:,.0f} jobs/s)",
-                    ours >= TARGET_PEER_RATIO * theirs,
-                )
-            )
-    first, last = processes[0], processes[-1]
-    scaling = found[("asyncq", last)].end_to_end / found[("asyncq", first)].end_to_end
-    drain_scaling = found[("asyncq", last)].drain / found[("asyncq", first)].drain
-    checks.append(
-        (
-            f"asyncq {last} processes ≥ {TARGET_SCALING}× {first} process end to end",
-            f"{scaling:.2f}× (drain alone {drain_scaling:.2f}×)",
-            scaling >= TARGET_SCALING,
-        )
+        best = max(peers, key=lambda name: found[(name, count)].end_to_end)
+        theirs = found[(best, count)].end_to_end
+        what = f"{count} process(es): asyncq ≥ {TARGET_PEER_RATIO:.0f}× the faster peer end to end ({best})"
+        measured = f"{ours / theirs:.2f}× ({ours:,.0f} vs {theirs:,.0f} jobs/s)"
+        checks.append((what, measured, ours >= TARGET_PEER_RATIO * theirs))
+    one, many = found[("asyncq", processes[0])], found[("asyncq", processes[-1])]
+    what = f"asyncq {processes[-1]} processes ≥ {TARGET_SCALING}× {processes[0]} process end to end"
+    measured = f"{many.end_to_end / one.end_to_end:.2f}× (drain alone {many.drain / one.drain:.2f}×)"
+    checks.append((what, measured, many.end_to_end >= TARGET_SCALING * one.end_to_end))
+    return checks
+
+
+def in_the_way(found: dict[tuple[str, int], Figures], processes: tuple[int, ...], jobs: int) -> str:
+    """Why asyncq's processes scale as they do, from the figures: the CPUs it had, and what all of them would give."""
+    one, many = found[("asyncq", processes[0])], found[("asyncq", processes[-1])]
+    per_job = (many.worker_cpu_ms + many.server_cpu_ms) / 1e6  # CPU seconds a job, at the most processes
+    capacity = CPUS / per_job
+    best = jobs / (jobs / many.enqueue + jobs / capacity)
+    others = max(0.0, many.busy * CPUS - many.own_cores)
+    return (
+        f"What bounds the scaling is CPU. At {processes[-1]} processes asyncq's drain kept {many.own_cores:.2f} CPUs"
+        f" busy with its own work (its workers and their backends) while other work on the machine took"
+        f" {others:.2f} of the {CPUS}; at {processes[0]} process, {one.own_cores:.2f} (the worker and the server take"
+        f" turns within a group commit). A job costs {many.worker_cpu_ms + many.server_cpu_ms:.0f} µs of CPU at"
+        f" {processes[-1]} processes ({many.worker_cpu_ms:.0f} in the worker, {many.server_cpu_ms:.0f} in the server;"
+        f" {one.worker_cpu_ms + one.server_cpu_ms:.0f} at {processes[0]}), so all {CPUS} CPUs would drain at most"
+        f" {capacity:,.0f} jobs/s, and with this invocation's enqueue (one process in every configuration,"
+        f" {many.enqueue:,.0f} jobs/s) end to end would reach at most {best:,.0f} jobs/s:"
+        f" {best / one.end_to_end:.2f}× one process."
     )
-    check_rows = [(what, measured, verdict(ok)) for what, measured, ok in checks]
-    print_table("targets", ["target", "measured", "verdict"], check_rows)
-    load_after = load()
-    print(f"load average (1 min): {load_before} before, {load_after} after")
+
+
+def report(
+    found: dict[tuple[str, int], Figures],
+    names: list[str],
+    processes: tuple[int, ...],
+    settings: dict[str, str],
+    args: argparse.Namespace,
+    *,
+    quick: bool,
+) -> None:
+    jobs, rows, checks = args.jobs_run, table_rows(found, names, processes), targets(found, names, processes)
+    print_table(f"PostgreSQL queues, {jobs:,} jobs, {TASKS} tasks a process (medians)", HEADERS, rows)
+    print_table("targets", ["target", "measured", "verdict"], [(w, m, verdict(ok)) for w, m, ok in checks])
+    print(in_the_way(found, processes, jobs))
+    print(f"load average (1 min): {args.load_before} before, {load()} after")
     if quick:
         return
-    versions = ", ".join(f"{name} {version(name)}" for name in peers)
-    command = f"python benchmarks/postgres.py --jobs {jobs} --batch {args.batch} --rounds {rounds}"
-    body = (
-        f"""## PostgreSQL: asyncq beside pgqueuer and procrastinate (`postgres`)
+    versions = ", ".join(f"{name} {version(name)}" for name in names if name != "asyncq")
+    command = f"python benchmarks/postgres.py --jobs {jobs} --batch {args.batch} --rounds {args.rounds_run}"
+    body = f"""## PostgreSQL: asyncq beside pgqueuer and procrastinate (`postgres`)
 
 `{command}`: PostgreSQL {settings.get("server_version")} on 127.0.0.1 (`fsync` {settings.get("fsync")},
-`synchronous_commit` {settings.get("synchronous_commit")} for every database and read back,
-`wal_sync_method` {settings.get("wal_sync_method")}), Python {platform.python_version()}, {os.cpu_count()} CPUs
-shared by the server, the workers and the producer, {time.strftime("%Y-%m-%d", time.gmtime())}; load average
-(1 min) {load_before} before, {load_after} after. Peers: {versions or "none installed"}.
+`synchronous_commit` {settings.get("synchronous_commit")} for every database and read back, `wal_sync_method`
+{settings.get("wal_sync_method")}), Python {platform.python_version()}, {CPUS} CPUs shared by the server, the
+workers, the producer and other work on the machine, {time.strftime("%Y-%m-%d", time.gmtime())}; load average
+(1 min) {args.load_before} before, {load()} after. Peers: {versions or "none installed"}.
 
 Each run, in a fresh database: the library's schema; {jobs:,} jobs enqueued from one process in batches of
 {args.batch:,} (one call each); then 1, 2 or 4 worker processes, set up and waiting, told to go at once, each with
 {TASKS} concurrent no-op `async` handlers, until nothing is left (every job run once and none left unfinished, or
 the run is refused). **End to end** = jobs / (enqueue time + drain time). The libraries alternate run by run (the
-order rotating), {rounds} runs each; the figures are medians, the ratios from this one invocation. **CPU** per
-1,000 jobs drained: the worker processes' own, and the server's for their connections.
+order rotating), {args.rounds_run} runs each; the figures are medians, the ratios from this one invocation.
+**CPU** per 1,000 jobs drained: the worker processes' own, and the server's for their connections. **CPUs** during
+the drain: kept busy by the library's own work (its workers and their backends), and by everything else on the
+machine (other programs; the producer is idle by then).
 
-{markdown_table(headers, rows)}
+{markdown_table(HEADERS, rows)}
 
 | target | measured | verdict |
 |:---|---:|---:|
-"""
-        + "\n".join(f"| {what} | {measured} | {verdict(ok)} |" for what, measured, ok in checks)
-        + """
-
-How each library is driven (its documented API, in the settings its docs give for speed):
-"""
-        + PEER_NOTES
-    )
+""" + "\n".join(f"| {what} | {measured} | {verdict(ok)} |" for what, measured, ok in checks)
+    body += f"\n\n{in_the_way(found, processes, jobs)}\n\nHow each library is driven (its documented API, in the"
+    body += " settings its docs give for speed):\n" + PEER_NOTES
     write_section(SECTION, body)
 
 
