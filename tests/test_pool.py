@@ -12,6 +12,7 @@ queues, and a finish racing a lease renewal.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import threading
 import time
@@ -121,6 +122,29 @@ async def test_permanent_makes_the_job_dead_at_once(queue: Queue) -> None:
     assert job is not None and (job.status, job.reason, job.attempts) == ("dead", "permanent", 1)
     assert deliveries == [("job", 1, 1)]
     assert pool.counters.handler_errors == 0
+
+
+async def test_the_pools_records_of_a_job_carry_its_fields(queue: Queue, caplog: pytest.LogCaptureFixture) -> None:
+    """The pool's per-job warnings name the job in structured fields (``job_id``, ``queue``, ``attempt``,
+    ``outcome``), as the task layer's records do, so that a JSON formatter shows them."""
+
+    async def refuse(body: Any, job: Any) -> None:
+        raise Permanent("malformed order")
+
+    pool = Pool(queue, retry=NO_JITTER)
+    pool.register("default", refuse)
+    await queue.enqueue("job", {}, max_attempts=5)
+    with caplog.at_level(logging.WARNING, logger="asyncq.worker.pool"):
+        await burst(pool)
+    found = [
+        (record.getMessage().split(":")[0], record.job_id, record.queue, record.attempt, record.outcome)  # type: ignore[attr-defined]
+        for record in caplog.records
+        if record.name == "asyncq.worker.pool"
+    ]
+    assert found == [
+        ("job job failed permanently", "job", "default", 1, "permanent"),
+        ("job job token 1 -> dead after attempt 1", "job", "default", 1, "dead"),
+    ]
 
 
 async def test_retryable_asks_for_its_own_delay_capped_by_the_policy(queue: Queue, clock: list[int]) -> None:

@@ -389,7 +389,13 @@ class Pool:
         leased for its lease to run out: it is retried at once under its budget (or dropped if its lease was
         lost). The worker goes on with the next job."""
         self.counters.internal_errors += 1
-        log.error("internal error around job %s: %r", flight.ticket.id, error, exc_info=error)
+        log.error(
+            "internal error around job %s: %r",
+            flight.ticket.id,
+            error,
+            exc_info=error,
+            extra=_fields(flight.ticket, RETRY),
+        )
         self._inflight.pop(flight.key, None)
         recorded = any(result[0] is flight for result in self._results)
         if not flight.lost and not recorded:
@@ -432,9 +438,17 @@ class Pool:
     def _log_finish(self, ticket: Ticket, status: str | None, debug: bool) -> None:
         self.counters.count_status(status)
         if status is None:
-            log.warning("stale finish rejected for job %s token %d", ticket.id, ticket.token)
+            log.warning(
+                "stale finish rejected for job %s token %d", ticket.id, ticket.token, extra=_fields(ticket, "stale")
+            )
         elif status == "dead":  # a problem for an operator: it waits for a redrive
-            log.warning("job %s token %d -> dead after attempt %d", ticket.id, ticket.token, ticket.attempt)
+            log.warning(
+                "job %s token %d -> dead after attempt %d",
+                ticket.id,
+                ticket.token,
+                ticket.attempt,
+                extra=_fields(ticket, status),
+            )
         elif debug:
             log.debug("job %s token %d -> %s", ticket.id, ticket.token, status)
 
@@ -478,7 +492,10 @@ class Pool:
     def _count_lost(self, flight: _InFlight) -> None:
         self.counters.leases_lost += 1
         self._observe("on_lease_lost")
-        log.warning("lease lost for job %s token %d: result discarded", flight.ticket.id, flight.ticket.token)
+        ticket = flight.ticket
+        log.warning(
+            "lease lost for job %s token %d: result discarded", ticket.id, ticket.token, extra=_fields(ticket, "lost")
+        )
 
     async def _release_buffer(self) -> None:
         """Stopping: give back the jobs claimed ahead and never started, so other workers take them at once
@@ -565,13 +582,21 @@ class Pool:
             outcome, delay_ms = classify(error, ticket.attempt, self.retry)
         except Exception as policy_error:
             self.counters.internal_errors += 1
-            log.error("retry policy failed for job %s: %r", ticket.id, policy_error, exc_info=policy_error)
+            log.error(
+                "retry policy failed for job %s: %r",
+                ticket.id,
+                policy_error,
+                exc_info=policy_error,
+                extra=_fields(ticket, RETRY),
+            )
             outcome, delay_ms = RETRY, self.retry.base_ms
         if outcome == PERMANENT:
-            log.warning("job %s failed permanently: %r", ticket.id, error)
+            log.warning("job %s failed permanently: %r", ticket.id, error, extra=_fields(ticket, outcome))
         else:
             self.counters.handler_errors += 1
-            log.warning("job %s attempt %d failed: %r", ticket.id, ticket.attempt, error)
+            log.warning(
+                "job %s attempt %d failed: %r", ticket.id, ticket.attempt, error, extra=_fields(ticket, outcome)
+            )
         return outcome, delay_ms, error_text(error)
 
     def _wake_if_needed(self) -> None:
@@ -611,3 +636,9 @@ def _uncancel() -> int:
     task = asyncio.current_task()
     assert task is not None
     return task.uncancel()
+
+
+def _fields(ticket: Ticket, outcome: str) -> dict[str, object]:
+    """The structured fields of a per-job record (``job_id``, ``queue``, ``attempt``, ``outcome``), so that a JSON
+    formatter shows them; the task layer adds ``task`` to the records logged inside a task."""
+    return {"job_id": ticket.id, "queue": ticket.queue, "attempt": ticket.attempt, "outcome": outcome}
