@@ -148,7 +148,7 @@ async def run(h: History, step: tuple[Any, ...]) -> None:
             else:
                 await store.cancel(step[1], now, "ops")
     elif kind == "prune":
-        await store.prune(now, step[1], vacuum=False)
+        await store.prune(now, step[1], vacuum=False, now_ms=now)
     elif kind == "refused" and h.tickets:
         await refused_finish(h, h.pick(step[1], h.tickets))
     elif kind == "app":

@@ -292,7 +292,7 @@ class Job:
     @property
     def result(self) -> Any:
         """The stored result, decoded (``None`` also when there is none: see ``result_json``)."""
-        return None if self.result_json is None else json.loads(self.result_json)
+        return None if self.result_json is None else decode_stored(self.result_json)
 
     @property
     def last_error(self) -> AttemptError | None:

@@ -11,17 +11,11 @@ from collections.abc import Sequence
 from asyncq.store.port.amqp import AmqpStore, DeadMessage
 from asyncq.store.port.inbox import InboxStore, InboxTotals
 from asyncq.store.port.outbox import OutboxStore
-from asyncq.store.port.queue import QueueStore, StoreState
+from asyncq.store.port.queue import QueueStore, StoreState, is_store_url
 
-URL_SCHEMES = ("postgresql://", "postgres://")
 #: The durability levels a PostgreSQL store takes: it always commits with ``synchronous_commit=on`` (``None``: keep
 #: what the store has, which is the same).
 POSTGRES_DURABILITY = ("full", None)
-
-
-def is_store_url(target: object) -> bool:
-    """Whether ``target`` names a database server's store by URL (PostgreSQL) rather than a file."""
-    return isinstance(target, str) and target.startswith(URL_SCHEMES)
 
 
 async def open_queue_store(

@@ -25,7 +25,7 @@ from asyncq.tasks.asgi import Lifespan, lifespan
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
 from asyncq.tasks.tracing import Tracing
-from asyncq.worker.context import JobContext
+from asyncq.worker.context import JobContext, job_fields
 from asyncq.worker.pool import Pool
 
 log = logging.getLogger("asyncq.tasks")
@@ -216,7 +216,7 @@ class Dispatcher:
 
 def fields(context: JobContext, task: str, outcome: str | None) -> dict[str, Any]:
     """The structured fields of a task's log records (``extra=``): a JSON formatter shows them."""
-    return {"job_id": context.id, "task": task, "queue": context.queue, "attempt": context.attempt, "outcome": outcome}
+    return job_fields(context.id, context.queue, context.attempt, outcome) | {"task": task}
 
 
 class TaskLogFilter(logging.Filter):

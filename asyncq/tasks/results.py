@@ -12,8 +12,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from asyncq.core.jobs import MAX_BODY_BYTES, Job, StoredResult
-from asyncq.core.jsontext import canonical_json
+from asyncq.core.jobs import Job, StoredResult, body_text
+from asyncq.core.lifecycle import DEAD, DONE
 from asyncq.errors import JobFailed, Permanent
 from asyncq.queue import Queue
 
@@ -53,7 +53,7 @@ class TaskJob(Generic[R]):
             job = await self.get()
             if job is None:
                 raise LookupError(f"job {self.id} does not exist (pruned, or never deferred here)")
-            if job.status in ("done", "dead"):
+            if job.status in (DONE, DEAD):
                 return self._ended(job)
             left = POLL_MAX_SECONDS if deadline is None else deadline - loop()
             if left <= 0:
@@ -62,7 +62,7 @@ class TaskJob(Generic[R]):
             pause = min(pause * 2, POLL_MAX_SECONDS)
 
     def _ended(self, job: Job) -> R:
-        if job.status == "dead":
+        if job.status == DEAD:
             error = job.last_error
             raise JobFailed(job.id, job.reason, *((error.type, error.message) if error else (None, None)))
         if job.result_json is None:
@@ -75,9 +75,11 @@ def stored_result(returns: TypeAdapter[Any], value: object, keep_seconds: float)
     """A task's return value as it is kept: validated by its annotation and dumped as canonical JSON; a value that
     does not fit is ``Permanent`` (the task's effect happened: running it again cannot fix its return type)."""
     try:
-        text = canonical_json(returns.dump_python(returns.validate_python(value), mode="json"))
+        dumped = returns.dump_python(returns.validate_python(value), mode="json")
     except (ValidationError, ValueError) as error:
         raise Permanent(f"the task's return value does not fit its annotation: {error}") from error
-    if len(text) > MAX_BODY_BYTES:
-        raise Permanent(f"the task's return value is larger than {MAX_BODY_BYTES} bytes as JSON")
+    try:
+        text = body_text(dumped)  # a body's rule: canonical JSON within MAX_BODY_BYTES
+    except ValueError as error:
+        raise Permanent(f"the task's return value cannot be kept: {error}") from error
     return StoredResult(text, round(keep_seconds * 1000))

@@ -26,6 +26,12 @@ class JobContext:
 Handler = Callable[[Any, JobContext], Awaitable[object]]
 
 
+def job_fields(job_id: str, queue: str, attempt: int, outcome: str | None) -> dict[str, Any]:
+    """The structured fields of a per-job log record (``extra=``), so that a JSON formatter shows them; the task
+    layer adds ``task``."""
+    return {"job_id": job_id, "queue": queue, "attempt": attempt, "outcome": outcome}
+
+
 class TransportHandler:
     """A handler that delivers each job's body through a transport, with its fencing token in the
     ``Asyncq-Token`` header (the transport adds the id as ``Idempotency-Key``).

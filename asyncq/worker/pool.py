@@ -45,7 +45,7 @@ from asyncq.core.values import Duration, check_duration, check_identifier, check
 from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
 from asyncq.queue import Queue
-from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with
+from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with, job_fields
 from asyncq.worker.observer import NoObserver, PoolCounters, PoolObserver
 
 # Pool is this module's; the rest are re-exported from where they live.
@@ -639,6 +639,4 @@ def _uncancel() -> int:
 
 
 def _fields(ticket: Ticket, outcome: str) -> dict[str, object]:
-    """The structured fields of a per-job record (``job_id``, ``queue``, ``attempt``, ``outcome``), so that a JSON
-    formatter shows them; the task layer adds ``task`` to the records logged inside a task."""
-    return {"job_id": ticket.id, "queue": ticket.queue, "attempt": ticket.attempt, "outcome": outcome}
+    return job_fields(ticket.id, ticket.queue, ticket.attempt, outcome)

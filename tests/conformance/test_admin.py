@@ -80,7 +80,7 @@ async def test_stats_agree_with_the_listing_after_every_kind_of_move(store: Queu
     driver.force(store, "j12", {"attempts": 7})
     await check()
     await claim(store, "w6", T0 + 70_000, queue="mail", n=50)  # sweeps leases past their deadline and budgets
-    await store.prune(T0 + 70_000, ("done", "dead"), vacuum=False)
+    await store.prune(T0 + 70_000, ("done", "dead"), vacuum=False, now_ms=T0 + 70_000)
     await check()
     await store.enqueue([new(f"k{n}", T0 + 70_000) for n in range(10)])
     tickets = await claim(store, "w5", T0 + 70_000, n=10)
@@ -135,12 +135,12 @@ async def test_prunable_dates_each_ended_job_by_the_rule(store: QueueStore) -> N
 async def test_prune_deletes_the_prunable_jobs_of_the_named_statuses_and_keeps_the_audit(store: QueueStore) -> None:
     await ended_in_every_way(store)
     before = await dump(store)
-    assert (await store.prune(T0 + 1_001, ("dead",), vacuum=False))["deleted"] == 3
+    assert (await store.prune(T0 + 1_001, ("dead",), vacuum=False, now_ms=T0 + 1_001))["deleted"] == 3
     after = await dump(store)
     expect(before, after, {"permanent": None, "cancelled": None, "swept": None})  # the cancel's audit row stays
-    assert (await store.prune(T0 + 1_001, ("dead",), vacuum=True))["deleted"] == 0
+    assert (await store.prune(T0 + 1_001, ("dead",), vacuum=True, now_ms=T0 + 1_001))["deleted"] == 0
     expect(after, await dump(store))
-    assert (await store.prune(T0 + 1_001, ("done",), vacuum=True))["deleted"] == 1
+    assert (await store.prune(T0 + 1_001, ("done",), vacuum=True, now_ms=T0 + 1_001))["deleted"] == 1
     expect(after, await dump(store), {"done": None})
     assert await store.prunable(T0 + 60_001, ("done", "dead"), -1) == ({"done": 0, "dead": 1}, ["exhausted"])
 
@@ -152,7 +152,7 @@ async def test_prune_takes_the_errors_of_the_jobs_it_deletes_only(store: QueueSt
     assert await store.finish(finishes, T0 + 1) == ["dead", "pending"]
     before = await dump(store)
     assert [len(job.errors) for job in before.jobs.values()] == [1, 1]
-    assert (await store.prune(T0 + 60_001, ("dead",), vacuum=False))["deleted"] == 1
+    assert (await store.prune(T0 + 60_001, ("dead",), vacuum=False, now_ms=T0 + 60_001))["deleted"] == 1
     expect(before, await dump(store), {"a": None})  # "kept" keeps its error
     pruned = await dump(store)
     again = await enqueue(store, new("a", T0 + 70_000, body={"v": 2}))  # a new job: a new seq, no errors
@@ -166,7 +166,7 @@ async def test_an_id_enqueued_again_after_prune_has_not_been_redriven(store: Que
     assert await store.finish([outcome(ticket, "permanent")], T0 + 1) == ["dead"]
     await store.redrive("a", T0 + 2, T0 + 3, "ops")
     assert [t.id for t in await claim(store, "w1", T0 + 3)] == []  # swept: deadline
-    assert (await store.prune(T0 + 4, ("dead",), vacuum=False))["deleted"] == 1
+    assert (await store.prune(T0 + 4, ("dead",), vacuum=False, now_ms=T0 + 4))["deleted"] == 1
     await store.enqueue([new("a", T0 + 5, body={"v": 2})])
     job = await store.get("a")
     assert job is not None and job.redrives == 0
@@ -202,7 +202,7 @@ async def test_a_read_only_handle_reads_everything_and_refuses_every_write(store
             lambda: reader.release([("leased", fence)], T0 + 1_001),  # type: ignore[list-item]
             lambda: reader.redrive("permanent", T0 + 1_001, T0 + 9_000, "ops"),
             lambda: reader.cancel("pending", T0 + 1_001, "ops"),
-            lambda: reader.prune(T0 + 60_001, ("done", "dead"), vacuum=False),
+            lambda: reader.prune(T0 + 60_001, ("done", "dead"), vacuum=False, now_ms=T0 + 60_001),
         ]
         for write in writes:
             with pytest.raises(StoreError):

@@ -28,6 +28,14 @@ from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import Stats
 
+#: How a store on a database server is named (anything else is a path to a SQLite file).
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_store_url(target: object) -> bool:
+    """Whether ``target`` names a database server's store by URL (PostgreSQL) rather than a file."""
+    return isinstance(target, str) and target.startswith(URL_SCHEMES)
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -167,11 +175,9 @@ class QueueStore(Protocol):
         before ``cutoff_ms``, and the first ``limit`` of their ids (``-1``: all)."""
         ...
 
-    async def prune(
-        self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int | None = None
-    ) -> dict[str, Any]:
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> dict[str, Any]:
         """Delete those jobs (audit rows stay) with their tasks' results, and the results kept past their
-        retention (``expires_at <= now_ms``, when given) whatever their job's age; give the space back as the
+        retention (``expires_at <= now_ms``) whatever their job's age; give the space back as the
         store can; what it did."""
         ...
 

@@ -20,8 +20,8 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from asyncq.errors import StoreError
+from asyncq.store.port.queue import is_store_url
 
-URL_SCHEMES = ("postgresql://", "postgres://")
 DEFAULT_SCHEMA = "asyncq"
 #: How waiting workers learn of new rows: ``listen`` (LISTEN/NOTIFY, polling as the fallback) or ``poll`` only
 #: (for a PgBouncer in transaction mode, which drops a session's LISTEN).
@@ -40,11 +40,6 @@ Connection: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,49}")
 
 
-def is_url(target: object) -> bool:
-    """Whether ``target`` names a PostgreSQL store (a ``postgresql://`` or ``postgres://`` URL)."""
-    return isinstance(target, str) and target.startswith(URL_SCHEMES)
-
-
 @dataclass(frozen=True)
 class Target:
     """A parsed store URL: what asyncpg connects with, what messages show, and asyncq's own options."""
@@ -60,7 +55,7 @@ class Target:
 
 def parse_url(url: object) -> Target:
     """``url`` checked and split (``ValueError`` naming what is wrong, before anything connects)."""
-    if not is_url(url):
+    if not is_store_url(url):
         raise ValueError("a PostgreSQL store is named by a postgresql:// URL")
     assert isinstance(url, str)
     if any(ch in url for ch in "\0\r\n"):

@@ -49,7 +49,6 @@ class PostgresTransaction:
         self._store = store
         self._conn = conn
         self._open = True
-        self._notified = False
         #: How many jobs asyncq added in this transaction (this process's waiters are woken after the commit).
         self.added = 0
 
@@ -64,9 +63,8 @@ class PostgresTransaction:
         self._check_open()
         async with self._conn.transaction():
             added = await transitions.enqueue_rows(self._conn, self._store.schema, rows)
-            if any(added) and not self._notified:
+            if any(added) and not self.added:  # the transaction's first jobs: its one NOTIFY
                 await self._conn.execute(NOTIFY, self._store.wakeups.channel)
-        self._notified = self._notified or any(added)
         self.added += sum(added)
         return added
 
@@ -272,9 +270,7 @@ class PostgresQueueStore:
         )
         return found
 
-    async def prune(
-        self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int | None = None
-    ) -> dict[str, Any]:
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> dict[str, Any]:
         """Delete in batches of ``admin.PRUNE_BATCH_ROWS``, each its own short transaction (no long lock, no
         table rewrite); the space goes back to the table for new rows (autovacuum marks it free), not to the
         file system: ``vacuum`` asks for none here (``VACUUM FULL`` would lock the table)."""
@@ -288,10 +284,8 @@ class PostgresQueueStore:
             if last is None:
                 break
             after = last
-        if now_ms is not None:
-            await self._write(admin.prune_expired_results, now_ms)
-        async with self._pool.acquire() as conn:
-            await admin.fold_counts(conn, self.schema)
+        await self._write(admin.prune_expired_results, now_ms)
+        await self._write(admin.fold_counts)  # as every write: a server's failure is PostgresBusy
         return {
             "deleted": deleted,
             "batches": batches,

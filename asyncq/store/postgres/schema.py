@@ -155,6 +155,12 @@ QUEUE = Migrations(
             *COUNT_TRIGGERS,
         ),
         (RESULTS, "CREATE INDEX results_expiry ON {schema}.results (expires_at)"),  # version 2: tasks' results
+        (  # version 3: what an operator refreshes reads indexes, not the table (the SQLite store's v5 indexes)
+            # The oldest ready job in one seek: an expression no claim names, so the claim never takes it.
+            "CREATE INDEX jobs_ready_at ON {schema}.jobs ((available_at + 0)) WHERE status = 'pending'",
+            # Dead jobs listed newest first without walking the done history.
+            "CREATE INDEX jobs_dead ON {schema}.jobs (seq) WHERE status = 'dead'",
+        ),
     ),
 )
 SCHEMA_VERSION = QUEUE.version

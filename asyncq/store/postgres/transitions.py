@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncq.core.jobs import Finish, NewJob, StoredResult
-from asyncq.core.lifecycle import DEAD, DONE, LEASED, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.lifecycle import DEAD, DONE, PENDING, REASON_CANCELLED, Fence, JobState
 from asyncq.core.settling import Verdict, all_held_once, decide_item, snapshot
 from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres.connection import Connection
@@ -293,6 +293,5 @@ async def _locked(conn: Connection, schema: str, job_id: str, status: str) -> tu
     """``(seq, token)`` of ``job_id``, its row locked, if it is in ``status``; ``ValueError`` otherwise."""
     row = await conn.fetchrow(sql(schema, "LOCK_ONE"), job_id)
     if row is None or row["status"] != status:
-        word = {DEAD: "dead", PENDING: "pending", LEASED: "leased"}[status]
-        raise ValueError(f"job {job_id!r} is {'missing' if row is None else 'not ' + word}")
+        raise ValueError(f"job {job_id!r} is {'missing' if row is None else 'not ' + status}")
     return int(row["seq"]), int(row["token"])

@@ -27,7 +27,7 @@ import aiosqlite
 import anyio
 
 from asyncq.store.sqlite import wakeup
-from asyncq.store.sqlite.busy import as_busy
+from asyncq.store.sqlite.busy import as_busy, is_busy, try_begin
 from asyncq.store.sqlite.effects import effect_transaction
 
 T = TypeVar("T")
@@ -57,17 +57,6 @@ def _rollback_if_open(con: sqlite3.Connection) -> None:
 
 # How often a group commit that found the write lock held elsewhere tries again (``AsyncFile._begin_in_turn``).
 LOCK_POLL_SECONDS = 0.0005
-
-
-def _try_begin(con: sqlite3.Connection) -> bool:
-    """``BEGIN IMMEDIATE`` with the connection's busy timeout at 0: ``False`` (nothing open) if the lock is held."""
-    try:
-        con.execute("BEGIN IMMEDIATE")
-        return True
-    except sqlite3.OperationalError as error:
-        if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any SQLITE_BUSY_* extended code
-            raise
-        return False
 
 
 def _commit(con: sqlite3.Connection) -> None:
@@ -217,7 +206,7 @@ class AsyncFile:
         of a busy loop's time; this costs µs."""
         with self._not_waiting(con):
             if not last:
-                return _try_begin(con)
+                return try_begin(con)
             try:
                 con.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as error:
@@ -310,7 +299,7 @@ class AsyncFile:
             with self._not_waiting(con):
                 return read(con)
         except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            if is_busy(error):
                 return None
             raise
 

@@ -243,9 +243,7 @@ class SqliteQueueStore:
         )
         return found
 
-    async def prune(
-        self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int | None = None
-    ) -> dict[str, Any]:
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> dict[str, Any]:
         params = admin.prune_params(cutoff_ms, statuses) | {"now": now_ms}
         done: dict[str, Any] = await self._write(admin.prune, self.location, params, vacuum=vacuum)
         return done | {"bytes_after": os.path.getsize(self.location)}

@@ -14,12 +14,11 @@ import logging
 import sqlite3
 from collections import Counter
 
+from asyncq.core.lifecycle import STATUSES
 from asyncq.core.stats import Lease, Stats
 from asyncq.store.sqlite.schema import Layout
 
 log = logging.getLogger("asyncq.store.sqlite.stats")
-
-STATUSES = ("pending", "leased", "done", "dead")
 
 COUNTED_CELLS = "SELECT status, attempts, reason, jobs FROM {counts} WHERE jobs <> 0"
 LEASED = (

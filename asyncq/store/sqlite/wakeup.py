@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from asyncq.store.sqlite import inotify
+from asyncq.store.sqlite.busy import BUSY_CODES, try_begin
 
 log = logging.getLogger("asyncq.store.sqlite.wakeup")
 
@@ -46,7 +47,7 @@ RECHECK_FRACTION = 8
 WINDOW_S = 2.0  # how long after a write the version is still re-read (a slow disk's fsync)
 DATA_VERSION_TICKS_S = (0.002, 0.05)  # the data_version source's poll while a task waits: first, slowest
 DATA_VERSION_SLOWING = 1.5  # each read that finds no change waits this much longer for the next
-_LOCKED = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_PROTOCOL)  # a commit in progress: read later
+_LOCKED = (*BUSY_CODES, sqlite3.SQLITE_PROTOCOL)  # a commit in progress: read later
 
 
 @dataclass
@@ -104,12 +105,8 @@ class _WriteLock:
             raise
 
     def held(self) -> bool:
-        try:
-            self._con.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode & 0xFF in _LOCKED:
-                return True
-            raise
+        if not try_begin(self._con, _LOCKED):
+            return True
         self._con.execute("ROLLBACK")
         return False
 
