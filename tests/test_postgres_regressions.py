@@ -108,7 +108,12 @@ async def test_oban_lifeline_a_rescue_waiting_on_a_slow_completion_lets_exactly_
         await blocker.execute(f"SELECT 1 FROM {schema}.jobs WHERE id = 'first' FOR UPDATE")
         a.clock[0], b.clock[0] = T0 + 999, T0 + 1_000
         completion = asyncio.create_task(a.queue.finish(first, "ok"))
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while not await blocker.fetchval(  # the completion's statement waits on the blocker's row lock
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ):
+            assert time.monotonic() < deadline and not completion.done(), "the completion never waited on the lock"
+            await asyncio.sleep(0.005)
         rescued = await b.queue.claim("worker-b", limit=5)
         assert [t.id for t in rescued] == ["second"]  # "first" is held by its completion: skipped, not waited for
         assert not completion.done()

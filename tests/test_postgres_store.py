@@ -275,7 +275,10 @@ async def test_a_waiter_on_another_host_wakes_at_the_commit_and_a_poll_only_one_
     ):
         woken = asyncio.create_task(listening.wait_for_rows(10))
         polled = asyncio.create_task(polling.wait_for_rows(0.5))
-        await asyncio.sleep(0.05)  # both waiters registered
+        deadline = time.monotonic() + 5
+        while not listening.store.wakeups.listening:  # type: ignore[attr-defined]  # the port has no wakeups: its LISTEN is in place
+            assert time.monotonic() < deadline, "the waiter never listened"
+            await asyncio.sleep(0.005)
         started = time.monotonic()
         await producer.enqueue("a", {})
         async with asyncio.timeout(2):
@@ -310,7 +313,7 @@ async def test_a_lost_listener_is_counted_and_waiting_listens_again(postgres_url
         await worker.wait_for_rows(0.01)  # listens again
         assert store.wakeups.listening
         woken = asyncio.create_task(worker.wait_for_rows(10))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the waiter starts (a notification before it waits would end its wait too)
         await producer.enqueue("a", {})
         async with asyncio.timeout(2):
             await woken
