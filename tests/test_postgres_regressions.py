@@ -213,13 +213,13 @@ def _effects(path: Path, statement: str) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def _wait_for(condition: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
+async def _wait_for(condition: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         for proc in procs:
             assert proc.poll() is None or proc.returncode == -signal.SIGKILL, f"worker exited {proc.returncode}"
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
 
 
 async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker_without_an_operator(
@@ -238,11 +238,11 @@ async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker
 
     procs = [start("doomed", 60)]
     try:
-        _wait_for(lambda: _effects(effects, "SELECT count(*) FROM started")[0][0] == 1, 20, "a start", procs)
+        await _wait_for(lambda: _effects(effects, "SELECT count(*) FROM started")[0][0] == 1, 20, "a start", procs)
         procs[0].send_signal(signal.SIGKILL)  # mid-job: its lease is never renewed nor finished again
         procs[0].wait(timeout=10)
         procs.append(start("rescuer", 0))
-        _wait_for(lambda: _effects(effects, "SELECT count(*) FROM applied")[0][0] == 1, 20, "the rescue", procs)
+        await _wait_for(lambda: _effects(effects, "SELECT count(*) FROM applied")[0][0] == 1, 20, "the rescue", procs)
         procs[1].send_signal(signal.SIGTERM)
         out, _ = procs[1].communicate(timeout=20)
         assert procs[1].returncode == 0 and json.loads(out)["finished"] == {"done": 1}

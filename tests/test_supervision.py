@@ -197,7 +197,7 @@ async def test_a_store_locked_elsewhere_past_the_busy_timeout_is_waited_out(
 
 async def test_a_group_commit_waits_for_a_lock_held_elsewhere_on_the_loop_and_lands_when_it_is_free(path: Path) -> None:
     """Within the busy timeout, a group commit whose BEGIN finds the lock held tries again in turn from the loop:
-    other tasks run meanwhile, nothing is counted as busy, and the commit lands once the holder lets go."""
+    other tasks run meanwhile, no busy error is raised, and the commit lands once the holder lets go."""
     async with await Queue.open(path, busy_timeout=30) as queue:
         await queue.enqueue_many([JobSpec(f"j{n}", {}) for n in range(5)])
         blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
