@@ -51,5 +51,5 @@ def test_the_benchmark_runs_quick_and_writes_no_docs(command: str, title: str, t
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert title in done.stdout
-    assert re.search(r"\bmet\b", done.stdout), done.stdout  # a verdict, "met" or "NOT met", as a word (not a part of "metrics")
+    assert re.search(r"\bmet\b", done.stdout), done.stdout  # a verdict ("met", "NOT met") as a word
     assert digest(DOCS) == before
