@@ -29,6 +29,7 @@ BENCHMARKS = [
     ("pool_floor.py", "the pool against the set-based floor"),
     ("processes.py", "worker processes on one file"),
     ("wakeup.py", "wake-up latency"),
+    ("singles.py --modes same other", "one-at-a-time enqueues while the pool runs"),
 ]
 
 
