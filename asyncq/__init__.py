@@ -1,4 +1,4 @@
-"""asyncq: a durable job queue inside asyncio applications, on a local SQLite file.
+"""asyncq: a durable job queue inside asyncio applications, on a local SQLite file or on PostgreSQL.
 
 Public names load lazily (PEP 562) so that ``import asyncq.lab.lease`` needs only the standard library.
 """

@@ -4,7 +4,7 @@ the store (``asyncq.store.port.QueueStore``) only checked values and ``now``.
 On PostgreSQL every call is one transaction on a connection of the store's pool. On SQLite all writes of one
 process go through one connection, one short ``BEGIN IMMEDIATE`` transaction at a time. Serialising writers
 inside the process is deliberate: several connections contending for SQLite's write lock only sleep in its busy
-handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (docs/architecture.md).
+handler (1, 2, 5 … 100 ms) while the holder re-takes the lock (docs/benchmarks.md, "How the design was measured").
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ def main() -> None:
                 "VM (the bare loop at 16 tasks most: the receiver's group commits fall into different rhythms, and",
                 "runs of 4,000 jobs, as this benchmark first used, mostly end before the fast one sets in).",
                 "",
-                'Where the rest goes (docs/architecture.md, "What a job costs", "16 tasks is the weak point" and',
+                'Where the rest goes (docs/benchmarks.md, "What a job costs", "16 tasks is the weak point" and',
                 '"Commits of 128 jobs"): throughput follows the CPU both processes spend on a job, so only the',
                 "queue's own part counts. A cycle costs more than its CPU: its statements block the loop in one piece,",
                 "the hop to the connection's thread for the `COMMIT` costs the whole pipeline 1-2 ms, and its fsync",
@@ -246,7 +246,7 @@ def main() -> None:
                 "(a round of the slots above 128): at 16 tasks a commit per 17 jobs gave 0.65-0.72x, one per 128",
                 "0.84x in scratch sets. Enqueueing the 20,000 jobs first costs 4-6 % of a run, and the bare loop's",
                 "runs move by a fifth between invocations while the pool's stay within a few per cent. What was tried",
-                'and measured but not kept is in docs/architecture.md ("The pool").',
+                'and measured but not kept is in docs/benchmarks.md ("The pool: group commit, still fenced per job").',
             ]
         )
         write_section("http_delivery", body)

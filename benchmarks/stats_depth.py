@@ -382,8 +382,8 @@ def markdown(
             ["schema", "CPU µs per job lifecycle"], [[name, f"{us:.2f}"] for name, us in cost.items()]
         ),
         f"The triggers and indexes add {kept - base:+.2f} µs of CPU per job lifecycle ({(kept - base) / base:+.0%}); "
-        f"counts kept by the engine would add {cost[ENGINE_SIDE] - base:+.2f} µs on this path (docs/architecture.md, "
-        "why triggers).",
+        f"counts kept by the engine would add {cost[ENGINE_SIDE] - base:+.2f} µs on this path (docs/benchmarks.md, "
+        '"Why triggers, not counts kept by the engine").',
         "Plans on the deepest file (the claim's index lines: it must not take `asyncq_jobs_ready_at`):",
         _report.markdown_table(["side", "statement", "EXPLAIN QUERY PLAN"], [list(row) for row in found]),
     ]

@@ -89,7 +89,7 @@ class Rollback(Exception):
 
 def app_connection(store: SqliteQueueStore) -> sqlite3.Connection:
     con = sqlite3.connect(store.location, isolation_level=None, timeout=5)
-    con.execute("PRAGMA recursive_triggers = ON")  # a REPLACE's delete fires delete triggers (docs/architecture.md)
+    con.execute("PRAGMA recursive_triggers = ON")  # a REPLACE's delete fires delete triggers (see sqlite/schema.py)
     return con
 
 

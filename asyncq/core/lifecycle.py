@@ -2,7 +2,8 @@
 
 This module is the one place that says how a job moves. ``docs/state-machine.md`` draws the same table
 and ``tests/test_state_machine.py`` checks that the two agree and that the engine never makes a move
-that is not listed here. The SQL that carries the decisions out lives in ``asyncq.store.sqlite.statements``.
+that is not listed here. The SQL that carries the decisions out is each driver's (``asyncq.store.sqlite.statements``,
+``asyncq.store.postgres.statements``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The store port: every operation the layers above a store use, as ``typing.Protocol``s.
 
-A store is a driver that implements these (``asyncq.store.sqlite`` today); ``asyncq.store.opening`` picks one
-from what the caller names (a path means SQLite). ``tests/conformance/`` is the conformance suite every driver passes.
+A store is a driver that implements these (``asyncq.store.sqlite`` and ``asyncq.store.postgres``);
+``asyncq.store.opening`` picks one from what the caller names (a ``postgresql://`` URL, or a path to a SQLite
+file). ``tests/conformance/`` is the conformance suite every driver passes.
 The inbox, outbox and AMQP consumer have ports of their own (``inbox``, ``outbox``, ``amqp``); a user's effect
 is written against ``effects.EffectTransaction``, never a driver's connection.
 """

@@ -11,7 +11,7 @@ loop's thread once ``BEGIN IMMEDIATE`` holds the write lock, so they wait for no
 another process's lock tries again every 0.5 ms from the loop (which runs other tasks meanwhile), and every
 ``COMMIT`` (the disk's wait) runs in the connection's thread. Run whole in that thread, each of a cycle's ~150
 statement steps had to win the GIL back from a busy event loop, and each hop cost 1-3 ms of the loop's time: a
-1 ms cycle took 5 ms (docs/architecture.md).
+1 ms cycle took 5 ms (docs/benchmarks.md, "How the design was measured").
 """
 
 from __future__ import annotations

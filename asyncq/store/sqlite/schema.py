@@ -116,9 +116,9 @@ AUDIT_JOB_SEQ = (
 # counted exactly (the engine's statements, operators, prune, an app's own SQL) and a rollback takes its counts back
 # with it. An update fires only when it assigns a counted column (``UPDATE OF``) and changes the cell (``WHEN``); the
 # row leaves its old cell and enters its new one in two triggers, each a one-row upsert (the cheapest form measured:
-# docs/architecture.md). A reason is never NULL in a key (a NULL would make a new cell per row): no reason is
-# ``''``. Cells that reach 0 stay (their number is bounded). The lab's tables, exactly as its contract writes them,
-# have none of this.
+# docs/benchmarks.md, "Stats without scans"). A reason is never NULL in a key (a NULL would make a new cell per
+# row): no reason is ``''``. Cells that reach 0 stay (their number is bounded). The lab's tables, exactly as its
+# contract writes them, have none of this.
 _CELL_OF_NEW = "NEW.status, NEW.attempts, ifnull(NEW.reason, '')"
 _CELL_OF_OLD = "OLD.status, OLD.attempts, ifnull(OLD.reason, '')"
 _CELL_CHANGED = "(OLD.status, OLD.attempts, OLD.reason) IS NOT (NEW.status, NEW.attempts, NEW.reason)"

@@ -214,7 +214,8 @@ INSERT_ROWS_MAX = 256
 def insert_rows(layout: Layout, count: int) -> str:
     """``INSERT_ROWS`` for ``count`` jobs (1 … ``INSERT_ROWS_MAX``), rounded up like ``select_by_ids``; fill it
     with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
-    instead of 256 halves the connection thread's time per enqueued job (docs/architecture.md)."""
+    instead of 256 halves the connection thread's time per enqueued job (docs/benchmarks.md, "How the design was
+    measured")."""
     row = "(" + ", ".join(["?"] * (1 + len(layout.payload)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
     return INSERT_ROWS.format(
         jobs=layout.jobs, payload=", ".join(layout.payload), rows=", ".join([row] * _in_list_size(count))

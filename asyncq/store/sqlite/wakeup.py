@@ -19,7 +19,8 @@ so a pool is not woken by its own commits. When to ask comes from the first sour
 - ``poll``: no watcher; waiters see other processes' rows when their timeout ends (the pool's poll).
 
 A source that fails is logged, counted (``COUNTERS.failures``) and replaced by the next one; the waiters' own
-timeouts stay as the fallback in every case. The figures behind these choices are in docs/architecture.md.
+timeouts stay as the fallback in every case. The figures behind these choices are in docs/benchmarks.md ("How
+the design was measured").
 """
 
 from __future__ import annotations
