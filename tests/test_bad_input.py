@@ -12,14 +12,16 @@ import asyncio
 import math
 import sqlite3
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import T0
 
-from asyncq import JobSpec, Pool, Queue, RetryPolicy, enqueue_sync
+from asyncq import JobSpec, Pool, Queue, RetryPolicy, Ticket, enqueue_sync
 from asyncq.cli.main import main as cli_main
+from asyncq.core.lifecycle import Fence
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,6 +121,44 @@ async def test_bad_input_to_the_facade_is_refused_before_any_change(filled: Queu
                 pytest.fail(f"{name} accepted {value!r}")
             assert dump(path) == before, (name, value)
         assert lock_is_free(path)
+    finally:
+        await queue.close()
+
+
+def forged_tickets(ticket: Ticket) -> list[Callable[[], Ticket]]:
+    """Tickets a caller might build from a real one: every field of the ticket and its fence of a wrong type."""
+    fence = ticket.fence
+    wrong: list[Any] = [{"a": 1}, None, "1", 1.5, True, [1]]
+    forged: list[Callable[[], Ticket]] = []
+    for value in wrong:
+        for name in ("token", "attempt", "lease_until"):
+            forged.append(lambda name=name, value=value: replace(ticket, fence=fence._replace(**{name: value})))
+        for name in ("deadline", "max_attempts", "seq"):
+            forged.append(lambda name=name, value=value: replace(ticket, **{name: value}))
+    for value in [None, 1, b"w", {"a": 1}]:
+        forged.append(lambda value=value: replace(ticket, fence=fence._replace(owner=value)))
+        forged.append(lambda value=value: replace(ticket, id=value))
+    forged.append(lambda: replace(ticket, fence=tuple(fence)))  # type: ignore[arg-type]
+    forged.append(lambda: replace(ticket, counted=1))
+    return forged
+
+
+async def test_a_ticket_forged_with_a_wrong_type_is_refused_before_any_statement(filled: Queue, path: Path) -> None:
+    queue = filled
+    try:
+        [ticket] = await queue.claim("w1", limit=1)
+        before = dump(path)
+        forged = forged_tickets(ticket)
+        assert len(forged) >= 30
+        for forge in forged:
+            with pytest.raises(TypeError, match="ticket"):
+                bad = forge()  # refused as it is built: no statement can bind it
+                await queue.finish(bad, "ok")
+        with pytest.raises(TypeError):
+            await queue.finish(tuple.__new__(Fence, ("w1", {"a": 1}, 1, 1)), "ok")  # type: ignore[arg-type]
+        assert dump(path) == before
+        assert lock_is_free(path)
+        assert await queue.finish(ticket, "ok") == "done"  # the real ticket still lands
     finally:
         await queue.close()
 

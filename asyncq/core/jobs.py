@@ -180,6 +180,11 @@ class _DecodedOnce:
         return body
 
 
+def _check_type(value: object, name: str, kind: type) -> None:
+    if type(value) is not kind:  # exact: a bool is not an int here, a str subclass is not a str
+        raise TypeError(f"{name} must be {kind.__name__}, not {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class Ticket:
     """A claimed job and the fence proving the lease; hand it back to ``finish`` or ``extend``.
@@ -197,6 +202,20 @@ class Ticket:
     #: ``False`` while a job claimed ahead (into a pool's buffer) has not been started: its attempt is counted
     #: when a handler starts it, so a worker killed with jobs in its buffer spends none of their attempts.
     counted: bool = True
+
+    def __post_init__(self) -> None:
+        # A ticket built by hand (a test, ``dataclasses.replace``) is checked before any statement binds it; the
+        # store's own tickets are built from its rows by ``from_row`` and ``started``, which skip ``__init__``.
+        for name in ("id", "queue", "body_json"):
+            _check_type(getattr(self, name), f"ticket.{name}", str)
+        if type(self.fence) is not Fence:
+            raise TypeError(f"ticket.fence must be a Fence, not {type(self.fence).__name__}")
+        _check_type(self.fence.owner, "ticket.fence.owner", str)
+        for name in ("token", "attempt", "lease_until"):
+            _check_type(getattr(self.fence, name), f"ticket.fence.{name}", int)
+        for name in ("deadline", "max_attempts", "seq"):
+            _check_type(getattr(self, name), f"ticket.{name}", int)
+        _check_type(self.counted, "ticket.counted", bool)
 
     if TYPE_CHECKING:
 
