@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.failures import ErrorText, error_text
@@ -29,6 +29,7 @@ from asyncq.core.jobs import (
     MAX_LEASE_MS,
     MAX_TTL_MS,
     AuditEntry,
+    EnqueueOptions,
     Finish,
     Job,
     JobSpec,
@@ -36,7 +37,7 @@ from asyncq.core.jobs import (
     StoredResult,
     Ticket,
 )
-from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES
+from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, Outcome, OutcomeName
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats
 from asyncq.core.values import (
@@ -51,8 +52,20 @@ from asyncq.errors import StoreError
 from asyncq.store.facade import StoreFacade
 from asyncq.store.opening import inspect_queue_store, open_queue_store
 from asyncq.store.port.queue import JobFilter, QueueStore, StoreState, StoreTransaction
+from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 
 log = logging.getLogger("asyncq.queue")
+
+
+class QueueOptions(TypedDict, total=False):
+    """``Queue.open``'s options after the path, by keyword (``asyncq.open`` takes the same)."""
+
+    durability: str | None
+    clock: Clock
+    busy_timeout: float
+    max_body_bytes: int
+    read_only: bool
+
 
 #: A finished attempt: ``(ticket, outcome, delay_ms)``, or with the attempt's error as a fourth member, and what a
 #: task returned (kept if the finish lands as ``done``) as a fifth.
@@ -81,7 +94,7 @@ class Transaction:
         ``:name`` parameters; PostgreSQL: ``$1``, ``$2`` … from a list or tuple)."""
         return await self._inner.execute(statement, parameters)
 
-    async def enqueue(self, job_id: str, body: Any, **options: Any) -> bool:
+    async def enqueue(self, job_id: str, body: Any, **options: Unpack[EnqueueOptions]) -> bool:
         """Enqueue inside this transaction (see ``Queue.enqueue``)."""
         row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
         return (await self._inner.enqueue_rows([row]))[0]
@@ -185,7 +198,7 @@ class Queue(StoreFacade[QueueStore]):
     async def finish(
         self,
         ticket: Ticket,
-        outcome: str,
+        outcome: Outcome | OutcomeName,
         *,
         delay: Duration | None = None,
         error: BaseException | None = None,
@@ -376,18 +389,18 @@ class Queue(StoreFacade[QueueStore]):
 
     async def prune(
         self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
-    ) -> dict[str, Any]:
+    ) -> PruneReport:
         """Delete the done/dead jobs that ended longer than ``older_than`` seconds ago (audit rows stay), with their
         tasks' results, and every result kept past its task's retention (its job stays until its own prune)."""
         cutoff = self._cutoff(older_than)
         checked = _prune_statuses(statuses)
         return await self.store.prune(cutoff, checked, vacuum=_flag(vacuum, "vacuum"), now_ms=self.now())
 
-    async def backup(self, target: str, *, force: bool = False) -> dict[str, Any]:
+    async def backup(self, target: str, *, force: bool = False) -> BackupReport:
         """An online, checked copy of the store at ``target`` (stores with ``capabilities.backup``)."""
         return await self.store.backup(target, force=_flag(force, "force"))  # others say what to use instead
 
-    async def describe(self) -> dict[str, Any]:
+    async def describe(self) -> StoreDescription:
         """What the store is: its kind, schema version and settings."""
         return await self.store.describe()
 

@@ -386,3 +386,11 @@ def test_a_scripted_tour_makes_every_lab_move() -> None:
     unreachable = {(PENDING, DEAD, "exhausted", "sweep")}  # a pending row always has attempts < max_attempts
     product_only = {move for move in MOVES if move[3] in ("extend", "cancel", "release")}
     assert machine.seen == MOVES - unreachable - product_only
+
+
+def test_the_outcome_names_mypy_checks_are_the_outcomes() -> None:
+    from typing import get_args
+
+    from asyncq.core.lifecycle import Outcome, OutcomeName
+
+    assert set(get_args(OutcomeName)) == {outcome.value for outcome in Outcome}

@@ -87,7 +87,8 @@ async def init(args: argparse.Namespace) -> Report:
         found = await queue.describe()
     data = {"path": args.db, "action": action, "created": action == "created"}
     data |= {"previous_schema_version": state.schema_version if state.kind == "queue" else None}
-    data |= {key: found[key] for key in INIT_KEYS[found["store"]]}
+    described: dict[str, Any] = dict(found)
+    data |= {key: described[key] for key in INIT_KEYS[found["store"]]}
     return report(data, out.render_init)
 
 

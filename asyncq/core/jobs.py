@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.jsontext import canonical_json
@@ -117,6 +117,15 @@ def body_text(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:
     if len(text) > max_bytes:  # ASCII-escaped, so characters are bytes
         raise ValueError(f"body is larger than {max_bytes} bytes as JSON")
     return text
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The options of one enqueue after its id and body, by keyword (``JobSpec``'s fields say what each is)."""
+
+    queue: str
+    max_attempts: int
+    ttl: Duration | None
+    delay: Duration | None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 
 class Status(StrEnum):
@@ -28,6 +28,10 @@ class Outcome(StrEnum):
     OK = "ok"
     RETRY = "retry"
     PERMANENT = "permanent"
+
+
+#: An outcome as its string, for callers that pass ``"ok"`` rather than ``Outcome.OK`` (mypy checks the spelling).
+OutcomeName = Literal["ok", "retry", "permanent"]
 
 
 class Reason(StrEnum):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import Any
+from typing import Unpack
 
-from asyncq.queue import Queue
+from asyncq.queue import Queue, QueueOptions
 
 
 # Lower case: it reads as the function it stands for, ``async with asyncq.open("app.db") as queue``.
 class open:
     """``async with asyncq.open(path, **options) as queue``: ``Queue.open(path, **options)``, closed on exit."""
 
-    def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
+    def __init__(self, path: str | os.PathLike[str], **options: Unpack[QueueOptions]) -> None:
         self.path = path
         self.options = options
         self._queue: Queue | None = None

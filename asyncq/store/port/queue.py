@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import Stats
+from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 
 #: How a store on a database server is named (anything else is a path to a SQLite file).
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -175,18 +176,18 @@ class QueueStore(Protocol):
         before ``cutoff_ms``, and the first ``limit`` of their ids (``-1``: all)."""
         ...
 
-    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> dict[str, Any]:
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> PruneReport:
         """Delete those jobs (audit rows stay) with their tasks' results, and the results kept past their
         retention (``expires_at <= now_ms``) whatever their job's age; give the space back as the
         store can; what it did."""
         ...
 
-    async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
+    async def backup(self, target: str, *, force: bool) -> BackupReport:
         """An online, checked copy of the whole store at ``target`` (``capabilities.backup`` stores only;
         others raise ``NotImplementedError`` saying what to use instead)."""
         ...
 
-    async def describe(self) -> dict[str, Any]:
+    async def describe(self) -> StoreDescription:
         """What the store is, for an operator: its kind, schema version and settings."""
         ...
 

@@ -20,6 +20,7 @@ from asyncq.core.lifecycle import PENDING, Fence
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
+from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.postgres import admin, transitions
 from asyncq.store.postgres.connection import (
     Connection,
@@ -270,7 +271,7 @@ class PostgresQueueStore:
         )
         return found
 
-    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> dict[str, Any]:
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> PruneReport:
         """Delete in batches of ``admin.PRUNE_BATCH_ROWS``, each its own short transaction (no long lock, no
         table rewrite); the space goes back to the table for new rows (autovacuum marks it free), not to the
         file system: ``vacuum`` asks for none here (``VACUUM FULL`` would lock the table)."""
@@ -295,27 +296,26 @@ class PostgresQueueStore:
             "bytes_after": await self._read(admin.table_bytes),
         }
 
-    async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
+    async def backup(self, target: str, *, force: bool) -> BackupReport:
         raise NotImplementedError(
             f"{self.location} is a PostgreSQL store: back it up with the server's tools (pg_dump --schema="
             f"{self.schema}, or pg_basebackup and WAL archiving for point-in-time recovery)"
         )
 
-    async def describe(self) -> dict[str, Any]:
-        async def read(conn: Connection, schema: str) -> dict[str, Any]:
+    async def describe(self) -> StoreDescription:
+        async def read(conn: Connection, schema: str) -> StoreDescription:
             version = await read_version(conn, schema, QUEUE.component)
             return {
                 "store": "postgresql",
                 "path": self.location,
                 "schema": schema,
-                "schema_version": version,
+                "schema_version": version or 0,  # opening migrated it: never missing here
                 "wakeups": self.wakeups.mode,
                 "survives_power_loss": True,
                 "settings": await settings(conn, admin.SETTINGS),
             }
 
-        found: dict[str, Any] = await self._read(read)
-        return found
+        return await self._read(read)
 
     async def close(self) -> None:
         """Close after the transactions in progress (the pool waits for every connection to come back)."""

@@ -14,11 +14,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, StoreState
+from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite.connection import check_path, write_transaction
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.schema import PRODUCT
@@ -266,7 +267,7 @@ def prunable(con: sqlite3.Connection, params: dict[str, Any]) -> tuple[dict[str,
     return {status: counts.get(status, 0) for status in ("done", "dead")}, ids
 
 
-def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum: bool) -> dict[str, Any]:
+def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum: bool) -> PruneReport:
     """Delete the prunable jobs in one transaction (audit rows stay), then give the space back."""
     size = os.path.getsize(path)
     with write_transaction(con):
@@ -277,7 +278,7 @@ def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum:
     auto_vacuum = AUTO_VACUUM.get(int(con.execute("PRAGMA auto_vacuum").fetchone()[0]), "unknown")
     if auto_vacuum == "incremental":
         con.executescript("PRAGMA incremental_vacuum;")  # steps it to the end; execute() frees one page
-        done = "incremental"
+        done: Literal["incremental", "full", "skipped"] = "incremental"
     elif vacuum:
         con.executescript("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")  # later prunes need no VACUUM
         done = "full"
@@ -285,10 +286,11 @@ def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum:
         done = "skipped"
     if str(con.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
         con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-    return {"deleted": deleted, "free_pages": free, "vacuum": done, "bytes_before": size}
+    # bytes_after: the store adds it once the checkpoint has run
+    return {"deleted": deleted, "free_pages": free, "vacuum": done, "bytes_before": size, "bytes_after": size}
 
 
-def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> dict[str, Any]:
+def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> BackupReport:
     """Copy the queue with SQLite's online backup (one consistent snapshot, writers keep going) to a temporary
     file beside ``target``, check it, and rename it into place. An existing directory as ``target`` receives a
     file of the queue's name."""
@@ -303,7 +305,7 @@ def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> d
     try:
         with closing(sqlite3.connect(partial)) as copy:
             con.backup(copy)
-            report = check_copy(copy)
+            pages, page_size, check, jobs = check_copy(copy)
         with open(partial, "rb") as written:
             os.fsync(written.fileno())
         os.replace(partial, destination)
@@ -311,7 +313,8 @@ def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> d
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
-    return {"path": destination, "bytes": os.path.getsize(destination)} | report
+    size = os.path.getsize(destination)
+    return {"path": destination, "bytes": size, "pages": pages, "page_size": page_size, "check": check, "jobs": jobs}
 
 
 def _sync_directory(path: str) -> None:
@@ -323,18 +326,18 @@ def _sync_directory(path: str) -> None:
         os.close(descriptor)
 
 
-def check_copy(con: sqlite3.Connection) -> dict[str, Any]:
-    """A fresh copy's integrity, size in pages, and job counts; ``StoreError`` if SQLite finds damage."""
+def check_copy(con: sqlite3.Connection) -> tuple[int, int, str, dict[str, int]]:
+    """A fresh copy's size in pages, page size, integrity and job counts; ``StoreError`` if SQLite finds damage."""
     check = str(con.execute("PRAGMA quick_check").fetchone()[0])
     if check != "ok":
         raise StoreError(f"the backup failed its integrity check: {check}")
     pages = int(con.execute("PRAGMA page_count").fetchone()[0])
     page_size = int(con.execute("PRAGMA page_size").fetchone()[0])
     counts = {str(status): int(n) for status, n in con.execute(COUNT_BY_STATUS)}
-    return {"pages": pages, "page_size": page_size, "check": check, "jobs": counts}
+    return pages, page_size, check, counts
 
 
-def describe(con: sqlite3.Connection, path: str) -> dict[str, Any]:
+def describe(con: sqlite3.Connection, path: str) -> StoreDescription:
     """The file's kind, path and settings."""
     file = inspect(con, path)
     return {
@@ -343,6 +346,7 @@ def describe(con: sqlite3.Connection, path: str) -> dict[str, Any]:
         "schema_version": file.schema_version,
         "journal_mode": file.journal_mode,
         "auto_vacuum": file.auto_vacuum,
+        "survives_power_loss": True,  # the store says it from the level it opened the file at
     }
 
 

@@ -19,6 +19,7 @@ from asyncq.core.lifecycle import PENDING, Fence
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
+from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite import admin, engine
 from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
@@ -243,18 +244,21 @@ class SqliteQueueStore:
         )
         return found
 
-    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> dict[str, Any]:
+    async def prune(self, cutoff_ms: int, statuses: Sequence[str], *, vacuum: bool, now_ms: int) -> PruneReport:
         params = admin.prune_params(cutoff_ms, statuses) | {"now": now_ms}
-        done: dict[str, Any] = await self._write(admin.prune, self.location, params, vacuum=vacuum)
-        return done | {"bytes_after": os.path.getsize(self.location)}
-
-    async def backup(self, target: str, *, force: bool) -> dict[str, Any]:
-        done: dict[str, Any] = await self._file.run(functools.partial(admin.backup, force=force), self.location, target)
+        done: PruneReport = await self._write(admin.prune, self.location, params, vacuum=vacuum)
+        done["bytes_after"] = os.path.getsize(self.location)
         return done
 
-    async def describe(self) -> dict[str, Any]:
-        found: dict[str, Any] = await self._file.run(admin.describe, self.location)
-        return found | {"durability": self.level.name, "survives_power_loss": self.level.survives_power_loss}
+    async def backup(self, target: str, *, force: bool) -> BackupReport:
+        done: BackupReport = await self._file.run(functools.partial(admin.backup, force=force), self.location, target)
+        return done
+
+    async def describe(self) -> StoreDescription:
+        found: StoreDescription = await self._file.run(admin.describe, self.location)
+        found["durability"] = self.level.name
+        found["survives_power_loss"] = self.level.survives_power_loss
+        return found
 
     async def close(self) -> None:
         await self._file.close()
