@@ -50,11 +50,11 @@ FinishPlan = dict[FinishChange, list[tuple[int, FinishRow]]]
 
 def decide_row(item: Finish, seq: int, state: JobState, now_ms: int) -> tuple[FinishChange, FinishRow] | None:
     """``item`` decided on ``state`` (its row's, ``seq``): its change and compare-and-set row, ``None`` if stale."""
-    verdict = decide_item(item, state, now_ms)
-    if verdict is None:
+    decision = decide_item(item, state, now_ms)
+    if decision is None:
         return None
     _status, attempts, max_attempts, token, _owner, lease_until, deadline = state
-    change: FinishChange = _make(FinishChange, (*verdict.change, 0 if item.counted else 1, item.fence.owner))
+    change: FinishChange = _make(FinishChange, (*decision.change, 0 if item.counted else 1, item.fence.owner))
     row: FinishRow = _make(FinishRow, (seq, item.id, token, attempts, lease_until, max_attempts, deadline))
     return change, row
 

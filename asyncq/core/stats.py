@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class Lease:
+class OwnerLeases:
     """Leases one owner holds, and the earliest of them to expire."""
 
     owner: str
@@ -23,7 +23,7 @@ class Stats:
     dead_by_reason: dict[str, int]
     oldest_ready_age_ms: int | None
     expired_leases: int
-    leases: list[Lease] = field(default_factory=list)
+    leases: list[OwnerLeases] = field(default_factory=list)
     attempts: dict[int, int] = field(default_factory=dict)
 
     @property

@@ -24,7 +24,7 @@ from asyncq.core.failures import ErrorText
 from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.store.port.queue import Capabilities, JobFilter, QueueStore
 
 #: The suite's starting time (ms since the epoch, November 2023); every call takes ``now_ms`` from the test.
@@ -165,7 +165,9 @@ def stats_of(jobs: Iterable[Job], now_ms: int) -> Stats:
     live = [job for job in rows if job.status == "leased"]
     owners = sorted({job.owner for job in live if job.owner is not None})
     leases = [
-        Lease(owner, sum(job.owner == owner for job in live), min(j.lease_until or 0 for j in live if j.owner == owner))
+        OwnerLeases(
+            owner, sum(job.owner == owner for job in live), min(j.lease_until or 0 for j in live if j.owner == owner)
+        )
         for owner in owners
     ]
     attempts = Counter(job.attempts for job in rows if job.status in ("pending", "leased"))

@@ -16,7 +16,7 @@ from typing import Any
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.lifecycle import STATUSES
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.store.port.queue import JobFilter
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.schema import FOLD_COUNTS
@@ -154,7 +154,7 @@ async def read_stats(conn: Connection, schema: str, now_ms: int) -> Stats:
             dead[reason] = int(n)
     oldest = await conn.fetchval(q(OLDEST_READY, schema), now_ms)
     expired = await conn.fetchval(q(EXPIRED_LEASES, schema), now_ms)
-    leases = [Lease(o, int(n), int(e)) for o, n, e in await conn.fetch(q(LEASES_BY_OWNER, schema))]
+    leases = [OwnerLeases(o, int(n), int(e)) for o, n, e in await conn.fetch(q(LEASES_BY_OWNER, schema))]
     attempts = {int(a): int(n) for a, n in await conn.fetch(q(ATTEMPTS_HISTOGRAM, schema))}
     return Stats(
         now_ms=now_ms,

@@ -15,7 +15,7 @@ import sqlite3
 from collections import Counter
 
 from asyncq.core.lifecycle import STATUSES
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.store.sqlite.schema import Layout
 
 log = logging.getLogger("asyncq.store.sqlite.stats")
@@ -59,7 +59,7 @@ def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:
     )
 
 
-def _leases(leased: Cells, by_status: dict[str, int], attempts: Counter[int]) -> tuple[list[Lease], int]:
+def _leases(leased: Cells, by_status: dict[str, int], attempts: Counter[int]) -> tuple[list[OwnerLeases], int]:
     """Leases by owner and how many have expired, from ``LEASED``'s ``(owner, attempts, jobs, first expiry,
     expired)`` groups; adds the leased jobs to ``by_status`` and ``attempts``."""
     owners: dict[str, tuple[int, int]] = {}
@@ -71,7 +71,7 @@ def _leases(leased: Cells, by_status: dict[str, int], attempts: Counter[int]) ->
         expired += int(str(gone or 0))
         held, earliest = owners.get(name, (0, int(str(first))))
         owners[name] = (held + count, min(earliest, int(str(first))))
-    return [Lease(owner, held, first) for owner, (held, first) in owners.items()], expired
+    return [OwnerLeases(owner, held, first) for owner, (held, first) in owners.items()], expired
 
 
 def sum_cells(cells: Cells) -> tuple[dict[str, int], dict[str, int], Counter[int]]:
