@@ -14,9 +14,11 @@ from asyncq.core.finish_plan import (
     FinishChange,
     FinishRow,
     attempt_after,
+    decide_each,
     decide_row,
     kept,
     plan_held,
+    rows_to_read,
     statuses_after,
 )
 from asyncq.core.jobs import Finish, Held, StoredResult
@@ -182,3 +184,16 @@ def test_only_landed_finishes_keep_their_error_and_only_done_ones_their_result()
     errors, results = kept(items, plan, found)
     assert sorted(errors) == [(2, 1, BOOM), (4, 1, BOOM)]
     assert results == [(1, result)]
+
+
+def test_a_batch_decided_item_by_item_reads_the_rows_it_must_and_a_missing_row_is_stale() -> None:
+    snapshotted = held_finish(1, "ok")
+    on_row = held_finish(2, "ok")._replace(held=None)
+    missing = held_finish(3, "ok")._replace(held=None)
+    compared = held_finish(4, "ok")  # named in on_rows (the lab compares its payload): decided on its row
+    items = [snapshotted, on_row, missing, compared]
+    assert rows_to_read(items, {"job-4"}) == ["job-2", "job-3", "job-4"]
+    row_2 = JobState(LEASED, 1, 3, 2, "w1", NOW + 1_000, NOW + 60_000)
+    moved_4 = JobState(LEASED, 1, 3, 5, "w1", NOW + 1_000, NOW + 60_000)  # re-claimed since its snapshot
+    decided = decide_each(items, {"job-2": (2, row_2), "job-4": (4, moved_4)}, NOW, {"job-4"})
+    assert [None if d is None else d[1].seq for d in decided] == [1, 2, None, None]

@@ -1,15 +1,17 @@
 """The finish half of a group commit, planned once for every store (no I/O here).
 
 Each item is decided (``core.settling.decide_item``) as stale or as a compare-and-set: the change it writes
-(``FinishChange``, shared by every row of one statement) and the columns it compares (``FinishRow``). A plan
-groups the rows by change, each with its item's place in the batch; a driver writes each group with its own
+(``FinishChange``, shared by every row of one statement) and the columns it compares (``FinishRow``). A pool's
+batch (every item with the claim's snapshot, one per job) is decided without a read (``plan_held``); any other
+batch on the rows ``rows_to_read`` names, item by item (``decide_each``). A plan groups the rows by change, each
+with its item's place in the batch; a driver writes each group with its own
 statements, collects the ``seq`` of every row that landed, and asks ``statuses`` and ``kept`` what the items
 became and what to keep beside the rows (errors and results) in the same transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from asyncq.core.failures import ErrorText
@@ -57,6 +59,29 @@ def decide_row(item: Finish, seq: int, state: JobState, now_ms: int) -> tuple[Fi
     change: FinishChange = _make(FinishChange, (*decision.change, 0 if item.counted else 1, item.fence.owner))
     row: FinishRow = _make(FinishRow, (seq, item.id, token, attempts, lease_until, max_attempts, deadline))
     return change, row
+
+
+def rows_to_read(items: Sequence[Finish], on_rows: Collection[str] = ()) -> list[str]:
+    """The ids whose rows ``decide_each`` needs: the items without a snapshot, and those named in ``on_rows``."""
+    return [item.id for item in items if item.held is None or item.id in on_rows]
+
+
+def decide_each(
+    items: Sequence[Finish], found: Mapping[str, tuple[int, JobState]], now_ms: int, on_rows: Collection[str] = ()
+) -> list[tuple[FinishChange, FinishRow] | None]:
+    """Each item decided on its own (for a batch written item by item): on its row as read before the batch
+    (``found``: id → ``(seq, state)``; an item of ``rows_to_read`` whose row is missing is stale), else on its
+    snapshot. A second item of a job the batch already finished is decided on the row before the first; its
+    compare-and-set does not land."""
+    decided: list[tuple[FinishChange, FinishRow] | None] = []
+    for item in items:
+        held = item.held
+        if held is None or item.id in on_rows:
+            row = found.get(item.id)
+            decided.append(None if row is None else decide_row(item, row[0], row[1], now_ms))
+        else:
+            decided.append(decide_row(item, held.seq, snapshot(item.fence, held), now_ms))
+    return decided
 
 
 def plan_held(items: Sequence[Finish], now_ms: int) -> FinishPlan:

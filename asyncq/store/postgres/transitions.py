@@ -11,10 +11,18 @@ from typing import Any
 
 from asyncq.core.claim_plan import ClaimPlan, next_claim
 from asyncq.core.failures import ErrorText
-from asyncq.core.finish_plan import FinishPlan, attempt_after, decide_row, kept, plan_held, statuses_after
+from asyncq.core.finish_plan import (
+    FinishPlan,
+    attempt_after,
+    decide_each,
+    kept,
+    plan_held,
+    rows_to_read,
+    statuses_after,
+)
 from asyncq.core.jobs import Finish, NewJob, StoredResult
 from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
-from asyncq.core.settling import all_held_once, snapshot
+from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.statements import sql
@@ -79,20 +87,13 @@ async def finish(conn: Connection, schema: str, items: Sequence[Finish], now_ms:
     The decisions are ``core.finish_plan``'s."""
     if all_held_once(items):
         return await _write_plan(conn, schema, items, plan_held(items, now_ms), now_ms)
-    states = await read_states(conn, schema, [item.id for item in items if item.held is None])
-    found: list[str | None] = []
-    for item in items:
-        if item.held is not None:
-            seq, state = item.held.seq, snapshot(item.fence, item.held)
-        elif item.id in states:
-            seq, _payload, state = states[item.id]
-        else:
-            found.append(None)
-            continue
-        decided = decide_row(item, seq, state, now_ms)
+    states = await read_states(conn, schema, rows_to_read(items))
+    found = {job_id: (seq, state) for job_id, (seq, _payload, state) in states.items()}
+    statuses: list[str | None] = []
+    for item, decided in zip(items, decide_each(items, found, now_ms), strict=True):
         plan: FinishPlan = {} if decided is None else {decided[0]: [(0, decided[1])]}
-        found += await _write_plan(conn, schema, [item], plan, now_ms)
-    return found
+        statuses += await _write_plan(conn, schema, [item], plan, now_ms)
+    return statuses
 
 
 async def _write_plan(

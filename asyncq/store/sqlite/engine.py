@@ -15,10 +15,19 @@ from operator import itemgetter
 from typing import Any
 
 from asyncq.core.claim_plan import next_claim, plan_claim
-from asyncq.core.finish_plan import FinishPlan, decide_row, kept, plan_held, statuses_after
+from asyncq.core.finish_plan import (
+    FinishChange,
+    FinishPlan,
+    FinishRow,
+    decide_each,
+    kept,
+    plan_held,
+    rows_to_read,
+    statuses_after,
+)
 from asyncq.core.jobs import Claimed, Finish, NewJob
 from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
-from asyncq.core.settling import all_held_once, snapshot
+from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.schema import Layout
@@ -213,27 +222,16 @@ def finish_in_transaction(
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
     if fault is None and expect is None and all_held_once(items):
         return _finish_held(con, layout, items, now_ms)
-    reads = [item.id for item in items if _reads_row(item, expect)]
+    on_rows = expect or {}
+    reads = rows_to_read(items, on_rows)
     states = read_states(con, layout, reads) if reads else {}
-    statuses: list[str | None] = []
-    for item in items:
-        if _reads_row(item, expect):
-            found = states.get(item.id)
-            expected = (expect or {}).get(item.id)
-            if found is None or (expected is not None and any(found[1][k] != v for k, v in expected.items())):
-                statuses.append(None)
-                continue
-            seq, state = found[0], found[2]
-        else:
-            assert item.held is not None  # _reads_row
-            seq, state = item.held.seq, snapshot(item.fence, item.held)
-        statuses.append(_finish_one(con, layout, item, seq, state, now_ms, fault))
-    return statuses
-
-
-def _reads_row(item: Finish, expect: dict[str, Any] | None) -> bool:
-    """Whether ``item`` is decided on its row read now: it has no snapshot, or a payload to compare."""
-    return item.held is None or (expect is not None and item.id in expect)
+    found = {  # a row whose payload differs from the ticket's (the lab's ``expect``) is missing to its ticket
+        job_id: (seq, state)
+        for job_id, (seq, payload, state) in states.items()
+        if all(payload[k] == v for k, v in on_rows.get(job_id, {}).items())
+    }
+    decided = decide_each(items, found, now_ms, on_rows)
+    return [_finish_one(con, layout, item, each, now_ms, fault) for item, each in zip(items, decided, strict=True)]
 
 
 def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
@@ -269,12 +267,15 @@ def _keep(
 
 
 def _finish_one(
-    con: sqlite3.Connection, layout: Layout, item: Finish, seq: int, state: JobState, now_ms: int, fault: Hook
+    con: sqlite3.Connection,
+    layout: Layout,
+    item: Finish,
+    decided: tuple[FinishChange, FinishRow] | None,
+    now_ms: int,
+    fault: Hook,
 ) -> str | None:
-    """One finish, decided and written on its own (the lab's path: its fault point follows each change). A
-    state read before the batch is stale for a second ticket of a job the batch already finished, and the
-    compare-and-set refuses it."""
-    decided = decide_row(item, seq, state, now_ms)
+    """One finish, decided before the batch (``decide_each``) and written on its own (the lab's path: its fault
+    point follows each change); a stale one (``None``) writes nothing."""
     if decided is None:
         return None
     change, row = decided
