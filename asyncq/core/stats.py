@@ -67,7 +67,7 @@ def assemble_stats(now_ms: int, reads: StatsReads) -> Stats:
     for status, reason, jobs in reads.counts:
         by_status[status] = by_status.get(status, 0) + int(jobs)
         if status == DEAD:
-            dead[str(reason)] += int(jobs)
+            dead[reason or ""] += int(jobs)  # a dead job without a reason (set by hand) counts under ""
     attempts: Counter[int] = Counter()
     for tries, jobs in reads.attempts:
         attempts[int(tries)] += int(jobs)
@@ -103,7 +103,7 @@ def stats_of_jobs(jobs: Iterable[Job], now_ms: int) -> Stats:
     return Stats(
         now_ms=now_ms,
         by_status={status: sum(job.status == status for job in rows) for status in STATUSES},
-        dead_by_reason=dict(Counter(str(job.reason) for job in rows if job.status == DEAD)),
+        dead_by_reason=dict(Counter(job.reason or "" for job in rows if job.status == DEAD)),
         oldest_ready_age_ms=now_ms - min(ready) if ready else None,
         expired_leases=sum(job.lease_until is not None and job.lease_until <= now_ms for job in live),
         leases=leases,
