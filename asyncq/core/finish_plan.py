@@ -4,9 +4,9 @@ Each item is decided (``core.settling.decide_item``) as stale or as a compare-an
 (``FinishChange``, shared by every row of one statement) and the columns it compares (``FinishRow``). A pool's
 batch (every item with the claim's snapshot, one per job) is decided without a read (``plan_held``); any other
 batch on the rows ``rows_to_read`` names, item by item (``decide_each``). A plan groups the rows by change, each
-with its item's place in the batch; a driver writes each group with its own
-statements, collects the ``seq`` of every row that landed, and asks ``statuses`` and ``kept`` what the items
-became and what to keep beside the rows (errors and results) in the same transaction.
+with its item's place in the batch; a driver writes each group with its own statements, collects the ``seq`` of
+every row that landed, and asks ``statuses_after`` and ``kept`` what the items became and what to keep beside
+the rows (errors and results, the error under ``attempt_after``'s number) in the same transaction.
 """
 
 from __future__ import annotations
