@@ -47,7 +47,7 @@ import _report
 
 from asyncq.core.jobs import Finish, Held, NewJob
 from asyncq.core.lifecycle import Fence
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.queue import Queue
 from asyncq.store.sqlite import engine, stats
 from asyncq.store.sqlite.admin import LIST_INDEXED
@@ -151,7 +151,7 @@ def v4_stats(con: sqlite3.Connection, now_ms: int) -> Stats:
         dead = dict(rows("DEAD_BY_REASON"))
         [(oldest,)] = rows("OLDEST_READY")
         [(expired,)] = rows("EXPIRED_LEASES")
-        leases = [Lease(*row) for row in rows("LEASES_BY_OWNER")]
+        leases = [OwnerLeases(*row) for row in rows("LEASES_BY_OWNER")]
         attempts = dict(rows("ATTEMPTS_HISTOGRAM"))
     finally:
         con.execute("COMMIT")

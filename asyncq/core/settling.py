@@ -15,7 +15,7 @@ from asyncq.core.lifecycle import LEASED, Change, Fence, JobState, decide_finish
 _make: Any = tuple.__new__  # a named tuple without its constructor's Python call, for per-job values
 
 
-class Verdict(NamedTuple):
+class FinishDecision(NamedTuple):
     """A finish that may land: the state it was decided on (the compare-and-set's columns), the change, and the
     attempts the row keeps (one more than the state's for a job claimed ahead whose attempt was not counted)."""
 
@@ -31,8 +31,8 @@ def snapshot(fence: Fence, held: Held) -> JobState:
     return state
 
 
-def decide_item(item: Finish, state: JobState, now_ms: int) -> Verdict | None:
-    """The verdict on ``item`` against ``state``, or ``None`` if it is stale. A job claimed ahead whose attempt
+def decide_item(item: Finish, state: JobState, now_ms: int) -> FinishDecision | None:
+    """The decision on ``item`` against ``state``, or ``None`` if it is stale. A job claimed ahead whose attempt
     was not counted yet is decided as the attempt it is (one more), and the row counts it."""
     fence, attempts = item.fence, state.attempts
     if not item.counted:  # built with tuple.__new__: a group commit decides every job (1.5 µs for _replace)
@@ -45,8 +45,8 @@ def decide_item(item: Finish, state: JobState, now_ms: int) -> Verdict | None:
     change = decide_finish(state_now, fence, item.outcome, now_ms, item.delay_ms)
     if change is None:
         return None
-    verdict: Verdict = _make(Verdict, (state, change, attempts))
-    return verdict
+    decision: FinishDecision = _make(FinishDecision, (state, change, attempts))
+    return decision
 
 
 def all_held_once(items: Sequence[Finish]) -> bool:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from asyncq.core.failures import ErrorText
 from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.stats import stats_of_jobs
 from asyncq.store.port.queue import Capabilities, JobFilter, QueueStore
 
 #: The suite's starting time (ms since the epoch, November 2023); every call takes ``now_ms`` from the test.
@@ -154,30 +153,8 @@ async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dum
             assert await store.history(job.id) == own
             assert record.redrives == sum(entry.action == "redrive" for entry in own)
             jobs[job.id] = record
-    assert await store.stats(now_ms) == stats_of(jobs.values(), now_ms)
+    assert await store.stats(now_ms) == stats_of_jobs(jobs.values(), now_ms)
     return Dump(jobs, audit)
-
-
-def stats_of(jobs: Iterable[Job], now_ms: int) -> Stats:
-    """Every figure of ``Stats`` as the rows define it."""
-    rows = list(jobs)
-    ready = [job.available_at for job in rows if job.status == "pending" and job.available_at <= now_ms]
-    live = [job for job in rows if job.status == "leased"]
-    owners = sorted({job.owner for job in live if job.owner is not None})
-    leases = [
-        Lease(owner, sum(job.owner == owner for job in live), min(j.lease_until or 0 for j in live if j.owner == owner))
-        for owner in owners
-    ]
-    attempts = Counter(job.attempts for job in rows if job.status in ("pending", "leased"))
-    return Stats(
-        now_ms=now_ms,
-        by_status={status: sum(job.status == status for job in rows) for status in STATUSES},
-        dead_by_reason=dict(Counter(job.reason for job in rows if job.status == "dead")),
-        oldest_ready_age_ms=now_ms - min(ready) if ready else None,
-        expired_leases=sum(job.lease_until is not None and job.lease_until <= now_ms for job in live),
-        leases=leases,
-        attempts=dict(sorted(attempts.items())),
-    )
 
 
 def expect(

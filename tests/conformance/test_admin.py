@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncq.core.stats import Lease
+from asyncq.core.stats import OwnerLeases
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, QueueStore
 
@@ -37,7 +37,7 @@ async def test_stats_count_states_reasons_ages_leases_and_attempts(store: QueueS
     assert (stats.now_ms, stats.total, stats.expired_leases) == (T0 + 1_750, 9, 0)
     assert stats.by_status == {"pending": 2, "leased": 4, "done": 1, "dead": 2}
     assert stats.oldest_ready_age_ms == 750  # l3, enqueued at T0 + 1000; "late" is not ready
-    assert stats.leases == [Lease("owner-a", 2, a[0].lease_until), Lease("owner-b", 2, b[0].lease_until)]
+    assert stats.leases == [OwnerLeases("owner-a", 2, a[0].lease_until), OwnerLeases("owner-b", 2, b[0].lease_until)]
     assert stats.attempts == {0: 2, 1: 4}
     assert (await store.stats(T0 + 6_500)).expired_leases == 4
     assert (await store.stats(T0 - 1)).oldest_ready_age_ms is None  # a clock behind every row: nothing is ready

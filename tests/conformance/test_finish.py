@@ -139,6 +139,26 @@ async def test_each_failed_attempts_error_is_kept_with_the_job_oldest_first(stor
 
 
 @pytest.mark.parametrize("held", [True, False])
+async def test_a_job_claimed_ahead_keeps_its_error_under_the_attempt_its_finish_counts(
+    store: QueueStore, held: bool
+) -> None:
+    # Claimed ahead (start_now=0: its attempt not counted yet) and failed before a commit counted it: the finish
+    # counts the attempt, and the error is kept under that number, the row's attempts after the finish.
+    await enqueue(store, new("a"))
+    settled = await store.settle_and_claim([], T0, "w1", 1_000, [("default", 1)], 1, start_now=0)
+    [ahead] = settled.tickets
+    assert not ahead.counted and ahead.fence.attempt == 0
+    failed = outcome(ahead, "retry", 0, held=held, error=BOOM)._replace(counted=False)
+    assert await store.finish([failed], T0 + 10) == ["pending"]
+    [counted] = await claim(store, "w1", T0 + 20)  # claimed for now: its attempt is counted at the claim
+    assert counted.fence.attempt == 2
+    assert await store.finish([outcome(counted, "permanent", held=held, error=DOOM)], T0 + 30) == ["dead"]
+    after = await dump(store, T0 + 30)
+    assert after.jobs["a"].attempts == 2
+    assert after.jobs["a"].errors == (AttemptError(1, T0 + 10, *BOOM), AttemptError(2, T0 + 30, *DOOM))
+
+
+@pytest.mark.parametrize("held", [True, False])
 async def test_a_stale_finish_keeps_no_error(store: QueueStore, held: bool) -> None:
     await enqueue(store, new("a"))
     [ticket] = await claim(store, "w1", T0, lease_ms=100)

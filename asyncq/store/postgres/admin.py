@@ -16,7 +16,7 @@ from typing import Any
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.lifecycle import STATUSES
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.stats import Stats, StatsReads, assemble_stats
 from asyncq.store.port.queue import JobFilter
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.schema import FOLD_COUNTS
@@ -145,26 +145,15 @@ async def audit_log(conn: Connection, schema: str, limit: int) -> list[AuditEntr
 
 
 async def read_stats(conn: Connection, schema: str, now_ms: int) -> Stats:
-    """Every figure of ``Stats``, inside the caller's one snapshot."""
-    by_status = dict.fromkeys(("pending", "leased", "done", "dead"), 0)
-    dead: dict[str, int] = {}
-    for status, reason, n in await conn.fetch(q(COUNTS, schema)):
-        by_status[status] = by_status.get(status, 0) + int(n)
-        if status == "dead":
-            dead[reason] = int(n)
-    oldest = await conn.fetchval(q(OLDEST_READY, schema), now_ms)
-    expired = await conn.fetchval(q(EXPIRED_LEASES, schema), now_ms)
-    leases = [Lease(o, int(n), int(e)) for o, n, e in await conn.fetch(q(LEASES_BY_OWNER, schema))]
-    attempts = {int(a): int(n) for a, n in await conn.fetch(q(ATTEMPTS_HISTOGRAM, schema))}
-    return Stats(
-        now_ms=now_ms,
-        by_status=by_status,
-        dead_by_reason=dead,
-        oldest_ready_age_ms=None if oldest is None else now_ms - int(oldest),
-        expired_leases=int(expired),
-        leases=leases,
-        attempts=attempts,
+    """Every figure of ``Stats``, inside the caller's one snapshot (assembled by ``core.stats``)."""
+    reads = StatsReads(
+        counts=[(status, reason, n) for status, reason, n in await conn.fetch(q(COUNTS, schema))],
+        attempts=[(tries, n) for tries, n in await conn.fetch(q(ATTEMPTS_HISTOGRAM, schema))],
+        leases=[(owner, n, first) for owner, n, first in await conn.fetch(q(LEASES_BY_OWNER, schema))],
+        expired=await conn.fetchval(q(EXPIRED_LEASES, schema), now_ms),
+        oldest_ready=await conn.fetchval(q(OLDEST_READY, schema), now_ms),
     )
+    return assemble_stats(now_ms, reads)
 
 
 def prune_params(cutoff_ms: int, statuses: Sequence[str]) -> tuple[int, bool, bool]:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from asyncq.core.claim_plan import plan_claim
 from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence
 from asyncq.core.stats import Stats
@@ -171,15 +172,11 @@ class PostgresQueueStore:
             activated = await transitions.activate(conn, schema, begun)
             statuses = await transitions.finish(conn, schema, finishes, now_ms) if finishes else []
             await self._notify_if_pending(conn, statuses)
-            if (total is None or total > 0) and any(n > 0 for _queue, n in wants):
+            plan = plan_claim([n for _queue, n in wants], total, start_now)
+            if plan.sweep:
                 await transitions.sweep(conn, schema, now_ms)
-            first = start_now if start_now is not None else total
-            counted = await transitions.claim_wants(conn, schema, owner, now_ms, lease_ms, wants, first, count=True)
-            tickets = [Ticket.from_row(row) for row in counted]
-            if start_now is not None:
-                rest = None if total is None else total - len(counted)
-                ahead = await transitions.claim_wants(conn, schema, owner, now_ms, lease_ms, wants, rest, count=False)
-                tickets += [Ticket.from_row(row, False) for row in ahead]
+            rows, counted = await transitions.claim(conn, schema, owner, now_ms, lease_ms, wants, plan)
+            tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(rows)]
             return statuses, tickets, activated
 
         statuses, tickets, activated = await self._write(cycle)

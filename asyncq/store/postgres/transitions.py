@@ -1,7 +1,7 @@
 """Each lifecycle transition on PostgreSQL, as steps run inside a transaction the caller holds (an asyncpg
-connection in ``conn.transaction()``). The decisions are ``asyncq.core``'s (``decide_item``); these functions
-only read rows, write the verdicts as compare-and-sets, and say which landed. Every argument is checked by the
-facade already; every ``now_ms`` is the caller's.
+connection in ``conn.transaction()``). The decisions and plans are ``asyncq.core``'s (``finish_plan``,
+``claim_plan``); these functions only read rows, run the plans' statements, and say which landed. Every
+argument is checked by the facade already; every ``now_ms`` is the caller's.
 """
 
 from __future__ import annotations
@@ -9,9 +9,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from asyncq.core.claim_plan import ClaimPlan, next_claim
+from asyncq.core.failures import ErrorText
+from asyncq.core.finish_plan import (
+    FinishPlan,
+    attempt_after,
+    decide_each,
+    kept,
+    plan_held,
+    rows_to_read,
+    statuses_after,
+)
 from asyncq.core.jobs import Finish, NewJob, StoredResult
-from asyncq.core.lifecycle import DEAD, DONE, PENDING, REASON_CANCELLED, Fence, JobState
-from asyncq.core.settling import Verdict, all_held_once, decide_item, snapshot
+from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.statements import sql
@@ -72,72 +83,49 @@ async def finish(conn: Connection, schema: str, items: Sequence[Finish], now_ms:
     """Apply each item's outcome, each fenced on its own: the new status per item, ``None`` for a stale one
     (its row is left unchanged). Items with the claim's snapshot naming distinct jobs (a pool's group commit)
     are decided without a read and written as one statement; others are decided on their rows, read first,
-    and written one by one, so that a second item of a job the batch already finished is refused as stale."""
+    and written one by one, so that a second item of a job the batch already finished is refused as stale.
+    The decisions are ``core.finish_plan``'s."""
     if all_held_once(items):
-        verdicts = [
-            (position, item, item.held.seq, decide_item(item, snapshot(item.fence, item.held), now_ms))
-            for position, item in enumerate(items)
-            if item.held is not None
-        ]
-        return await _write_verdicts(conn, schema, items, verdicts, now_ms)
-    states = await read_states(conn, schema, [item.id for item in items if item.held is None])
+        return await _write_plan(conn, schema, items, plan_held(items, now_ms), now_ms)
+    states = await read_states(conn, schema, rows_to_read(items))
+    found = {job_id: (seq, state) for job_id, (seq, _payload, state) in states.items()}
     statuses: list[str | None] = []
-    for item in items:
-        if item.held is not None:
-            seq, state = item.held.seq, snapshot(item.fence, item.held)
-        elif item.id in states:
-            seq, _payload, state = states[item.id]
-        else:
-            statuses.append(None)
-            continue
-        verdict = decide_item(item, state, now_ms)
-        statuses += await _write_verdicts(conn, schema, [item], [(0, item, seq, verdict)], now_ms)
+    for item, decided in zip(items, decide_each(items, found, now_ms), strict=True):
+        plan: FinishPlan = {} if decided is None else {decided[0]: [(0, decided[1])]}
+        statuses += await _write_plan(conn, schema, [item], plan, now_ms)
     return statuses
 
 
-async def _write_verdicts(
-    conn: Connection,
-    schema: str,
-    items: Sequence[Finish],
-    verdicts: Sequence[tuple[int, Finish, int, Verdict | None]],
-    now_ms: int,
+async def _write_plan(
+    conn: Connection, schema: str, items: Sequence[Finish], plan: FinishPlan, now_ms: int
 ) -> list[str | None]:
-    """One compare-and-set statement for every verdict that may land, then the errors of those that did."""
-    landing = [(position, item, seq, verdict) for position, item, seq, verdict in verdicts if verdict is not None]
-    statuses: list[str | None] = [None] * len(items)
-    if not landing:
-        return statuses
-    rows = [(seq, item.id, verdict) for _p, item, seq, verdict in landing if verdict is not None]
+    """One compare-and-set statement for every row of ``plan``, then what the landed finishes keep."""
+    if not plan:
+        return [None] * len(items)
+    rows = [(change, row) for change, group in plan.items() for _position, row in group]
     landed = {
-        row[0]
-        for row in await conn.fetch(
+        found[0]
+        for found in await conn.fetch(
             sql(schema, "FINISH_ROWS"),
-            [seq for seq, _id, _v in rows],
-            [job_id for _s, job_id, _v in rows],
-            [v.state.token for _s, _i, v in rows],
-            [v.state.owner for _s, _i, v in rows],
-            [v.state.attempts for _s, _i, v in rows],
-            [v.state.lease_until for _s, _i, v in rows],
-            [v.state.max_attempts for _s, _i, v in rows],
-            [v.state.deadline for _s, _i, v in rows],
-            [v.change.status for _s, _i, v in rows],
-            [v.change.reason for _s, _i, v in rows],
-            [v.change.available_at for _s, _i, v in rows],
-            [v.attempts for _s, _i, v in rows],
+            [row.seq for _c, row in rows],
+            [row.id for _c, row in rows],
+            [row.token for _c, row in rows],
+            [change.owner for change, _r in rows],
+            [row.attempts for _c, row in rows],
+            [row.lease_until for _c, row in rows],
+            [row.max_attempts for _c, row in rows],
+            [row.deadline for _c, row in rows],
+            [change.status for change, _r in rows],
+            [change.reason for change, _r in rows],
+            [change.available_at for change, _r in rows],
+            [attempt_after(change, row) for change, row in rows],
         )
     }
-    failed: list[tuple[int, Finish, Verdict]] = []
-    done: list[tuple[int, StoredResult]] = []
-    for position, item, seq, verdict in landing:
-        if seq in landed and verdict is not None:
-            statuses[position] = verdict.change.status
-            if item.error is not None:
-                failed.append((seq, item, verdict))
-            if item.result is not None and verdict.change.status == DONE:
-                done.append((seq, item.result))
-    await _keep_errors(conn, schema, failed, now_ms)
-    await _keep_results(conn, schema, done, now_ms)
-    return statuses
+    found = statuses_after(plan, landed, len(items))
+    errors, results = kept(items, plan, found)
+    await _keep_errors(conn, schema, errors, now_ms)
+    await _keep_results(conn, schema, results, now_ms)
+    return found
 
 
 async def _keep_results(conn: Connection, schema: str, done: Sequence[tuple[int, StoredResult]], now_ms: int) -> None:
@@ -153,10 +141,9 @@ async def _keep_results(conn: Connection, schema: str, done: Sequence[tuple[int,
 
 
 async def _keep_errors(
-    conn: Connection, schema: str, failed: Sequence[tuple[int, Finish, Verdict]], now_ms: int
+    conn: Connection, schema: str, errors: Sequence[tuple[int, int, ErrorText]], now_ms: int
 ) -> None:
-    """The error of each landed finish of a failed attempt, in the finish's transaction."""
-    errors = [(seq, verdict.attempts, item.error) for seq, item, verdict in failed if item.error is not None]
+    """The error of each landed finish of a failed attempt (``(seq, attempt, error)``), in its transaction."""
     if errors:
         await conn.execute(
             sql(schema, "KEEP_ERRORS"),
@@ -178,27 +165,27 @@ async def sweep(conn: Connection, schema: str, now_ms: int) -> None:
     await conn.execute(sql(schema, "SWEEP_EXHAUSTED"), now_ms)
 
 
-async def claim_wants(
+async def claim(
     conn: Connection,
     schema: str,
     owner: str,
     now_ms: int,
     lease_ms: int,
     wants: Sequence[tuple[str, int]],
-    total: int | None,
-    *,
-    count: bool,
-) -> list[tuple[Any, ...]]:
-    """Lease up to ``n`` ready jobs of each ``(queue, n)`` of ``wants``, at most ``total`` in all, oldest first
-    within each queue: the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order)."""
+    plan: ClaimPlan,
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Run ``plan``'s claims (``core.claim_plan``) over the queues of ``wants``, oldest first within each queue:
+    the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order), those counted first, and how many were."""
     claimed: list[tuple[Any, ...]] = []
-    for queue, limit in wants:
-        if total is not None:
-            limit = min(limit, total - len(claimed))
-        if limit > 0:
-            rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, limit, owner, lease_ms, int(count))
-            claimed += sorted(tuple(row) for row in rows)
-    return claimed
+    counted = 0
+    step = next_claim(plan, 0, 0)
+    while step is not None:
+        queue = wants[step.queue][0]
+        rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, step.limit, owner, lease_ms, int(step.counts))
+        claimed += sorted(tuple(row) for row in rows)
+        counted += len(rows) if step.counts else 0
+        step = next_claim(plan, step.step + 1, len(claimed))
+    return claimed, counted
 
 
 async def activate(conn: Connection, schema: str, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

@@ -14,9 +14,20 @@ from functools import cache
 from operator import itemgetter
 from typing import Any
 
+from asyncq.core.claim_plan import next_claim, plan_claim
+from asyncq.core.finish_plan import (
+    FinishChange,
+    FinishPlan,
+    FinishRow,
+    decide_each,
+    kept,
+    plan_held,
+    rows_to_read,
+    statuses_after,
+)
 from asyncq.core.jobs import Claimed, Finish, NewJob
-from asyncq.core.lifecycle import DEAD, DONE, PENDING, REASON_CANCELLED, Fence, JobState
-from asyncq.core.settling import all_held_once, decide_item, snapshot
+from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.schema import Layout
@@ -24,8 +35,6 @@ from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
     IN_LIST_MAX,
     INSERT_ROWS_MAX,
-    FinishChange,
-    FinishRow,
     activate_rows,
     finish_params,
     finish_rows,
@@ -213,124 +222,66 @@ def finish_in_transaction(
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
     if fault is None and expect is None and all_held_once(items):
         return _finish_held(con, layout, items, now_ms)
-    reads = [item.id for item in items if _reads_row(item, expect)]
+    on_rows = expect or {}
+    reads = rows_to_read(items, on_rows)
     states = read_states(con, layout, reads) if reads else {}
-    statuses: list[str | None] = []
-    for item in items:
-        if _reads_row(item, expect):
-            found = states.get(item.id)
-            expected = (expect or {}).get(item.id)
-            if found is None or (expected is not None and any(found[1][k] != v for k, v in expected.items())):
-                statuses.append(None)
-                continue
-            seq, state = found[0], found[2]
-        else:
-            assert item.held is not None  # _reads_row
-            seq, state = item.held.seq, snapshot(item.fence, item.held)
-        statuses.append(_finish_one(con, layout, item, seq, state, now_ms, fault))
-    return statuses
-
-
-def _reads_row(item: Finish, expect: dict[str, Any] | None) -> bool:
-    """Whether ``item`` is decided on its row read now: it has no snapshot, or a payload to compare."""
-    return item.held is None or (expect is not None and item.id in expect)
+    found = {  # a row whose payload differs from the ticket's (the lab's ``expect``) is missing to its ticket
+        job_id: (seq, state)
+        for job_id, (seq, payload, state) in states.items()
+        if all(payload[k] == v for k, v in on_rows.get(job_id, {}).items())
+    }
+    decided = decide_each(items, found, now_ms, on_rows)
+    return [_finish_one(con, layout, item, each, now_ms, fault) for item, each in zip(items, decided, strict=True)]
 
 
 def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
-    """``finish_in_transaction`` for items that all carry ``held``, one job each: every decision first, then one
-    compare-and-set statement per change (a pool's batch of ``ok`` results has one or two: claimed ahead or not)
-    and ``FINISH_ROWS_MAX`` rows, instead of one per row. The decision is ``core.settling``'s, as every store's."""
-    statuses: list[str | None] = [None] * len(items)
-    groups: dict[FinishChange, list[tuple[int, FinishRow]]] = {}  # rows by their change, in the items' order
-    make = tuple.__new__
-    for position, item in enumerate(items):
-        held = item.held
-        assert held is not None  # all_held_once
-        verdict = decide_item(item, snapshot(item.fence, held), now_ms)
-        if verdict is None:
-            continue
-        _, attempts, max_attempts, token, owner, lease_until, deadline = verdict.state
-        key = make(FinishChange, (*verdict.change, 0 if item.counted else 1, owner))
-        rows = groups.get(key)
-        if rows is None:
-            rows = groups[key] = []
-        rows.append(
-            (position, make(FinishRow, (held.seq, item.id, token, attempts, lease_until, max_attempts, deadline)))
-        )
-    for key, rows in groups.items():
+    """``finish_in_transaction`` for items that all carry ``held``, one job each: the plan's decisions
+    (``core.finish_plan``), then one compare-and-set statement per change and ``FINISH_ROWS_MAX`` rows, instead
+    of one per row."""
+    plan = plan_held(items, now_ms)
+    landed: set[int] = set()
+    for change, rows in plan.items():
         for start in range(0, len(rows), FINISH_ROWS_MAX):
-            chunk = rows[start : start + FINISH_ROWS_MAX]
-            params = finish_params(key, [row for _, row in chunk])
-            landed = {seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), params)}
-            for position, row in chunk:
-                if row.seq in landed:
-                    statuses[position] = key.status
-    failed = [
-        (item, held.seq)
-        for item, status in zip(items, statuses, strict=True)
-        if item.error is not None and status is not None and (held := item.held) is not None
-    ]
-    if failed:
-        _keep_errors(con, layout, failed, now_ms)
-    _keep_results(
-        con,
-        layout,
-        [
-            (item, item.held.seq)
-            for item, status in zip(items, statuses, strict=True)
-            if status == DONE and item.result is not None and item.held is not None
-        ],
-        now_ms,
-    )
-    return statuses
+            chunk = [row for _, row in rows[start : start + FINISH_ROWS_MAX]]
+            landed.update(seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)))
+    found = statuses_after(plan, landed, len(items))
+    _keep(con, layout, items, plan, found, now_ms)
+    return found
 
 
-def _keep_errors(con: sqlite3.Connection, layout: Layout, failed: Sequence[tuple[Finish, int]], now_ms: int) -> None:
-    """Record the error of each landed finish in ``failed`` (``(item, job seq)``), where the layout keeps them."""
-    if layout.errors is None or not failed:
-        return
-    rows = [
-        (seq, item.fence.attempt + (not item.counted), now_ms, *item.error)
-        for item, seq in failed
-        if item.error is not None
-    ]
-    con.executemany(sql(layout, "KEEP_ERROR"), rows)
-
-
-def _keep_results(con: sqlite3.Connection, layout: Layout, done: Sequence[tuple[Finish, int]], now_ms: int) -> None:
-    """Keep the result of each finish in ``done`` (landed as done; ``(item, job seq)``) where the layout keeps them."""
-    if layout.results is None or not done:
-        return
-    rows = [(seq, item.result.json, now_ms, now_ms + item.result.keep_ms) for item, seq in done if item.result]
-    con.executemany(sql(layout, "KEEP_RESULT"), rows)
-
-
-def _decided_row(item: Finish, seq: int, state: JobState, now_ms: int) -> tuple[FinishChange, FinishRow] | None:
-    """The decision on ``state`` (``core.settling``'s) as the finish's change and compare-and-set row, or
-    ``None`` if stale."""
-    verdict = decide_item(item, state, now_ms)
-    if verdict is None:
-        return None
-    row = FinishRow(seq, item.id, state.token, state.attempts, state.lease_until, state.max_attempts, state.deadline)
-    return FinishChange(*verdict.change, counts=int(not item.counted), owner=item.fence.owner), row
+def _keep(
+    con: sqlite3.Connection,
+    layout: Layout,
+    items: Sequence[Finish],
+    plan: FinishPlan,
+    found: Sequence[str | None],
+    now_ms: int,
+) -> None:
+    """Keep the errors and results of the landed finishes (``kept``'s), where the layout keeps them."""
+    errors, results = kept(items, plan, found)
+    if errors and layout.errors is not None:
+        con.executemany(sql(layout, "KEEP_ERROR"), [(seq, attempt, now_ms, *error) for seq, attempt, error in errors])
+    if results and layout.results is not None:
+        rows = [(seq, result.json, now_ms, now_ms + result.keep_ms) for seq, result in results]
+        con.executemany(sql(layout, "KEEP_RESULT"), rows)
 
 
 def _finish_one(
-    con: sqlite3.Connection, layout: Layout, item: Finish, seq: int, state: JobState, now_ms: int, fault: Hook
+    con: sqlite3.Connection,
+    layout: Layout,
+    item: Finish,
+    decided: tuple[FinishChange, FinishRow] | None,
+    now_ms: int,
+    fault: Hook,
 ) -> str | None:
-    """One finish, decided and written on its own (the lab's path: its fault point follows each change). A
-    state read before the batch is stale for a second ticket of a job the batch already finished, and the
-    compare-and-set refuses it."""
-    decided = _decided_row(item, seq, state, now_ms)
+    """One finish, decided before the batch (``decide_each``) and written on its own (the lab's path: its fault
+    point follows each change); a stale one (``None``) writes nothing."""
     if decided is None:
         return None
     change, row = decided
     if not con.execute(finish_rows(layout, 1), finish_params(change, [row])).fetchall():
         return None
-    if item.error is not None:
-        _keep_errors(con, layout, [(item, seq)], now_ms)
-    if item.result is not None and change.status == DONE:
-        _keep_results(con, layout, [(item, seq)], now_ms)
+    _keep(con, layout, [item], {change: [(0, row)]}, [change.status], now_ms)
     call_hook(fault, "after-finish")
     return change.status
 
@@ -425,40 +376,31 @@ def settle_and_claim_in_transaction(
     ``items``, and claim up to ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (at most ``total`` over
     all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
     now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
-    them were counted, and the activations."""
+    them were counted, and the activations. The claims are ``core.claim_plan``'s."""
     activated = _activate(con, layout, started) if started else []
-    statuses = finish_in_transaction(con, layout, items, now_ms)
-    if (total is None or total > 0) and any(limit > 0 for _scope, limit in wants):
+    found = finish_in_transaction(con, layout, items, now_ms)
+    plan = plan_claim([limit for _scope, limit in wants], total, start_now)
+    if plan.sweep:
         _sweep(con, layout, now_ms)
-    counted_rows = _claim_wants(
-        con, layout, owner, now_ms, lease_ms, wants, start_now if start_now is not None else total, True
-    )
-    claimed = list(counted_rows)
-    if start_now is not None:
-        rest = None if total is None else total - len(claimed)
-        claimed += _claim_wants(con, layout, owner, now_ms, lease_ms, wants, rest, False)
-    return statuses, claimed, len(counted_rows), activated
-
-
-def _claim_wants(
-    con: sqlite3.Connection,
-    layout: Layout,
-    owner: str,
-    now_ms: int,
-    lease_ms: int,
-    wants: Sequence[tuple[dict[str, Any], int]],
-    total: int | None,
-    count: bool,
-) -> list[tuple[Any, ...]]:
     claimed: list[tuple[Any, ...]] = []
-    for scope, limit in wants:
-        if total is not None:
-            limit = min(limit, total - len(claimed))
-        if limit > 0:
-            claimed += claim_rows_in_transaction(
-                con, layout, owner, now_ms, lease_ms, limit=limit, scope=scope, count=count, sweep=False
-            )
-    return claimed
+    counted = 0
+    claim = next_claim(plan, 0, 0)
+    while claim is not None:
+        rows = claim_rows_in_transaction(
+            con,
+            layout,
+            owner,
+            now_ms,
+            lease_ms,
+            limit=claim.limit,
+            scope=wants[claim.queue][0],
+            count=claim.counts,
+            sweep=False,
+        )
+        claimed += rows
+        counted += len(rows) if claim.counts else 0
+        claim = next_claim(plan, claim.step + 1, len(claimed))
+    return found, claimed, counted, activated
 
 
 def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
+# The finish plan's change and row (``core.finish_plan``), bound by ``finish_params``: named here for the SQL's sake.
+from asyncq.core.finish_plan import FinishChange as FinishChange
+from asyncq.core.finish_plan import FinishRow as FinishRow
 from asyncq.store.sqlite.schema import Layout
 
 T = TypeVar("T")
@@ -60,29 +63,6 @@ WHERE {jobs}.seq = v.column1 AND {jobs}.id = v.column2 AND {jobs}.status = 'leas
   AND {jobs}.max_attempts = v.column6 AND {jobs}.deadline = v.column7
 RETURNING {jobs}.seq
 """
-
-
-class FinishChange(NamedTuple):
-    """What ``FINISH_ROWS`` writes to every row of one statement, and the owner every row must still have."""
-
-    status: str
-    reason: str | None
-    available_at: int
-    counts: int  # 1: the attempt is counted now (a job claimed ahead, finished before it was counted); else 0
-    owner: str
-
-
-class FinishRow(NamedTuple):
-    """One row of ``FINISH_ROWS``: the compare-and-set's columns besides the owner. The id is compared too: two
-    jobs claimed together can match in every other column."""
-
-    seq: int
-    id: str
-    token: int
-    attempts: int
-    lease_until: int | None
-    max_attempts: int
-    deadline: int
 
 
 # ``{ids}`` is a list of ``?`` (see ``select_by_ids``).

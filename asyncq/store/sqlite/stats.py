@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections import Counter
+from typing import Any
 
-from asyncq.core.lifecycle import STATUSES
-from asyncq.core.stats import Lease, Stats
+from asyncq.core.lifecycle import LEASED as LEASED_STATUS
+from asyncq.core.lifecycle import PENDING
+from asyncq.core.stats import Stats, StatsReads, assemble_stats
 from asyncq.store.sqlite.schema import Layout
 
 log = logging.getLogger("asyncq.store.sqlite.stats")
@@ -29,11 +30,11 @@ LEASED = (
 OLDEST_READY = "SELECT min(available_at + 0) FROM {jobs} WHERE status = 'pending' AND available_at + 0 <= :now"
 NAMES = {"COUNTED_CELLS": COUNTED_CELLS, "LEASED": LEASED, "OLDEST_READY": OLDEST_READY}
 
-Cells = list[tuple[object, ...]]
+Cells = list[tuple[Any, ...]]
 
 
 def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:
-    """Read every figure in one transaction, so they agree with each other."""
+    """Read every figure in one transaction, so they agree with each other (assembled by ``core.stats``)."""
     if layout.counts is None:
         raise ValueError(f"the {layout.jobs} table keeps no counts: stats are the product schema's")
     params = {"now": now_ms}
@@ -46,49 +47,23 @@ def read_stats(con: sqlite3.Connection, layout: Layout, now_ms: int) -> Stats:
         cells, leased, [(oldest,)] = rows("COUNTED_CELLS"), rows("LEASED"), rows("OLDEST_READY")
     finally:
         con.execute("COMMIT")
-    by_status, dead, attempts = sum_cells(cells)
-    leases, expired = _leases(leased, by_status, attempts)
-    return Stats(
-        now_ms=now_ms,
-        by_status=by_status,
-        dead_by_reason=dead,
-        oldest_ready_age_ms=None if oldest is None else now_ms - int(str(oldest)),
-        expired_leases=expired,
-        leases=leases,
-        attempts={tries: n for tries, n in sorted(attempts.items()) if n},
+    _warn_negative(cells)
+    reads = StatsReads(
+        counts=[(status, reason, jobs) for status, _tries, reason, jobs in cells]
+        + [(LEASED_STATUS, None, jobs) for _owner, _tries, jobs, _first, _gone in leased],
+        attempts=[(tries, jobs) for status, tries, _reason, jobs in cells if status == PENDING]
+        + [(tries, jobs) for _owner, tries, jobs, _first, _gone in leased],
+        leases=[(owner, jobs, first) for owner, _tries, jobs, first, _gone in leased],
+        expired=sum(gone or 0 for *_group, gone in leased),
+        oldest_ready=oldest,
     )
+    return assemble_stats(now_ms, reads)
 
 
-def _leases(leased: Cells, by_status: dict[str, int], attempts: Counter[int]) -> tuple[list[Lease], int]:
-    """Leases by owner and how many have expired, from ``LEASED``'s ``(owner, attempts, jobs, first expiry,
-    expired)`` groups; adds the leased jobs to ``by_status`` and ``attempts``."""
-    owners: dict[str, tuple[int, int]] = {}
-    expired = 0
-    for owner, tries, jobs, first, gone in leased:
-        count, name = int(str(jobs)), str(owner)
-        by_status["leased"] += count
-        attempts[int(str(tries))] += count
-        expired += int(str(gone or 0))
-        held, earliest = owners.get(name, (0, int(str(first))))
-        owners[name] = (held + count, min(earliest, int(str(first))))
-    return [Lease(owner, held, first) for owner, (held, first) in owners.items()], expired
-
-
-def sum_cells(cells: Cells) -> tuple[dict[str, int], dict[str, int], Counter[int]]:
-    """Counts by status, dead jobs by reason and pending jobs by attempts, from ``(status, attempts, reason, jobs)``
-    cells. A negative cell means rows moved without the triggers (they were dropped, or a ``REPLACE`` ran with
-    ``recursive_triggers`` off): it is logged, and counted as it stands."""
-    by_status: Counter[str] = Counter()
-    dead: Counter[str] = Counter()
-    attempts: Counter[int] = Counter()
+def _warn_negative(cells: Cells) -> None:
+    """A negative cell of ``(status, attempts, reason, jobs)`` means rows moved without the triggers (they were
+    dropped, or a ``REPLACE`` ran with ``recursive_triggers`` off): it is logged, and counted as it stands."""
     for status, tries, reason, jobs in cells:
-        count = int(str(jobs))
-        if count < 0:
+        if jobs < 0:
             cell = (status, tries, reason)
-            log.warning("asyncq_counts holds %d jobs in %s: the kept counts disagree with the rows", count, cell)
-        by_status[str(status)] += count
-        if status == "dead":
-            dead[str(reason)] += count
-        elif status == "pending":
-            attempts[int(str(tries))] += count
-    return {status: by_status[status] for status in STATUSES}, {reason: n for reason, n in dead.items() if n}, attempts
+            log.warning("asyncq_counts holds %d jobs in %s: the kept counts disagree with the rows", jobs, cell)

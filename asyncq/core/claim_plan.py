@@ -1,0 +1,71 @@
+"""The claim half of a worker pool's group commit, planned once for every store (no I/O here).
+
+A group commit starts the jobs claimed ahead that handlers began, finishes (``core.finish_plan``), sweeps if
+anything is wanted, claims the jobs that start now (their attempt counted), then claims ahead (counted when a
+handler starts them). ``plan_claim`` turns what each queue wants into that plan; a driver runs it statement by
+statement, asking ``next_claim`` what to claim after each claim statement::
+
+    plan = plan_claim([n for _queue, n in wants], total, start_now)
+    if plan.sweep: ...run the sweep...
+    claim, taken = next_claim(plan, 0, 0), 0
+    while claim is not None:
+        rows = ...claim up to claim.limit jobs of wants[claim.queue], counting the attempt if claim.counts...
+        taken += len(rows)
+        claim = next_claim(plan, claim.step + 1, taken)
+
+How many a claim may take depends on what the claims before it found (a queue with fewer ready jobs than it
+wants leaves room for the next), so the plan is a step function of the rows claimed so far, not a list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+
+class ClaimPlan(NamedTuple):
+    """What a group commit claims: ``wants`` (per queue, in the driver's order, the most it may take in each
+    phase), ``phases`` (``(count, budget)`` each: whether the claimed jobs count an attempt now, and the most
+    jobs claimed by the end of the phase over every queue, ``None`` for no bound), and whether to ``sweep``."""
+
+    wants: tuple[int, ...]
+    phases: tuple[tuple[bool, int | None], ...]
+    sweep: bool
+
+
+class Claim(NamedTuple):
+    """One claim statement: up to ``limit`` jobs of the ``queue``-th want, ``counts`` saying whether their attempt
+    counts now; ``step`` is its place in the plan (pass ``step + 1`` to ``next_claim``)."""
+
+    step: int
+    queue: int
+    limit: int
+    counts: bool
+
+
+def plan_claim(wants: Sequence[int], total: int | None, start_now: int | None) -> ClaimPlan:
+    """The plan for claiming up to ``wants[i]`` jobs of each queue, at most ``total`` in all (``None``: no bound),
+    the first ``start_now`` of them counted (``None``: all, and nothing is claimed ahead).
+
+    This is the seam for the rules of a claim: a rule about a queue (a pause, a concurrency limit) lowers its
+    want here, a priority orders the wants here; the drivers run whatever plan comes out."""
+    sweep = (total is None or total > 0) and any(n > 0 for n in wants)
+    first = start_now if start_now is not None else total
+    phases: tuple[tuple[bool, int | None], ...] = ((True, first),)
+    if start_now is not None:
+        phases += ((False, total),)
+    return ClaimPlan(tuple(wants), phases, sweep)
+
+
+def next_claim(plan: ClaimPlan, step: int, taken: int) -> Claim | None:
+    """The first claim statement of ``plan`` from ``step`` on that may take a job, once the statements before
+    it claimed ``taken`` jobs in all; ``None`` when the plan is done. A claim takes at most its queue's want,
+    and no more than its phase's budget leaves."""
+    width = len(plan.wants)
+    for at in range(step, width * len(plan.phases)):
+        count, budget = plan.phases[at // width]
+        want = plan.wants[at % width]
+        limit = want if budget is None else min(want, budget - taken)
+        if limit > 0:
+            return Claim(at, at % width, limit, count)
+    return None
