@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_support import fresh_schema
+from drivers import DRIVERS, Driver
 
-DRIVERS = ("sqlite", "postgresql")
 _TABLES = re.compile(r"\basyncq_(outbox_lease|outbox_audit|outbox|inbox)\b")
 
 
@@ -42,13 +41,18 @@ def on_postgres(statement: str, schema: str) -> str:
 class Place:
     """The test's outbox and inbox: paths (SQLite) or URLs (PostgreSQL), and how to read them."""
 
-    driver: str
+    driver: Driver
     outbox: str
     inbox: str
 
     @property
+    def dialect(self) -> str:
+        """The SQL the stores speak (``EffectTransaction.dialect``): ``sqlite`` or ``postgresql``."""
+        return self.driver.kind
+
+    @property
     def postgres(self) -> bool:
-        return self.driver == "postgresql"
+        return self.dialect == "postgresql"
 
     @property
     def insertion_order(self) -> str:
@@ -129,15 +133,12 @@ def write_lock_is_held(db: Path) -> bool:
         other.close()
 
 
-@pytest.fixture(params=DRIVERS)
+@pytest.fixture(params=sorted(DRIVERS))
 async def place(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Place]:
-    """Each driver in turn: two files in ``tmp_path``, or two fresh schemas (skipped with the reason when the
-    PostgreSQL server does not answer, a failure under ``CI=true``)."""
-    if request.param == "sqlite":
-        yield Place("sqlite", str(tmp_path / "app.db"), str(tmp_path / "sink.db"))
-        return
-    request.getfixturevalue("postgres_database")
+    """Each driver of the registry in turn: two files in ``tmp_path``, or two fresh schemas (skipped with the reason
+    when the PostgreSQL server does not answer, a failure under ``CI=true``)."""
+    driver = DRIVERS[request.param].prepare(request)
     async with AsyncExitStack() as stack:
-        outbox, _ = await stack.enter_async_context(fresh_schema())
-        inbox, _ = await stack.enter_async_context(fresh_schema())
-        yield Place("postgresql", outbox, inbox)
+        outbox = await stack.enter_async_context(driver.target(tmp_path, "app"))
+        inbox = await stack.enter_async_context(driver.target(tmp_path, "sink"))
+        yield Place(driver, outbox, inbox)
