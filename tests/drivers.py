@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +48,8 @@ class Driver:
     open_queue: Callable[[str, bool], Awaitable[QueueStore]]
     #: Opens the outbox store at a target (its tables created if missing).
     open_outbox: Callable[[str], Awaitable[OutboxStore]]
-    #: Opens the inbox store at a target (its tables created if missing).
-    open_inbox: Callable[[str], Awaitable[InboxStore]]
+    #: Opens the inbox store at a target (its tables, and the effect's ``ddl``, created if missing).
+    open_inbox: Callable[[str, Sequence[str]], Awaitable[InboxStore]]
     #: Opens the store a successful ``backup(target)`` wrote (drivers with ``capabilities.backup``).
     open_backup: Callable[[str], Awaitable[QueueStore]]
     #: Sets columns of one job directly: for states no port call can make (River's test factory does the same).
@@ -57,6 +57,8 @@ class Driver:
     #: Makes every later update of one job's row fail with "refused by the test" (a trigger): a failure in the
     #: middle of a call's transaction, after its other statements have run.
     refuse_updates_of: Callable[[QueueStore, str], None]
+    #: Rows of one statement of the app's own (its tables, no parameters) on a connection of its own to a target.
+    app_rows: Callable[[str, str], Awaitable[list[tuple[Any, ...]]]]
     #: What a fresh queue store of this driver says it can do.
     capabilities: Capabilities
     #: ``describe()["store"]``.
@@ -101,6 +103,14 @@ async def _sqlite_queue(target: str, read_only: bool) -> QueueStore:
     return await open_queue_store(target, durability="full", busy_timeout=5.0, read_only=read_only)
 
 
+async def _sqlite_rows(target: str, statement: str) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(target, timeout=5)
+    try:
+        return con.execute(statement).fetchall()
+    finally:
+        con.close()
+
+
 def _sqlite_force(store: QueueStore, job_id: str, columns: dict[str, Any]) -> None:
     assignments = ", ".join(f"{column} = :{column}" for column in columns)
     _sqlite_write(store, f"UPDATE asyncq_jobs SET {assignments} WHERE id = :id", {**columns, "id": job_id})
@@ -136,6 +146,18 @@ def _postgres_target(**options: str) -> Callable[[Path, str], AbstractAsyncConte
             yield url
 
     return target
+
+
+async def _postgres_rows(target: str, statement: str) -> list[tuple[Any, ...]]:
+    import asyncpg
+
+    from asyncq.store.postgres.connection import parse_url
+
+    conn = await asyncpg.connect(parse_url(target).dsn, timeout=5)  # the URL's search_path: the app's tables
+    try:
+        return [tuple(row) for row in await conn.fetch(statement)]
+    finally:
+        await conn.close()
 
 
 async def _postgres_queue(target: str, read_only: bool) -> QueueStore:
@@ -180,7 +202,8 @@ def _postgres(name: str, **options: str) -> Driver:
         target=_postgres_target(**options),
         open_queue=_postgres_queue,
         open_outbox=lambda target: open_outbox_store(target, durability="full", busy_timeout=5.0),
-        open_inbox=open_inbox_store,
+        open_inbox=lambda target, ddl: open_inbox_store(target, ddl=ddl),
+        app_rows=_postgres_rows,
         open_backup=_postgres_backup,
         force=_postgres_force,
         refuse_updates_of=_postgres_refuse_updates_of,
@@ -195,7 +218,8 @@ SQLITE = Driver(
     target=_sqlite_target,
     open_queue=_sqlite_queue,
     open_outbox=lambda target: open_outbox_store(target, durability="full", busy_timeout=5.0),
-    open_inbox=open_inbox_store,
+    open_inbox=lambda target, ddl: open_inbox_store(target, ddl=ddl),
+    app_rows=_sqlite_rows,
     open_backup=lambda target: _sqlite_queue(target, False),
     force=_sqlite_force,
     refuse_updates_of=_sqlite_refuse_updates_of,
