@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from messaging_support import Place
+from waiting import eventually
 
 from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
@@ -457,9 +458,7 @@ async def test_run_wakes_on_adds_and_stops_gracefully(place: Place) -> None:
         await outbox.add("A", {"qty": 1})
         async with outbox.transaction() as tx:
             await tx.add("B", {"qty": 2})
-        async with asyncio.timeout(10):
-            while transport.delivered_ids() != ["A", "B"]:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: transport.delivered_ids() == ["A", "B"], "A and B delivered")
         relay.stop()
         await asyncio.wait_for(running, 10)
         figures = await outbox.figures()
@@ -525,14 +524,13 @@ async def test_run_rides_out_a_store_held_by_another_process(tmp_path: Path, cap
         relay = Relay(outbox, transport, poll_ms=20)
         running = asyncio.create_task(relay.run())
         try:
-            async with asyncio.timeout(10):
-                while sum("locked" in r.getMessage() for r in caplog.records) < 2:
-                    await asyncio.sleep(0.01)
+            await eventually(
+                lambda: sum("locked" in r.getMessage() for r in caplog.records) >= 2,
+                "two passes of the relay to log the locked file",
+            )
             assert transport.delivered_ids() == [] and not running.done()
             blocker.execute("ROLLBACK")
-            async with asyncio.timeout(10):
-                while transport.delivered_ids() != ["A"]:
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: transport.delivered_ids() == ["A"], "A delivered once the lock is gone")
         finally:
             blocker.close()
             relay.stop()

@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from waiting import eventually
+from waiting import eventually, exited
 
 from asyncq import Queue
 from asyncq.core.jobs import JobSpec, Ticket
@@ -216,12 +216,6 @@ def _effects(path: Path, statement: str) -> list[tuple[Any, ...]]:
         con.close()
 
 
-def _exited(procs: list[subprocess.Popen[bytes]]) -> str | None:
-    """A worker that exited other than by the test's SIGKILL, if one did (waiting longer cannot help)."""
-    gone = [proc.returncode for proc in procs if proc.poll() is not None and proc.returncode != -signal.SIGKILL]
-    return f"worker exited {gone[0]}" if gone else None
-
-
 async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker_without_an_operator(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -242,7 +236,7 @@ async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker
             lambda: _effects(effects, "SELECT count(*) FROM started")[0][0] == 1,
             "a start",
             timeout=20,
-            stop=lambda: _exited(procs),
+            stop=exited(procs, expected=[-signal.SIGKILL]),
         )
         procs[0].send_signal(signal.SIGKILL)  # mid-job: its lease is never renewed nor finished again
         procs[0].wait(timeout=10)
@@ -251,7 +245,7 @@ async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker
             lambda: _effects(effects, "SELECT count(*) FROM applied")[0][0] == 1,
             "the rescue",
             timeout=20,
-            stop=lambda: _exited(procs),
+            stop=exited(procs, expected=[-signal.SIGKILL]),
         )
         procs[1].send_signal(signal.SIGTERM)
         out, _ = procs[1].communicate(timeout=20)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -59,6 +60,17 @@ def eventually_sync(
             return value
         _check(value, what, timeout, deadline, stop, details)
         time.sleep(interval)
+
+
+def exited(processes: Sequence[subprocess.Popen[Any]], *, expected: Iterable[int] = ()) -> Callable[[], str | None]:
+    """A ``stop`` for waits on child processes: names one that has exited with a code not ``expected``."""
+    allowed = set(expected)
+
+    def stop() -> str | None:
+        gone = [p for p in processes if p.poll() is not None and p.returncode not in allowed]
+        return f"process {gone[0].pid} exited {gone[0].returncode}" if gone else None
+
+    return stop
 
 
 def _check(
