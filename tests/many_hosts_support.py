@@ -12,11 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "many_hosts_worker.py"
@@ -151,11 +152,15 @@ class Fleet:
         """SIGTERM every worker once it serves (its first status written: a process still starting up would die
         of the signal), and each finishes its jobs in flight; each one's owner and exit code."""
         processes = [(host.owner, host.process) for host in self.hosts if host.process is not None]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(self.status(owner) for owner, _process in processes):
-            time.sleep(0.02)
-        for _owner, process in processes:
-            terminate(process)
+        try:  # one that exited already is the test's to report (self_exits)
+            eventually_sync(
+                lambda: all(self.status(owner) or process.poll() is not None for owner, process in processes),
+                "every worker to serve (its first status written)",
+                timeout=timeout,
+            )
+        finally:
+            for _owner, process in processes:
+                terminate(process)
         codes = [(owner, wait_or_kill(process, timeout)) for owner, process in processes]
         for host in self.hosts:
             host.process = None

@@ -1,118 +1,122 @@
-"""Where an outbox test's stores live, on either driver: the ``place`` fixture gives two SQLite files in the test's
-``tmp_path``, or two fresh schemas of this run's PostgreSQL database (dropped after the test), one for the app's
-outbox and one for the receiver's inbox.
+"""Where an outbox test's stores live, on every driver of the registry (``tests/drivers.py``): the ``place``
+fixture gives each test two fresh store targets, one for the app's outbox and one for the receiver's inbox (two
+SQLite files in its ``tmp_path``, or two schemas of this run's PostgreSQL database dropped after it).
 
-Tests read the stores through connections of their own (``Place.rows``), with statements written once as on
-SQLite: asyncq's tables by their SQLite names (``asyncq_outbox``, ``asyncq_outbox_lease``, ``asyncq_outbox_audit``,
-``asyncq_inbox``) and ``?`` parameters; on PostgreSQL the names become the schema's tables (``<schema>.outbox``…)
-and the parameters ``$1``, ``$2``…. An app's own statements go through ``Place.sql`` the same way (the URLs set the
-``search_path`` to the schema, so the app's unqualified tables live there and go with it).
+asyncq's own rows are read through the port (``Place.items``, ``Place.figures``: ``OutboxStore.get`` and
+``figures``); the port itself is tested on every driver in ``tests/conformance/test_outbox_port.py`` and
+``test_inbox_port.py``. What the port does not show (the app's tables, a whole store's tables, whether a
+transaction is left open, the inbox's insertion order) is read here with statements written for each dialect.
 """
 
 from __future__ import annotations
 
-import re
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_support import fresh_schema
+from drivers import DRIVERS, Driver
 
-DRIVERS = ("sqlite", "postgresql")
-_TABLES = re.compile(r"\basyncq_(outbox_lease|outbox_audit|outbox|inbox)\b")
+from asyncq.store.port.outbox import Figures, Item, OutboxStore
 
-
-def numbered(statement: str) -> str:
-    """``statement`` with its ``?`` parameters as PostgreSQL's ``$1``, ``$2``… (the tests' statements hold no other
-    question mark)."""
-    count = iter(range(1, statement.count("?") + 1))
-    return re.sub(r"\?", lambda _: f"${next(count)}", statement)
-
-
-def on_postgres(statement: str, schema: str) -> str:
-    """A statement written as on SQLite (asyncq's table names, ``?`` parameters) for the store in ``schema``."""
-    return _TABLES.sub(lambda match: f"{schema}.{match.group(1)}", numbered(statement))
+#: asyncq's messaging tables, by their name in a PostgreSQL schema: the name the same table has on SQLite.
+SQLITE_NAMES = {
+    "outbox": "asyncq_outbox",
+    "outbox_lease": "asyncq_outbox_lease",
+    "outbox_audit": "asyncq_outbox_audit",
+    "inbox": "asyncq_inbox",
+}
 
 
 @dataclass(frozen=True)
 class Place:
-    """The test's outbox and inbox: paths (SQLite) or URLs (PostgreSQL), and how to read them."""
+    """The test's outbox and inbox: paths (SQLite) or URLs (PostgreSQL), their driver, and how to read them."""
 
-    driver: str
+    driver: Driver
     outbox: str
     inbox: str
 
     @property
-    def postgres(self) -> bool:
-        return self.driver == "postgresql"
+    def dialect(self) -> str:
+        """The SQL the stores speak (``EffectTransaction.dialect``): ``sqlite`` or ``postgresql``."""
+        return self.driver.kind
 
     @property
-    def insertion_order(self) -> str:
-        """An ``ORDER BY`` key of a table's rows in the order their transactions inserted them (rows never updated
-        since: on PostgreSQL the inserting transaction's id)."""
-        return "xmin::text::bigint" if self.postgres else "rowid"
+    def postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @asynccontextmanager
+    async def outbox_store(self) -> AsyncIterator[OutboxStore]:
+        """The outbox's store opened on a handle of the test's own, closed after the block."""
+        store = await self.driver.open_outbox(self.outbox)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    async def items(self, ids: Iterable[str]) -> list[Item]:
+        """The stored items of these ids that exist, in ``seq`` order (``OutboxStore.get``)."""
+        async with self.outbox_store() as store:
+            found = [await store.get(item_id) for item_id in ids]
+        return sorted((item for item in found if item is not None), key=lambda item: item.seq)
+
+    async def figures(self, now_ms: int = 0) -> Figures:
+        """The outbox's figures (``OutboxStore.figures``): its counts, head and lease."""
+        async with self.outbox_store() as store:
+            return await store.figures(now_ms)
+
+    async def app_rows(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        """The rows of one statement of the app's own (no parameters) on a connection of its own to ``target``."""
+        return await self.driver.app_rows(target, statement)
+
+    async def inbox_ids_in_insertion_order(self) -> list[str]:
+        """The inbox's ids in the order their transactions inserted them (rows never updated since: on PostgreSQL
+        the inserting transaction's id)."""
+        if self.postgres:
+            statement = f"SELECT id FROM {self._schema(self.inbox)}.inbox ORDER BY xmin::text::bigint"
+        else:
+            statement = "SELECT id FROM asyncq_inbox ORDER BY rowid"
+        return [item_id for (item_id,) in await self.app_rows(self.inbox, statement)]
 
     async def has_table(self, target: str, name: str) -> bool:
         """Whether the app's table ``name`` exists in ``target`` (for PostgreSQL: in its schema)."""
+        assert name.isidentifier(), name  # spliced into the statement
         if self.postgres:
-            [(found,)] = await self.rows(target, "SELECT to_regclass(?::text) IS NOT NULL", name)
+            [(found,)] = await self.app_rows(target, f"SELECT to_regclass('{name}') IS NOT NULL")
             return bool(found)
-        return bool(await self.rows(target, "SELECT name FROM sqlite_master WHERE name = ?", name))
+        return bool(await self.app_rows(target, f"SELECT name FROM sqlite_master WHERE name = '{name}'"))
 
     async def tables(self, target: str) -> dict[str, list[tuple[Any, ...]]]:
-        """Every table's rows (sorted), by its SQLite name: a whole store's state, to compare before and after."""
+        """Every table's rows (sorted), asyncq's by their SQLite name: a whole store's state, to compare before and
+        after."""
         if self.postgres:
-            from asyncq.store.postgres.connection import parse_url
-
-            schema = parse_url(target).schema
-            names = await self.rows(target, "SELECT tablename FROM pg_tables WHERE schemaname = ?", schema)
-            found = {name: await self.rows(target, f"SELECT * FROM {schema}.{name}") for (name,) in names}
-            return {_sqlite_name(name): sorted(rows) for name, rows in sorted(found.items())}
-        tables = await self.rows(target, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-        return {name: sorted(await self.rows(target, f"SELECT * FROM {name}")) for (name,) in tables}
+            schema = self._schema(target)
+            names = await self.app_rows(target, f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}'")
+            found = {name: await self.app_rows(target, f"SELECT * FROM {schema}.{name}") for (name,) in names}
+            return {SQLITE_NAMES.get(name, name): sorted(rows) for name, rows in sorted(found.items())}
+        tables = await self.app_rows(target, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        return {name: sorted(await self.app_rows(target, f"SELECT * FROM {name}")) for (name,) in tables}
 
     async def in_no_transaction(self, target: str) -> bool:
         """Whether no connection holds a transaction open on ``target`` (SQLite: its write lock is free; PostgreSQL:
         no asyncq connection to this database is idle inside a transaction)."""
         if not self.postgres:
             return not write_lock_is_held(Path(target))
-        [(count,)] = await self.rows(
+        [(count,)] = await self.app_rows(
             target,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'asyncq'"
             " AND state LIKE 'idle in transaction%'",
         )
         return bool(count == 0)
 
-    def sql(self, statement: str) -> str:
-        """An app's statement written with ``?`` parameters, in this store's dialect."""
-        return numbered(statement) if self.postgres else statement
-
-    async def rows(self, target: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
-        """``statement`` (SQLite's table names and parameters) on a connection of its own to ``target``."""
-        if not self.postgres:
-            con = sqlite3.connect(target)
-            try:
-                return con.execute(statement, args).fetchall()
-            finally:
-                con.close()
-        import asyncpg
-
+    @staticmethod
+    def _schema(target: str) -> str:
         from asyncq.store.postgres.connection import parse_url
 
-        found = parse_url(target)
-        conn = await asyncpg.connect(found.dsn)
-        try:
-            return [tuple(row) for row in await conn.fetch(on_postgres(statement, found.schema), *args)]
-        finally:
-            await conn.close()
-
-
-def _sqlite_name(name: str) -> str:
-    return f"asyncq_{name}" if _TABLES.fullmatch(f"asyncq_{name}") else name
+        return parse_url(target).schema  # checked by parse_url: safe to splice
 
 
 def write_lock_is_held(db: Path) -> bool:
@@ -129,15 +133,12 @@ def write_lock_is_held(db: Path) -> bool:
         other.close()
 
 
-@pytest.fixture(params=DRIVERS)
+@pytest.fixture(params=sorted(DRIVERS))
 async def place(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Place]:
-    """Each driver in turn: two files in ``tmp_path``, or two fresh schemas (skipped with the reason when the
-    PostgreSQL server does not answer, a failure under ``CI=true``)."""
-    if request.param == "sqlite":
-        yield Place("sqlite", str(tmp_path / "app.db"), str(tmp_path / "sink.db"))
-        return
-    request.getfixturevalue("postgres_database")
+    """Each driver of the registry in turn: two files in ``tmp_path``, or two fresh schemas (skipped with the reason
+    when the PostgreSQL server does not answer, a failure under ``CI=true``)."""
+    driver = DRIVERS[request.param].prepare(request)
     async with AsyncExitStack() as stack:
-        outbox, _ = await stack.enter_async_context(fresh_schema())
-        inbox, _ = await stack.enter_async_context(fresh_schema())
-        yield Place("postgresql", outbox, inbox)
+        outbox = await stack.enter_async_context(driver.target(tmp_path, "app"))
+        inbox = await stack.enter_async_context(driver.target(tmp_path, "sink"))
+        yield Place(driver, outbox, inbox)

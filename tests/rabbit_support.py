@@ -14,9 +14,8 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,18 +96,6 @@ def queue_counts(queue: str) -> tuple[int, int] | None:
         if name == queue:
             return int(ready), int(unacked)
     return None
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def browser_problem() -> str | None:

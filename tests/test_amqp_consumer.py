@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiormq
 import pytest
 from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
+from waiting import eventually
 
 from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome, dead_messages, redrive
 from asyncq.delivery.amqp import AmqpTransport
@@ -51,11 +51,8 @@ class Setup:
             await self.transport.deliver(key, {"id": key}, {})
 
     async def until(self, condition: Callable[[], object], what: str) -> None:
-        deadline = time.monotonic() + DEADLINE
-        while not condition():
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}; outcomes: {self.outcomes}")
-            await asyncio.sleep(0.01)
+        """``eventually``, the outcomes so far in its failure."""
+        await eventually(condition, what, timeout=DEADLINE, interval=0.01, details=lambda: f"outcomes: {self.outcomes}")
 
     def tickets(self) -> list[str]:
         con = sqlite3.connect(self.db_path)

@@ -7,12 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import cli_env, run_cli, run_json, run_on_terminal
+from waiting import eventually_sync, exited
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,9 +25,10 @@ async def handle(body, context):
         raise Permanent("refused by the test")
     pathlib.Path("handled.txt").open("a").write(f"{context.id} {context.attempt}\\n")
 
-async def slow(body, context):
+async def slow(body, context):  # in flight until the test, having sent SIGTERM, releases it
     pathlib.Path("started.txt").write_text(context.id)
-    await asyncio.sleep(0.5)
+    while not pathlib.Path("release.txt").exists():
+        await asyncio.sleep(0.01)
 
 def not_async(body, context):
     return None
@@ -108,11 +109,9 @@ def test_work_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 20
-    while not (tmp_path / "started.txt").exists():  # the handler is running
-        assert worker.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
+    eventually_sync((tmp_path / "started.txt").exists, "the handler to start", timeout=20, stop=exited([worker]))
     worker.send_signal(signal.SIGTERM)
+    (tmp_path / "release.txt").write_text("")  # the job ends only after the signal was sent
     out, err = worker.communicate(timeout=20)
     assert worker.returncode == 0, err
     assert json.loads(out)["finished"] == {"done": 1}  # the job in flight finished within the grace period

@@ -3,7 +3,6 @@ the token (refused ones change nothing, an accepted one writes exactly one audit
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
 import sqlite3
@@ -19,6 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cli_support import cli_env, run_cli
+from waiting import eventually
 
 from asyncq.core.jobs import AttemptError, Job, JobSpec
 from asyncq.core.stats import Stats
@@ -179,9 +179,7 @@ async def test_the_chart_draws_the_sampled_depth_over_time(
     server: tuple[str, Dashboard], path: Path, clock: list[int]
 ) -> None:
     base, dashboard = server
-    async with asyncio.timeout(5):
-        while not dashboard.samples:  # the sample taken at start-up, before this test's own
-            await asyncio.sleep(0.005)
+    await eventually(lambda: dashboard.samples, "the sample taken at start-up, before this test's own", timeout=5)
     dashboard.samples.clear()
     await dashboard.sample_once()
     clock[0] += 2_000

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rabbit_support import headless_chromium, wait_until
+from rabbit_support import headless_chromium
+from waiting import eventually_sync
 
 from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
@@ -114,7 +115,7 @@ def move_the_queue(path: Path, url: str) -> None:
     """A few changes, each seen by the sampler before the next, so the chart has a shape."""
     for enqueue, work in ((0, 0), (8, 0), (0, 5), (0, 4), (6, 0), (0, 3), (0, 0)):
         counts = asyncio.run(step(path, enqueue, work))
-        wait_until(lambda counts=counts: latest_sample(url) == counts, 10, f"a sample of {counts}")
+        eventually_sync(lambda counts=counts: latest_sample(url) == counts, f"a sample of {counts}", timeout=10)
 
 
 def redrive(browser: Any, job_id: str, note: str, token: str) -> None:
@@ -143,13 +144,13 @@ def test_an_operator_reads_the_counts_and_redrives_a_dead_job(browser: Any, dash
     assert len(points.split()) >= 6  # at least one sample of each of the six states the queue went through
 
     redrive(browser, "invoice-17", "fixed-parser", "not-the-token")
-    wait_until(lambda: browser.find_elements(By.ID, "message"), 10, "the refusal page")
+    eventually_sync(lambda: browser.find_elements(By.ID, "message"), "the refusal page", timeout=10)
     assert "nothing changed" in browser.find_element(By.ID, "message").text
     browser.get(url)
     assert browser.find_element(By.ID, "count-dead").text == "3"
 
     redrive(browser, "invoice-17", "fixed-parser", token)
-    wait_until(lambda: "fixed-parser" in audit_text(browser), 10, "the redrive's audit row")
+    eventually_sync(lambda: "fixed-parser" in audit_text(browser), "the redrive's audit row", timeout=10)
     first = browser.find_element(By.CSS_SELECTOR, "#audit tbody tr").text.split()
     assert first[2:] == ["invoice-17", "redrive", "1", "fixed-parser"]
     assert browser.find_element(By.ID, "count-dead").text == "2"

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from waiting import eventually
 
 from asyncq.delivery.base import JsonText, Transport
 from asyncq.delivery.http import HttpTransport, retry_after_ms
@@ -589,10 +590,12 @@ async def test_an_answer_that_arrives_before_its_request_is_not_an_ack() -> None
         released.set()
         await asyncio.wait_for(unsolicited_written.wait(), 5)
         connector = transport._open_session().connector
-        deadline = time.monotonic() + 5
-        while not any(proto.should_close for idle in connector._conns.values() for proto, _ in idle):  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the stray answer never reached the idle connection"
-            await asyncio.sleep(0.005)  # polled with a deadline: the parser holds the stray bytes
+        idle = connector._conns.values()  # type: ignore[union-attr]
+        await eventually(  # the parser holds the stray bytes
+            lambda: any(proto.should_close for conns in idle for proto, _ in conns),
+            "the stray answer to reach the idle connection",
+            timeout=5,
+        )
         with pytest.raises(Retryable, match="503"):  # the real answer to the real request
             await transport.deliver("job-second", {}, {})
     finally:

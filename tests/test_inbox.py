@@ -21,6 +21,7 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
+from drivers import POSTGRESQL
 from messaging_support import Place, write_lock_is_held
 from multidict import CIMultiDict
 from postgres_support import fresh_schema
@@ -276,7 +277,7 @@ async def test_the_effect_runs_inside_the_inboxs_durable_transaction_on_postgres
     """PostgreSQL's counterpart: the effect's statements run in the batch's transaction (the inbox row is there,
     a transaction id is taken), which commits with ``synchronous_commit=on``; its thread is the inbox's own."""
     async with fresh_schema() as (url, _schema):
-        await probe_the_effects_transaction(Place("postgresql", url, url))
+        await probe_the_effects_transaction(Place(POSTGRESQL, url, url))
 
 
 async def probe_the_effects_transaction(place: Place) -> None:
@@ -466,7 +467,7 @@ async def test_the_effect_transaction_reads_rows_and_is_unusable_after_the_effec
         with pytest.raises(RuntimeError, match="effect has returned"):
             kept[0].execute("DELETE FROM stock")
     assert read == [[("snack", 3)], [("snack", 7)]] and await stock(place) == 7
-    assert [tx.dialect for tx in kept] == [place.driver] * 2
+    assert [tx.dialect for tx in kept] == [place.dialect] * 2
 
 
 def test_a_bad_path_is_refused_before_anything_opens() -> None:

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import eventually
 
 import asyncq
 from asyncq.core.jobs import JobSpec
@@ -275,9 +276,7 @@ async def test_a_store_locked_elsewhere_is_counted_and_the_pool_goes_on(path: Pa
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
         running = asyncio.create_task(pool.run(burst=True))
-        async with asyncio.timeout(10):
-            while pool.counters.store_busy < 2:
-                await asyncio.sleep(0.01)  # polled under a deadline: the pool retries on its own schedule
+        await eventually(lambda: pool.counters.store_busy >= 2, "two busy tries of the pool", interval=0.01)
         blocker.execute("COMMIT")
         blocker.close()
         async with asyncio.timeout(10):

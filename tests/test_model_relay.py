@@ -47,7 +47,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from messaging_support import on_postgres
+from messaging_support import SQLITE_NAMES
 from postgres_support import execute as pg_execute
 from postgres_support import new_schema_name, queue_url, run_database
 from relay_model import Model, Result, Settings
@@ -130,9 +130,10 @@ class SqliteStores:
         pass
 
     async def fetch(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        """``statement`` with asyncq's tables named by role (``{outbox}``, ``{outbox_audit}``…)."""
         con = sqlite3.connect(target, timeout=0)
         try:
-            return con.execute(statement).fetchall()
+            return con.execute(statement.format(**SQLITE_NAMES)).fetchall()
         finally:
             con.close()
 
@@ -168,7 +169,8 @@ class PostgresStores:
     async def fetch(self, target: str, statement: str) -> list[tuple[Any, ...]]:
         from asyncq.store.postgres.connection import parse_url
 
-        text = on_postgres(statement, parse_url(target).schema)
+        schema = parse_url(target).schema
+        text = statement.format(**{name: f"{schema}.{name}" for name in SQLITE_NAMES})
         return [tuple(row) for row in await self.readers[target].fetch(text)]
 
     async def close(self) -> None:
@@ -181,16 +183,16 @@ class PostgresStores:
 async def read_stores(stores: SqliteStores | PostgresStores) -> dict[str, list[tuple[Any, ...]]]:
     """The stores' rows through the machine's own connections (``last_error`` cut to its error type)."""
     outbox, inbox = stores.outbox, stores.inbox
-    item_rows = await stores.fetch(outbox, f"SELECT {ITEM_COLUMNS} FROM asyncq_outbox ORDER BY seq")
-    audit_rows = await stores.fetch(outbox, f"SELECT {AUDIT_COLUMNS} FROM asyncq_outbox_audit ORDER BY seq")
+    item_rows = await stores.fetch(outbox, f"SELECT {ITEM_COLUMNS} FROM {{outbox}} ORDER BY seq")
+    audit_rows = await stores.fetch(outbox, f"SELECT {AUDIT_COLUMNS} FROM {{outbox_audit}} ORDER BY seq")
     items = [(*row[:8], error_type(row[8]), *row[9:]) for row in item_rows]
     audit = [(*row[:8], error_type(row[8]), json.loads(row[9]), row[10]) for row in audit_rows]
     return {
         "items": items,
         "audit": audit,
-        "lease": await stores.fetch(outbox, "SELECT owner, token, lease_until FROM asyncq_outbox_lease"),
+        "lease": await stores.fetch(outbox, "SELECT owner, token, lease_until FROM {outbox_lease}"),
         "app": await stores.fetch(outbox, "SELECT seq, value FROM app_rows ORDER BY seq"),
-        "inbox": await stores.fetch(inbox, "SELECT * FROM asyncq_inbox ORDER BY id"),
+        "inbox": await stores.fetch(inbox, "SELECT * FROM {inbox} ORDER BY id"),
         "effects": [event_id for (event_id,) in await stores.fetch(inbox, "SELECT id FROM effects ORDER BY seq")],
     }
 

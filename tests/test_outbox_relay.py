@@ -12,7 +12,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from messaging_support import Place
+from waiting import eventually
 
 from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
@@ -98,18 +99,24 @@ def file_rows(db: Path, sql: str) -> list[tuple[Any, ...]]:
         con.close()
 
 
+#: An app's statement in each store's dialect.
+ADD_ORDER = {"sqlite": "INSERT INTO orders VALUES (?, ?)", "postgresql": "INSERT INTO orders VALUES ($1, $2)"}
+
+
 async def item(place: Place, item_id: str) -> dict[str, Any]:
-    columns = ("state", "attempts", "last_error", "next_attempt_at", "sent_at")
-    [row] = await place.rows(place.outbox, f"SELECT {', '.join(columns)} FROM asyncq_outbox WHERE id = ?", item_id)
-    return dict(zip(columns, row, strict=True))
+    """A stored item's changing columns (read through the port)."""
+    [found] = await place.items([item_id])
+    return {name: getattr(found, name) for name in ("state", "attempts", "last_error", "next_attempt_at", "sent_at")}
 
 
-async def states(place: Place) -> list[tuple[str, str]]:
-    return [(i, s) for i, s in await place.rows(place.outbox, "SELECT id, state FROM asyncq_outbox ORDER BY seq")]
+async def states(place: Place, ids: Iterable[str]) -> list[tuple[str, str]]:
+    """``(id, state)`` of each of these ids that is stored, in ``seq`` order."""
+    return [(found.id, found.state) for found in await place.items(ids)]
 
 
-async def lease_row(place: Place) -> list[tuple[Any, ...]]:
-    return await place.rows(place.outbox, "SELECT owner, token FROM asyncq_outbox_lease")
+async def lease_row(place: Place) -> tuple[str | None, int]:
+    figures = await place.figures()
+    return figures.lease_owner, figures.lease_token
 
 
 async def child(mode: str, config: dict[str, Any], cwd: Path) -> list[dict[str, Any]]:
@@ -153,13 +160,13 @@ async def test_items_commit_and_roll_back_with_the_apps_rows(place: Place, clock
             await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, qty INTEGER NOT NULL)")
         with pytest.raises(RuntimeError):
             async with outbox.transaction() as tx:
-                await tx.execute(place.sql("INSERT INTO orders VALUES (?, ?)"), ("o-1", 1))
+                await tx.execute(ADD_ORDER[place.dialect], ("o-1", 1))
                 assert await tx.add("o-1", {"qty": 1, "item": "snack"}, topic="orders")
                 raise RuntimeError("the app fails after both writes")
-        assert await place.rows(place.outbox, "SELECT * FROM orders") == [] and await states(place) == []
+        assert await place.app_rows(place.outbox, "SELECT * FROM orders") == [] and await states(place, ["o-1"]) == []
 
         async with outbox.transaction() as tx:
-            await tx.execute(place.sql("INSERT INTO orders VALUES (?, ?)"), ("o-1", 1))
+            await tx.execute(ADD_ORDER[place.dialect], ("o-1", 1))
             assert await tx.add("o-1", {"qty": 1, "item": "snack"}, topic="orders")
         assert await outbox.add("o-1", {"item": "snack", "qty": 1}, topic="orders") is False  # same canonical body
         with pytest.raises(Conflict):
@@ -168,7 +175,7 @@ async def test_items_commit_and_roll_back_with_the_apps_rows(place: Place, clock
             await outbox.add("o-1", {"qty": 1, "item": "snack"})  # another topic
         with pytest.raises(Conflict):  # a conflict inside the app's transaction rolls its rows back too
             async with outbox.transaction() as tx:
-                await tx.execute(place.sql("INSERT INTO orders VALUES (?, ?)"), ("o-2", 2))
+                await tx.execute(ADD_ORDER[place.dialect], ("o-2", 2))
                 await tx.add("o-1", {"qty": 9})
         for bad in ("", "o 1", "x" * 65):
             with pytest.raises(ValueError):
@@ -177,8 +184,8 @@ async def test_items_commit_and_roll_back_with_the_apps_rows(place: Place, clock
             await outbox.add("o-3", {"qty": float("nan")})
         found = await outbox.get("o-1")
         assert found is not None and (found.state, found.attempts, found.created_at) == ("unsent", 0, clock.now)
-    assert await place.rows(place.outbox, "SELECT * FROM orders") == [("o-1", 1)]
-    assert await states(place) == [("o-1", "unsent")]
+    assert await place.app_rows(place.outbox, "SELECT * FROM orders") == [("o-1", 1)]
+    assert await states(place, ["o-1", "o-2", "o-3"]) == [("o-1", "unsent")]
 
 
 async def test_add_sync_joins_the_callers_sqlite3_transaction(tmp_path: Path, clock: Clock) -> None:
@@ -222,7 +229,7 @@ async def test_a_failing_middle_item_holds_back_the_ones_behind_it(place: Place,
             first = await relay.run_once()
             assert (first.sent, first.stopped, first.head_id, first.wait_ms) == (1, "failed", "B", 100)
             assert "Retryable" in (first.error or "")
-            assert await states(place) == [("A", "sent"), ("B", "unsent"), ("C", "unsent")]
+            assert await states(place, "ABC") == [("A", "sent"), ("B", "unsent"), ("C", "unsent")]
             assert (await item(place, "B"))["attempts"] == 1
             assert (await item(place, "B"))["next_attempt_at"] == clock.now + 100
             assert (await item(place, "C"))["attempts"] == 0
@@ -240,8 +247,7 @@ async def test_a_failing_middle_item_holds_back_the_ones_behind_it(place: Place,
         finally:
             await transport.close()
     assert receiver.applied == ["A", "B", "C"]  # the order of the first successful deliveries
-    inserted = await place.rows(place.inbox, f"SELECT id FROM asyncq_inbox ORDER BY {place.insertion_order}")
-    assert [i for (i,) in inserted] == ["A", "B", "C"]
+    assert await place.inbox_ids_in_insertion_order() == ["A", "B", "C"]
     assert receiver.requests == ["A", "B", "B", "B", "C"] and (await item(place, "B"))["attempts"] == 3
 
 
@@ -352,11 +358,10 @@ async def test_quarantine_records_reason_and_the_items_that_now_go_first(place: 
             await transport.close()
         assert [e.action for e in await outbox.audit("B")] == ["quarantine", "requeue"]
     assert receiver.applied == ["A", "C", "D", "B"]
-    assert await states(place) == [("A", "sent"), ("B", "sent"), ("C", "sent"), ("D", "sent")]
-    [(reason, skipped)] = await place.rows(
-        place.outbox, "SELECT reason, skipped_ahead_of FROM asyncq_outbox_audit WHERE action = 'quarantine'"
-    )
-    assert (reason, json.loads(skipped)) == ("the receiver refuses this body (422)", ["C", "D"])
+    assert await states(place, "ABCD") == [("A", "sent"), ("B", "sent"), ("C", "sent"), ("D", "sent")]
+    async with place.outbox_store() as store:
+        [quarantined] = [entry for entry in await store.audit(None) if entry.action == "quarantine"]
+    assert (quarantined.reason, quarantined.skipped_ahead_of) == ("the receiver refuses this body (422)", ["C", "D"])
 
 
 # --- one relay per outbox: the fenced lease ----------------------------------------------------------------------
@@ -425,13 +430,13 @@ async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(plac
             for _ in range(2):  # it keeps waiting while the first renews its lease
                 assert (await line(second, lambda p: True))["stopped"] == "not-leader"
             assert receiver.requests == ["A"] and receiver.applied == []
-            assert await lease_row(place) == [("first", 1)]
+            assert await lease_row(place) == ("first", 1)
 
             first.kill()  # SIGKILL, in the middle of the delivery
             assert await first.wait() == -signal.SIGKILL
             took_over = await line(second, lambda p: p["stopped"] != "not-leader")
             assert (took_over["token"], took_over["sent"]) == (2, 3)
-            assert await lease_row(place) == [("second", 2)]
+            assert await lease_row(place) == ("second", 2)
 
             second.send_signal(signal.SIGTERM)  # a graceful stop releases the lease
             assert await asyncio.wait_for(second.wait(), 15) == 0
@@ -441,8 +446,8 @@ async def test_a_second_relay_waits_and_takes_over_when_the_first_is_killed(plac
                     os.kill(proc.pid, signal.SIGKILL)
                     await proc.wait()
     assert receiver.applied == ["A", "B", "C"] and receiver.requests == ["A", "A", "B", "C"]
-    assert await lease_row(place) == [(None, 2)]
-    assert [s for _, s in await states(place)] == ["sent"] * 3
+    assert await lease_row(place) == (None, 2)
+    assert await states(place, "ABC") == [("A", "sent"), ("B", "sent"), ("C", "sent")]
 
 
 async def test_run_wakes_on_adds_and_stops_gracefully(place: Place) -> None:
@@ -453,9 +458,7 @@ async def test_run_wakes_on_adds_and_stops_gracefully(place: Place) -> None:
         await outbox.add("A", {"qty": 1})
         async with outbox.transaction() as tx:
             await tx.add("B", {"qty": 2})
-        async with asyncio.timeout(10):
-            while transport.delivered_ids() != ["A", "B"]:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: transport.delivered_ids() == ["A", "B"], "A and B delivered")
         relay.stop()
         await asyncio.wait_for(running, 10)
         figures = await outbox.figures()
@@ -521,14 +524,13 @@ async def test_run_rides_out_a_store_held_by_another_process(tmp_path: Path, cap
         relay = Relay(outbox, transport, poll_ms=20)
         running = asyncio.create_task(relay.run())
         try:
-            async with asyncio.timeout(10):
-                while sum("locked" in r.getMessage() for r in caplog.records) < 2:
-                    await asyncio.sleep(0.01)
+            await eventually(
+                lambda: sum("locked" in r.getMessage() for r in caplog.records) >= 2,
+                "two passes of the relay to log the locked file",
+            )
             assert transport.delivered_ids() == [] and not running.done()
             blocker.execute("ROLLBACK")
-            async with asyncio.timeout(10):
-                while transport.delivered_ids() != ["A"]:
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: transport.delivered_ids() == ["A"], "A delivered once the lock is gone")
         finally:
             blocker.close()
             relay.stop()
@@ -558,4 +560,4 @@ async def test_a_transaction_is_usable_only_inside_its_block(place: Place, clock
             await tx.execute("SELECT 1")
         with pytest.raises(ValueError):
             await Outbox.open(db, durability="fast")
-    assert await states(place) == [("A", "unsent")]
+    assert await states(place, "AB") == [("A", "unsent")]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import eventually_sync
 
 from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
@@ -68,15 +69,15 @@ class Workers:
         return proc.returncode, counters
 
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
-        """Poll ``condition`` until true; fail at the deadline or as soon as a worker dies."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            for proc in self.procs:
-                if proc.returncode is None and proc.poll() is not None:
-                    raise AssertionError(f"worker {proc.pid} exited {proc.returncode}\n{self.stderr()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{self.stderr()}")
-            time.sleep(0.01)
+        """``eventually_sync``: fail at the deadline or as soon as a worker dies, with the workers' stderr."""
+        eventually_sync(condition, what, timeout=timeout, stop=self.dead, details=self.stderr)
+
+    def dead(self) -> str | None:
+        """Which worker has exited, if one has (waiting longer cannot help)."""
+        for proc in self.procs:
+            if proc.returncode is None and proc.poll() is not None:  # one not reaped by the test itself
+                return f"worker {proc.pid} exited {proc.returncode}"
+        return None
 
     def kill_all(self) -> None:
         for proc in self.procs:
@@ -260,10 +261,12 @@ def test_a_job_that_kills_its_worker_every_time_still_ends_dead_after_its_attemp
     status = "SELECT status FROM asyncq_jobs WHERE id = 'poison'"
     for restart in range(8):
         worker = workers.start(f"w{restart}", concurrency=4, lease_ms=300, poll_max=0.05)
-        deadline = time.monotonic() + 30
-        while worker.poll() is None and query(workers.db, status) != [("dead",)]:
-            assert time.monotonic() < deadline, workers.stderr()
-            time.sleep(0.01)
+        eventually_sync(
+            lambda worker=worker: worker.poll() is not None or query(workers.db, status) == [("dead",)],
+            "the worker killed by the poison job, or the job dead",
+            timeout=30,
+            details=workers.stderr,
+        )
         workers.procs.remove(worker)
         if worker.returncode is None:  # the poison pill was swept dead: this worker lives on
             worker.kill()

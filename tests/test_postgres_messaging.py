@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from aiohttp import web
 from cli_support import run_cli, run_json
 from inbox_children import EFFECTS_DDL  # the child's table: a restarted receiver goes on with it
 from postgres_support import fresh_schema, run_database
+from waiting import eventually
 
 from asyncq import Queue
 from asyncq.amqp import IdempotentConsumer
@@ -92,13 +93,6 @@ async def receiver(db: str, effect: Callable[..., None] = record_effect) -> Asyn
         await runner.cleanup()
 
 
-async def until(condition: Callable[[], Awaitable[bool]], seconds: float = 15) -> None:
-    """Poll ``condition`` until it holds (a deadline, not a sleep to wait a bit)."""
-    async with asyncio.timeout(seconds):
-        while not await condition():
-            await asyncio.sleep(0.01)
-
-
 # -- the app's own transaction ------------------------------------------------------------------------------
 
 
@@ -155,7 +149,7 @@ async def test_adds_commit_in_seq_order_across_connections(url: str) -> None:
                 found = await rows(url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
                 return bool(found[0][0] == 1)
 
-            await until(waiting_for_the_lock)
+            await eventually(waiting_for_the_lock, "the second add to wait for the order lock", timeout=15)
             assert not later.done()
             assert (await relay.run_once()).sent == 0  # neither is visible yet
         except BaseException:
@@ -285,7 +279,7 @@ async def test_a_second_host_waits_for_the_first_ones_transaction_on_the_same_id
             return bool(found[0][0] == 1)
 
         try:
-            await until(second_waits)
+            await eventually(second_waits, "the second receiver to wait for the first one's lock", timeout=15)
             assert not two.done()
         finally:
             release.set()
@@ -321,7 +315,8 @@ async def test_a_receiver_killed_mid_effect_leaves_neither_its_inbox_row_nor_its
         async def backend_gone() -> bool:
             return not await rows(sink, "SELECT 1 FROM pg_stat_activity WHERE pid = $1", inside["backend"])
 
-        await until(backend_gone)  # the server saw the connection drop and rolled its transaction back
+        # the server saw the connection drop and rolled its transaction back
+        await eventually(backend_gone, "the killed receiver's backend to end", timeout=15)
     finally:
         if child.returncode is None:
             os.kill(child.pid, signal.SIGKILL)
@@ -368,12 +363,16 @@ async def test_a_relay_rides_out_a_connection_the_server_ended(url: str, caplog:
                     await rows(url, "SELECT pg_terminate_backend($1)", pid)
                 return bool(found)
 
-            await until(relay_waits)
-            await until(lambda: _logged(caplog, "terminating connection due to administrator command"))
+            await eventually(relay_waits, "the relay to wait for a lock (its connection then ended)", timeout=15)
+            await eventually(
+                lambda: _logged(caplog, "terminating connection due to administrator command"),
+                "the relay to log its lost connection",
+                timeout=15,
+            )
             assert transport.delivered_ids() == [] and not running.done()
             await blocker.rollback()
             held = False
-            await until(lambda: _delivered(transport, ["A"]))
+            await eventually(lambda: _delivered(transport, ["A"]), "A delivered", timeout=15)
         finally:
             if held:
                 await blocker.rollback()

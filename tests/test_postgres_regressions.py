@@ -17,13 +17,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from waiting import eventually, exited
 
 from asyncq import Queue
 from asyncq.core.jobs import JobSpec, Ticket
@@ -108,12 +108,15 @@ async def test_oban_lifeline_a_rescue_waiting_on_a_slow_completion_lets_exactly_
         await blocker.execute(f"SELECT 1 FROM {schema}.jobs WHERE id = 'first' FOR UPDATE")
         a.clock[0], b.clock[0] = T0 + 999, T0 + 1_000
         completion = asyncio.create_task(a.queue.finish(first, "ok"))
-        deadline = time.monotonic() + 5
-        while not await blocker.fetchval(  # the completion's statement waits on the blocker's row lock
+        waiting = (
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        ):
-            assert time.monotonic() < deadline and not completion.done(), "the completion never waited on the lock"
-            await asyncio.sleep(0.005)
+        )
+        await eventually(
+            lambda: blocker.fetchval(waiting),
+            "the completion's statement to wait on the blocker's row lock",
+            timeout=5,
+            stop=lambda: "the completion ended without waiting" if completion.done() else None,
+        )
         rescued = await b.queue.claim("worker-b", limit=5)
         assert [t.id for t in rescued] == ["second"]  # "first" is held by its completion: skipped, not waited for
         assert not completion.done()
@@ -213,15 +216,6 @@ def _effects(path: Path, statement: str) -> list[tuple[Any, ...]]:
         con.close()
 
 
-async def _wait_for(condition: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for proc in procs:
-            assert proc.poll() is None or proc.returncode == -signal.SIGKILL, f"worker exited {proc.returncode}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker_without_an_operator(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -238,11 +232,21 @@ async def test_procrastinate_a_worker_killed_mid_job_leaves_it_to_another_worker
 
     procs = [start("doomed", 60)]
     try:
-        await _wait_for(lambda: _effects(effects, "SELECT count(*) FROM started")[0][0] == 1, 20, "a start", procs)
+        await eventually(
+            lambda: _effects(effects, "SELECT count(*) FROM started")[0][0] == 1,
+            "a start",
+            timeout=20,
+            stop=exited(procs, expected=[-signal.SIGKILL]),
+        )
         procs[0].send_signal(signal.SIGKILL)  # mid-job: its lease is never renewed nor finished again
         procs[0].wait(timeout=10)
         procs.append(start("rescuer", 0))
-        await _wait_for(lambda: _effects(effects, "SELECT count(*) FROM applied")[0][0] == 1, 20, "the rescue", procs)
+        await eventually(
+            lambda: _effects(effects, "SELECT count(*) FROM applied")[0][0] == 1,
+            "the rescue",
+            timeout=20,
+            stop=exited(procs, expected=[-signal.SIGKILL]),
+        )
         procs[1].send_signal(signal.SIGTERM)
         out, _ = procs[1].communicate(timeout=20)
         assert procs[1].returncode == 0 and json.loads(out)["finished"] == {"done": 1}

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 from postgres_support import execute, queue_url, run_database
+from waiting import eventually
 
 from asyncq import Queue
 from asyncq.core.jobs import JobSpec
@@ -241,10 +241,7 @@ class Listener:
     async def count_until_marker(self) -> int:
         """How many notifications came before a marker sent now (notifications arrive in commit order)."""
         await self.conn.execute("SELECT pg_notify($1, 'marker')", self.channel)
-        deadline = time.monotonic() + 5
-        while "marker" not in self.payloads:
-            assert time.monotonic() < deadline, "the marker never came"
-            await asyncio.sleep(0.005)
+        await eventually(lambda: "marker" in self.payloads, "the marker's notification", timeout=5)
         count = self.payloads.index("marker")
         self.payloads.clear()
         return count
@@ -276,10 +273,8 @@ async def test_a_waiter_on_another_host_wakes_at_the_commit_and_a_poll_only_one_
     ):
         woken = asyncio.create_task(listening.wait_for_rows(10))
         polled = asyncio.create_task(polling.wait_for_rows(60))
-        deadline = time.monotonic() + 5
-        while not listening.store.wakeups.listening:  # type: ignore[attr-defined]  # the port has no wakeups: its LISTEN is in place
-            assert time.monotonic() < deadline, "the waiter never listened"
-            await asyncio.sleep(0.005)
+        wakeups = listening.store.wakeups  # type: ignore[attr-defined]  # the port has no wakeups
+        await eventually(lambda: wakeups.listening, "the waiter's LISTEN in place", timeout=5)
         await producer.enqueue("a", {})
         async with asyncio.timeout(5):  # a notification, far below the 10 s poll
             await woken
@@ -306,10 +301,8 @@ async def test_a_lost_listener_is_counted_and_waiting_listens_again(postgres_url
             " AND query = $1 AND pid <> pg_backend_pid()",
             f'LISTEN "{store.wakeups.channel}"',
         )
-        deadline = time.monotonic() + 5
-        while store.wakeups.lost == 0:  # the termination callback runs a loop step after the socket closed
-            assert time.monotonic() < deadline, "the listener's loss was never seen"
-            await asyncio.sleep(0.01)
+        # the termination callback runs a loop step after the socket closed
+        await eventually(lambda: store.wakeups.lost, "the listener's loss to be counted", timeout=5)
         assert (store.wakeups.lost, store.wakeups.listening) == (1, False)
         await worker.wait_for_rows(0.01)  # listens again
         assert store.wakeups.listening
@@ -379,10 +372,7 @@ async def test_a_notification_while_no_task_waits_ends_the_next_wait_at_once(pos
         assert isinstance(store, PostgresQueueStore)
         before = store.wakeups.received
         await producer.enqueue("a", {})  # the worker is busy elsewhere: nobody waits when this arrives
-        deadline = time.monotonic() + 5
-        while store.wakeups.received == before:
-            assert time.monotonic() < deadline, "the notification never came"
-            await asyncio.sleep(0.005)
+        await eventually(lambda: store.wakeups.received != before, "the notification", timeout=5)
         async with asyncio.timeout(5):  # far below the 60 s poll: the notification ended the wait
             await worker.wait_for_rows(60)
         assert [t.id for t in await worker.claim("w1")] == ["a"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import T0
+from waiting import eventually
 
 from asyncq import JobSpec, Permanent, Pool, Queue, RetryPolicy
 from asyncq.errors import StoreBusy
@@ -183,11 +184,9 @@ async def test_a_store_locked_elsewhere_past_the_busy_timeout_is_waited_out(
         pool.register("default", handler)
         with caplog.at_level(logging.WARNING, logger="asyncq.worker.pool"):
             running = asyncio.create_task(burst(pool))
-            for _ in range(400):  # the pool keeps trying while the lock is held
-                if pool.counters.store_busy >= 3:
-                    break
-                await asyncio.sleep(0.01)
-            assert pool.counters.store_busy >= 3 and not running.done()
+            # the pool keeps trying while the lock is held
+            await eventually(lambda: pool.counters.store_busy >= 3, "three busy tries of the pool", timeout=4)
+            assert not running.done()
             blocker.execute("COMMIT")
             blocker.close()
             await running

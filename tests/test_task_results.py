@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import run_cli, run_json
-from postgres_support import fresh_schema
+from drivers import DRIVERS, Driver
 from pydantic import BaseModel
 
 import asyncq
@@ -29,22 +29,16 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_kind(request: pytest.FixtureRequest) -> str:
-    """Each store (PostgreSQL's tests skip, or fail under CI, when the server does not answer)."""
-    if request.param == "postgresql":
-        request.getfixturevalue("postgres_database")
-    return str(request.param)
+@pytest.fixture(params=sorted(DRIVERS))
+def driver(request: pytest.FixtureRequest) -> Driver:
+    """Each driver of the registry (PostgreSQL's tests skip, or fail under CI, when the server does not answer)."""
+    return DRIVERS[request.param].prepare(request)
 
 
 @pytest.fixture
-async def queue(store_kind: str) -> AsyncIterator[asyncq.Queue]:
-    """A temporary queue of the store: a SQLite file, or a fresh PostgreSQL schema dropped after the test."""
-    if store_kind == "sqlite":
-        async with temporary_queue() as opened:
-            yield opened
-        return
-    async with fresh_schema() as (url, _schema), temporary_queue(url) as opened:
+async def queue(driver: Driver, tmp_path: Path) -> AsyncIterator[asyncq.Queue]:
+    """A temporary queue of the driver: a SQLite file, or a fresh PostgreSQL schema dropped after the test."""
+    async with driver.target(tmp_path, "queue") as where, temporary_queue(where) as opened:
         yield opened
 
 
@@ -76,9 +70,9 @@ async def nothing() -> None:
     return None
 
 
-async def result_rows(queue: asyncq.Queue, store_kind: str) -> int:
+async def result_rows(queue: asyncq.Queue, driver: Driver) -> int:
     """How many results the store keeps (its table read directly: on PostgreSQL the schema is the search path)."""
-    table = "asyncq_results" if store_kind == "sqlite" else "results"
+    table = "asyncq_results" if driver.kind == "sqlite" else "results"
     async with queue.transaction() as tx:
         [(count,)] = await tx.execute(f"SELECT count(*) FROM {table}")
     return int(count)
@@ -139,10 +133,10 @@ async def test_result_times_out_while_the_job_is_pending(queue: asyncq.Queue) ->
     assert stored is not None and stored.status == "pending"
 
 
-async def test_the_result_is_kept_for_the_tasks_retention_then_pruned(queue: asyncq.Queue, store_kind: str) -> None:
+async def test_the_result_is_kept_for_the_tasks_retention_then_pruned(queue: asyncq.Queue, driver: Driver) -> None:
     job = await send.defer(queue, to="a@b.example")
     await drain(app, queue)
-    assert await result_rows(queue, store_kind) == 1
+    assert await result_rows(queue, driver) == 1
     queue_clock(queue).advance(30)  # its retention (60 s) is not over
     await queue.prune(older_than=3600)
     assert (await job.result(timeout=1.0)).to == "a@b.example"
@@ -155,16 +149,16 @@ async def test_the_result_is_kept_for_the_tasks_retention_then_pruned(queue: asy
     await queue.prune(older_than=0)
     with pytest.raises(LookupError, match="does not exist"):
         await job.result(timeout=1.0)
-    assert await result_rows(queue, store_kind) == 0
+    assert await result_rows(queue, driver) == 0
 
 
-async def test_pruning_a_job_removes_its_result_with_it(queue: asyncq.Queue, store_kind: str) -> None:
+async def test_pruning_a_job_removes_its_result_with_it(queue: asyncq.Queue, driver: Driver) -> None:
     job = await send.defer(queue, to="a@b.example")
     await drain(app, queue)
-    assert await result_rows(queue, store_kind) == 1
+    assert await result_rows(queue, driver) == 1
     queue_clock(queue).advance(10)
     assert (await queue.prune(older_than=5))["deleted"] == 1
-    assert await result_rows(queue, store_kind) == 0
+    assert await result_rows(queue, driver) == 0
     assert await job.get() is None
 
 

@@ -10,10 +10,11 @@ import enum
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_support import fresh_schema
+from drivers import DRIVERS, Driver
 from pydantic import BaseModel
 
 import asyncq
@@ -83,23 +84,17 @@ ORDER = Order(
 )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_kind(request: pytest.FixtureRequest) -> str:
-    """Each store (PostgreSQL's tests skip, or fail under CI, when the server does not answer)."""
-    if request.param == "postgresql":
-        request.getfixturevalue("postgres_database")
-    return str(request.param)
+@pytest.fixture(params=sorted(DRIVERS))
+def driver(request: pytest.FixtureRequest) -> Driver:
+    """Each driver of the registry (PostgreSQL's tests skip, or fail under CI, when the server does not answer)."""
+    return DRIVERS[request.param].prepare(request)
 
 
 @pytest.fixture
-async def queue(store_kind: str) -> AsyncIterator[asyncq.Queue]:
-    """A temporary queue of the store: a SQLite file, or a fresh PostgreSQL schema dropped after the test."""
+async def queue(driver: Driver, tmp_path: Path) -> AsyncIterator[asyncq.Queue]:
+    """A temporary queue of the driver: a SQLite file, or a fresh PostgreSQL schema dropped after the test."""
     calls.clear()
-    if store_kind == "sqlite":
-        async with temporary_queue() as opened:
-            yield opened
-        return
-    async with fresh_schema() as (url, _schema), temporary_queue(url) as opened:
+    async with driver.target(tmp_path, "queue") as where, temporary_queue(where) as opened:
         yield opened
 
 

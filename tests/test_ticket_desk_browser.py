@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rabbit_support import amqp_url, headless_chromium, wait_until
+from rabbit_support import amqp_url, headless_chromium
 from ticket_desk_support import TicketDesk
+from waiting import eventually_sync
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.browser, pytest.mark.timeout(90)]
 __all__ = ["amqp_url"]  # the fixture, imported for pytest
@@ -47,7 +48,7 @@ def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: st
 
         wait_for_url("/registrations/R-0002")
         assert "Your ticket is being prepared" in browser.find_element(By.TAG_NAME, "body").text
-        wait_until(lambda: desk.published("R-0002"), 30, "the relay to publish R-0002")
+        eventually_sync(lambda: desk.published("R-0002"), "the relay to publish R-0002", timeout=30)
         assert desk.worker() == ["Received R-0002 redelivered=False", "Handler returned."]
 
         browser.find_element(By.LINK_TEXT, "Your registrations").click()
@@ -56,7 +57,7 @@ def test_register_then_open_and_download_the_ticket(tmp_path: Path, amqp_url: st
         assert "Normal guest" in browser.find_element(By.CLASS_NAME, "ticket").text
         browser.find_element(By.LINK_TEXT, "Download ticket").click()
         downloaded = tmp_path / "downloads" / "nightjar-ticket-R-0002.txt"
-        wait_until(downloaded.exists, 30, "the downloaded ticket")
+        eventually_sync(downloaded.exists, "the downloaded ticket", timeout=30)
         text = downloaded.read_text()
         assert "Registration: R-0002" in text and "Name: Normal guest" in text
 

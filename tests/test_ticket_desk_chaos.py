@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from rabbit_support import amqp_url, wait_until
+from rabbit_support import amqp_url
 from ticket_desk_support import Child, TicketDesk
+from waiting import eventually_sync
 
 # A longer run for the folder's README: ASYNCQ_CHAOS_REGISTRATIONS=2000 ASYNCQ_CHAOS_KILLS=30 pytest -s this file.
 REGISTRATIONS = int(os.environ.get("ASYNCQ_CHAOS_REGISTRATIONS", "300"))
@@ -72,10 +73,12 @@ def test_sigkilled_consumer_leaves_exactly_one_ticket_per_registration(
 
         drain = desk.start(*CONSUMER)
         drain.expect("Consuming ")
-        wait_until(
-            lambda: len(ticket_counts(desk)) == REGISTRATIONS + 1, 60 + REGISTRATIONS // 20, "a ticket for every one"
+        eventually_sync(
+            lambda: len(ticket_counts(desk)) == REGISTRATIONS + 1,
+            "a ticket for every one",
+            timeout=60 + REGISTRATIONS // 20,
         )
-        wait_until(lambda: desk.counts() == (0, 0), 30, "no ready or unacknowledged message")
+        eventually_sync(lambda: desk.counts() == (0, 0), "no ready or unacknowledged message", timeout=30)
         drain.process.terminate()  # SIGTERM: graceful stop
         assert drain.wait() == 0
         answered += outcome_lines(drain)

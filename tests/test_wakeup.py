@@ -14,9 +14,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from waiting import eventually
 
 from asyncq.queue import Queue
 from asyncq.store.sqlite import inotify, wakeup
@@ -37,7 +38,6 @@ async def main() -> None:
 
 asyncio.run(main())
 """
-T = TypeVar("T")
 
 needs_inotify = pytest.mark.skipif(not inotify.available(), reason="inotify is Linux's")
 
@@ -61,14 +61,6 @@ async def enqueue_from_child(path: Path, job_id: str) -> None:
         if child.returncode is None:
             child.kill()
             await child.wait()
-
-
-async def until(found: Callable[[], T | None], what: str) -> T:
-    """Poll ``found`` (each loop step a few ms apart) until it returns something; fail at the deadline."""
-    async with asyncio.timeout(SOON):
-        while (value := found()) is None:
-            await asyncio.sleep(0.005)
-    return value
 
 
 def waiting_watcher(path: Path) -> Callable[[], wakeup.Watcher | None]:
@@ -127,7 +119,7 @@ async def test_a_job_enqueued_by_another_process_starts_long_before_the_pools_po
         pool = long_polling_pool(queue, started)
         running = asyncio.create_task(pool.run())
         try:
-            watcher = await until(waiting_watcher(path), "the idle pool waiting on the watcher")
+            watcher = await eventually(waiting_watcher(path), "the idle pool waiting on the watcher", timeout=SOON)
             assert watcher.source == source
             wakeups = wakeup.COUNTERS.wakeups
             await enqueue_from_child(path, "from-child")
@@ -163,7 +155,7 @@ async def test_one_watcher_per_file_started_by_the_first_wait_and_stopped_with_t
     assert wakeup.watching(str(path), asyncio.get_running_loop()) is None
     assert inotify_descriptors() == descriptors
     # No thread of its own; the queues' connection threads end just after their close returns.
-    await until(lambda: True if set(threading.enumerate()) <= threads else None, "the connections' threads to end")
+    await eventually(lambda: set(threading.enumerate()) <= threads, "the connections' threads to end", timeout=SOON)
     assert asyncio.all_tasks() == {asyncio.current_task()}
     assert not Path(f"{path}-wal").exists()  # the queue's connection, not the watcher's, closed the file last
 
@@ -186,7 +178,7 @@ async def test_a_source_that_fails_is_logged_counted_and_the_next_one_takes_over
         pool = long_polling_pool(queue, started, poll)
         running = asyncio.create_task(pool.run())
         try:
-            watcher = await until(waiting_watcher(path), "the idle pool waiting on the watcher")
+            watcher = await eventually(waiting_watcher(path), "the idle pool waiting on the watcher", timeout=SOON)
             assert watcher.source == order[0]
             failures = wakeup.COUNTERS.failures
             assert watcher._write_lock is not None

@@ -27,7 +27,8 @@ from types import ModuleType
 from typing import NamedTuple
 
 import pytest
-from rabbit_support import QUEUE_EXPIRES_MS, queue_counts, unique_queue, wait_until
+from rabbit_support import QUEUE_EXPIRES_MS, queue_counts, unique_queue
+from waiting import eventually_sync
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ticket_desk"
 SOURCE = Path(os.environ.get("ASYNCQ_TICKET_DESK_SOURCE") or EXAMPLE)
@@ -232,7 +233,11 @@ class TicketDesk:
         with urllib.request.urlopen(self.url + "/registrations", data=data, timeout=STEP_TIMEOUT) as response:
             page = response.read().decode("utf-8")
             registration_id = response.url.rsplit("/", 1)[1]
-        wait_until(lambda: self.published(registration_id), STEP_TIMEOUT, f"the relay to publish {registration_id}")
+        eventually_sync(
+            lambda: self.published(registration_id),
+            f"the relay to publish {registration_id}",
+            timeout=STEP_TIMEOUT,
+        )
         return registration_id, page
 
     # -- the store and the broker -----------------------------------------------------------------------
@@ -278,4 +283,8 @@ class TicketDesk:
     def wait_for_counts(self, ready: int, unacknowledged: int, timeout: float = 10.0) -> None:
         """Wait until the queue shows these counts (the broker settles acks and requeues asynchronously)."""
         expected = (ready, unacknowledged)
-        wait_until(lambda: self.counts() == expected, timeout, f"{self.queue} to show (ready, unacked) {expected}")
+        eventually_sync(
+            lambda: self.counts() == expected,
+            f"{self.queue} to show (ready, unacked) {expected}",
+            timeout=timeout,
+        )

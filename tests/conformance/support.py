@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +22,7 @@ from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import stats_of_jobs
-from asyncq.store.port.queue import Capabilities, JobFilter, QueueStore
+from asyncq.store.port.queue import JobFilter, QueueStore
 
 #: The suite's starting time (ms since the epoch, November 2023); every call takes ``now_ms`` from the test.
 T0 = 1_700_000_000_000
@@ -101,31 +99,6 @@ async def enqueue(store: QueueStore, *rows: NewJob) -> dict[str, Job]:
     jobs = {row.id: await store.get(row.id) for row in rows}
     assert all(job is not None for job in jobs.values())
     return {job_id: job for job_id, job in jobs.items() if job is not None}
-
-
-@dataclass(frozen=True)
-class Driver:
-    """What the suite needs of a driver beyond the port."""
-
-    name: str
-    #: A fresh, empty store of this driver (a file, a schema…) under the given folder, at its default settings,
-    #: open inside the block; closed, and everything it made dropped, after it.
-    fresh: Callable[[Path], AbstractAsyncContextManager[QueueStore]]
-    #: A second handle on the same store, as another process would open it (its own connection).
-    open_another: Callable[[QueueStore], Awaitable[QueueStore]]
-    #: A second, read-only handle on the same store.
-    open_read_only: Callable[[QueueStore], Awaitable[QueueStore]]
-    #: Opens the store a successful ``backup(target)`` wrote (drivers with ``capabilities.backup``).
-    open_backup: Callable[[str], Awaitable[QueueStore]]
-    #: Sets columns of one job directly: for states no port call can make (River's test factory does the same).
-    force: Callable[[QueueStore, str, dict[str, Any]], None]
-    #: Makes every later update of one job's row fail with "refused by the test" (a trigger): a failure in the
-    #: middle of a call's transaction, after its other statements have run.
-    refuse_updates_of: Callable[[QueueStore, str], None]
-    #: What a fresh store of this driver says it can do.
-    capabilities: Capabilities
-    #: ``describe()["store"]``.
-    kind: str
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from drivers import Driver
 
 from asyncq.core.stats import OwnerLeases
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, QueueStore
 
-from .support import BOOM, T0, Driver, claim, dump, enqueue, expect, new, outcome
+from .support import BOOM, T0, claim, dump, enqueue, expect, new, outcome
 
 pytestmark = pytest.mark.timeout(30)
 

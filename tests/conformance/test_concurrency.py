@@ -10,11 +10,12 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 import pytest
+from drivers import Driver
 
 from asyncq.core.jobs import Ticket
 from asyncq.store.port.queue import QueueStore
 
-from .support import T0, Driver, claim, dump, new, outcome, stored
+from .support import T0, claim, dump, new, outcome, stored
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from drivers import Driver
 
 from asyncq.errors import Conflict
 from asyncq.store.port.queue import QueueStore
 
-from .support import T0, Driver, assert_no_transaction_left, claim, dump, expect, new, outcome, stored
+from .support import T0, assert_no_transaction_left, claim, dump, expect, new, outcome, stored
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import Driver
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,7 @@ from asyncq.errors import Conflict
 from asyncq.lab import lease
 from asyncq.store.port.queue import QueueStore
 
-from .support import T0, Driver, claim, dump, new, outcome
+from .support import T0, claim, dump, new, outcome
 
 pytestmark = pytest.mark.timeout(120)
 

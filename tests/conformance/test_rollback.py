@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
+from drivers import Driver
 
 from asyncq.core.jobs import Ticket
 from asyncq.store.port.queue import QueueStore
 
-from .support import T0, Driver, Dump, assert_no_transaction_left, claim, dump, enqueue, new, outcome
+from .support import T0, Dump, assert_no_transaction_left, claim, dump, enqueue, new, outcome
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import eventually
 
 from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
@@ -185,6 +186,15 @@ def raw_connection(queue: Queue) -> sqlite3.Connection:
     return queue.store._file.conn._conn  # type: ignore[attr-defined, no-any-return]
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """The names of the coroutines ``task`` is suspended in, outermost first."""
+    names, coro = [], task.get_coro()
+    while coro is not None and hasattr(coro, "cr_code"):
+        names.append(coro.cr_code.co_name)
+        coro = coro.cr_await
+    return names
+
+
 def busy_timeout_ms(queue: Queue) -> int:
     return int(raw_connection(queue).execute("PRAGMA busy_timeout").fetchone()[0])
 
@@ -197,8 +207,8 @@ async def test_settle_and_claim_waits_in_the_thread_for_a_lock_another_connectio
     blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # another process's writer: the try without waiting finds it busy
     claiming = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 1)]))
-    await asyncio.sleep(0.2)
-    assert not claiming.done()  # waiting for the lock in the connection's thread, the loop still running
+    await eventually(lambda: "_begin_in_turn" in awaiting(claiming), "the claim to try its BEGIN again in turn")
+    assert not claiming.done()  # waiting for the lock, the loop still running
     blocker.execute("COMMIT")
     blocker.close()
     async with asyncio.timeout(5):

@@ -10,12 +10,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
+from drivers import Driver
 
 from asyncq.core.jobs import AuditEntry
 from asyncq.core.lifecycle import TRANSITIONS, Transition
 from asyncq.store.port.queue import QueueStore
 
-from .support import T0, Driver, claim, dump, enqueue, expect, new, outcome, ticket_of
+from .support import T0, claim, dump, enqueue, expect, new, outcome, ticket_of
 
 pytestmark = pytest.mark.timeout(30)
 
