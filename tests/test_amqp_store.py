@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from asyncq.amqp import Delivery, EffectTransaction, Outcome, process_delivery
+from asyncq.amqp import Delivery, EffectTransaction, Outcome
 from asyncq.errors import Permanent
+from asyncq.sqlite import process_delivery
 from asyncq.store.opening import open_amqp_store
 from asyncq.store.port.amqp import AmqpStore
 from asyncq.store.sqlite.amqp import TABLES

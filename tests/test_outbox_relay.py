@@ -25,7 +25,8 @@ from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent, Retryable
 from asyncq.inbox import EffectTransaction, make_inbox_app
-from asyncq.outbox import Outbox, ReceiverFigures, Relay, add_sync
+from asyncq.outbox import Outbox, ReceiverFigures, Relay
+from asyncq.sqlite import add_sync
 from asyncq.store.port.outbox import Lease, Step
 from asyncq.worker.context import RetryPolicy
 

@@ -8,9 +8,6 @@ from asyncq.amqp.consumer import IdempotentConsumer, dead_messages, redrive
 from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
 from asyncq.store.port.effects import EffectTransaction
 
-# The rule for one delivery on an open ``sqlite3`` connection (the SQLite driver's own, run by the consumer).
-from asyncq.store.sqlite.amqp import process_delivery
-
 __all__ = [
     "DeadMessage",
     "Delivery",
@@ -19,6 +16,5 @@ __all__ = [
     "IdempotentConsumer",
     "Outcome",
     "dead_messages",
-    "process_delivery",
     "redrive",
 ]
