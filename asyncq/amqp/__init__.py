@@ -1,7 +1,8 @@
 """An idempotent RabbitMQ consumer: the completion key commits with the effect, the ack follows the commit.
 
 ``asyncq.amqp.consumer`` holds the consumer, over the consumer store's port (``asyncq.store.port.amqp``; the
-SQLite driver is ``asyncq.store.sqlite.amqp``). An effect is written against ``EffectTransaction``.
+drivers are ``asyncq.store.sqlite.amqp`` and, for a ``postgresql://`` URL, ``asyncq.store.postgres.amqp``). An
+effect is written against ``EffectTransaction``; SQLite's ``process_delivery`` is in ``asyncq.sqlite``.
 """
 
 from asyncq.amqp.consumer import IdempotentConsumer, dead_messages, redrive

@@ -12,7 +12,8 @@ one transaction of its store, and acknowledges the delivery only once that trans
 
 This makes a repeated delivery safe for the database effect only. It is not exactly-once delivery, and
 external side effects (e-mail, payments) need their own design. The rule itself is the store's
-(``asyncq.store.port.amqp`` states it; the SQLite driver is ``asyncq.store.sqlite.amqp``); this module only
+(``asyncq.store.port.amqp`` states it, ``asyncq.core.redelivery`` decides; the drivers are
+``asyncq.store.sqlite.amqp`` and, for a ``postgresql://`` URL, ``asyncq.store.postgres.amqp``); this module only
 moves deliveries to it and answers the broker. The effect is ``effect(tx, delivery)``, with ``tx`` an
 ``EffectTransaction`` (``tx.execute(statement, parameters)``), run in the store's connection thread.
 
@@ -57,9 +58,10 @@ class ConsumerStats:
 
 class IdempotentConsumer:
     """Consumes ``queue`` with at most ``prefetch`` unacknowledged deliveries and ``concurrency`` deliveries
-    in progress at once, each on its own connection of the store at ``database`` (on SQLite, each with a thread
-    of its own). SQLite runs one write transaction at a time, so concurrency overlaps one delivery's effect with
-    the others' commits, acks and waits, not two effects with each other.
+    in progress at once, each on its own connection of the store ``database`` names (a SQLite file, or a
+    ``postgresql://`` URL), each effect in a thread of its own. SQLite runs one write transaction at a time, so
+    there concurrency overlaps one delivery's effect with the others' commits, acks and waits, not two effects
+    with each other; on PostgreSQL effects on different keys run at once.
 
     ``queue_arguments`` declares the queue (durable) with those arguments, e.g. ``{"x-queue-type":
     "quorum"}``; ``declare=False`` uses an existing queue. ``key`` derives the completion key from a

@@ -61,6 +61,10 @@ class Delivery:
         """The body decoded as UTF-8 JSON."""
         return json.loads(self.body.decode("utf-8"))
 
+    def headers_text(self) -> str:
+        """The headers as a parked message keeps them (JSON; a value JSON has no form for as its text)."""
+        return json.dumps(dict(self.headers), default=str)
+
 
 #: The database effect: runs inside the transaction that writes the completion key; raise to roll back.
 Effect = Callable[[EffectTransaction, Delivery], object]
@@ -84,7 +88,7 @@ class DeadMessage:
 class AmqpStore(Protocol):
     """The consumer's storage: completion keys, delivery counts and parked messages, beside the app's rows."""
 
-    #: Where the store lives, for messages (a file path).
+    #: Where the store lives, for messages (a file path, or a URL without its password).
     location: str
 
     async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> Outcome:

@@ -21,9 +21,7 @@ import json
 import sqlite3
 from typing import Any
 
-from asyncq.core.backoff import RetryPolicy
-from asyncq.core.failures import classify
-from asyncq.core.lifecycle import PERMANENT
+from asyncq.core.redelivery import NO_KEY, deliveries_seen, error_note, limit_reason, parking_reason
 from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
 from asyncq.store.sqlite.aio import FilePool
 from asyncq.store.sqlite.connection import check_path, configure, open_file, write_transaction
@@ -87,24 +85,20 @@ def process_delivery(
     """
     key = delivery.key
     if key is None:
-        return _park(con, delivery, 1, "no message id to use as completion key", now)
+        return _park(con, delivery, 1, NO_KEY, now)
     deliveries = 1
-    if delivery.redelivered or delivery.delivery_count:
+    seen = deliveries_seen(delivery.redelivered, delivery.delivery_count)
+    if seen is not None:
         with write_transaction(con):
             if con.execute(IS_COMPLETED, {"key": key}).fetchone() is not None:
                 return Outcome.DUPLICATE
             if con.execute(IS_DEAD, {"key": key}).fetchone() is not None:
                 return Outcome.PARKED  # parked before, but the ack was lost
-            seen = (delivery.delivery_count or 0) + 1
             deliveries, last_error = con.execute(COUNT_DELIVERY, {"key": key, "seen": seen}).fetchone()
-        if deliveries > delivery_limit:
-            reason = f"delivery limit {delivery_limit} exceeded ({deliveries} deliveries)"
-            return _park(con, delivery, deliveries, f"{reason}; last error: {last_error or 'none seen'}", now)
+        reason = limit_reason(delivery_limit, deliveries, last_error)
+        if reason is not None:
+            return _park(con, delivery, deliveries, reason, now)
     return _run_effect(con, delivery, key, effect, deliveries, now)
-
-
-#: The consumer's retry is the broker's requeue, which has no delay: the policy only classifies.
-REQUEUE = RetryPolicy(jitter=lambda: 0.0)
 
 
 def _run_effect(
@@ -119,10 +113,11 @@ def _run_effect(
             con.execute(FORGET_ATTEMPTS, {"key": key})
             con.execute(FORGET_DEAD, {"key": key})
     except Exception as exc:  # asyncq's one rule; a retry is a requeue, at once (the broker has no delay)
-        if classify(exc, max(deliveries, 1), REQUEUE).outcome == PERMANENT:
-            return _park(con, delivery, deliveries, f"permanent: {exc}", now)
+        reason = parking_reason(exc, deliveries)
+        if reason is not None:
+            return _park(con, delivery, deliveries, reason, now)
         with write_transaction(con):
-            con.execute(NOTE_ERROR, {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            con.execute(NOTE_ERROR, {"key": key, "error": error_note(exc)})
         return Outcome.RETRY
     return Outcome.COMPLETED
 
@@ -132,7 +127,7 @@ def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: 
         "key": delivery.key,
         "queue": delivery.queue,
         "body": delivery.body,
-        "headers": json.dumps(dict(delivery.headers), default=str),
+        "headers": delivery.headers_text(),
         "content_type": delivery.content_type,
         "deliveries": deliveries,
         "reason": reason,
