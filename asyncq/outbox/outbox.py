@@ -95,7 +95,7 @@ class Outbox(StoreFacade[OutboxStore]):
         conn.transaction(): … await outbox.add(…, connection=conn)``): the item commits or rolls back with the
         app's rows. On SQLite, use ``transaction()`` (or ``add_sync`` on the app's ``sqlite3`` connection)."""
         item = NewItem.check(item_id, body, topic)
-        if connection is not None:  # this process's relays are woken by their next poll, after the app's commit
+        if connection is not None:  # the relays are woken at the app's commit, by the store's NOTIFY
             return await self.store.add(item, self.now(), connection=connection)
         added = await self.store.add(item, self.now())
         if added:

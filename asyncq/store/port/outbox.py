@@ -246,6 +246,11 @@ class OutboxStore(Protocol):
         """Up to ``limit`` waiting items (``unsent`` or ``alarm``) in ``seq`` order."""
         ...
 
+    async def wait_for_items(self, timeout: float) -> None:
+        """Return when another connection (another process or host) may have added items, or after ``timeout``
+        seconds: the relay's poll. This process's own adds wake its relays through the facade."""
+        ...
+
     async def advance(self, lease: Lease, now_ms: int, lease_ms: int, sent: int | None, start: int | None) -> Step:
         """Fenced: mark item ``sent`` (a seq, after its verified ACK) sent, and count an attempt on item ``start``
         (if it is unsent and due) before it is delivered. If the lease was lost, nothing changes."""

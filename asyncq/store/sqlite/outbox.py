@@ -69,6 +69,7 @@ VALUES (:id, :seq, :now, :action, :from_state, :note, :reason, :attempts, :last_
 SELECT_AUDIT = """SELECT id, at_ms, action, from_state, note, reason, attempts, last_error, skipped_ahead_of,
   skipped_count FROM asyncq_outbox_audit WHERE id = :id OR :id IS NULL ORDER BY seq"""
 COUNT_BY_STATE = "SELECT count(*) FROM asyncq_outbox WHERE state = :state"
+HAS_WAITING = "SELECT 1 FROM asyncq_outbox WHERE state = 'unsent' LIMIT 1"
 OLDEST_WAITING = "SELECT min(created_at) FROM asyncq_outbox WHERE state IN ('unsent', 'alarm')"
 
 # Taken only when free or expired, always with a new token (the fence).
@@ -297,6 +298,10 @@ class SqliteOutboxTransaction(AppTransaction):
         return added
 
 
+def _has_waiting_items(con: sqlite3.Connection) -> bool:
+    return con.execute(HAS_WAITING).fetchone() is not None
+
+
 class SqliteOutboxStore:
     """The outbox store's port on one SQLite file. Open with ``await SqliteOutboxStore.open(path)``."""
 
@@ -315,7 +320,9 @@ class SqliteOutboxStore:
             raise ValueError(f"durability must be one of {sorted(LEVELS)}")
         file = check_path(path)
         setup = functools.partial(open_tables, journal_mode=level.journal_mode, synchronous=level.synchronous)
-        return cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
+        store = cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
+        store._file.may_have_work = _has_waiting_items  # other tables' commits wake no relay
+        return store
 
     async def add(self, item: NewItem, now_ms: int, *, connection: object = None) -> bool:
         if connection is not None:
@@ -372,6 +379,9 @@ class SqliteOutboxStore:
             record_failure, lease, now_ms, lease_ms, seq, failure
         )
         return recorded
+
+    async def wait_for_items(self, timeout: float) -> None:
+        await self._file.wait_for_rows(timeout)  # another connection's commit to the file, seen by its watcher
 
     async def close(self) -> None:
         await self._file.close()
