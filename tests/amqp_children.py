@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome
+from asyncq.amqp import Delivery, DeliveryOutcome, EffectTransaction, IdempotentConsumer
 
 ADD_TICKET = {"sqlite": "INSERT INTO tickets (key) VALUES (?)", "postgresql": "INSERT INTO tickets (key) VALUES ($1)"}
 
@@ -26,7 +26,7 @@ def add_ticket(tx: EffectTransaction, delivery: Delivery) -> None:
     tx.execute(ADD_TICKET[tx.dialect], (delivery.key,))
 
 
-def report(delivery: Delivery, outcome: Outcome) -> None:
+def report(delivery: Delivery, outcome: DeliveryOutcome) -> None:
     print(f"{delivery.key} {outcome.value} redelivered={delivery.redelivered}", flush=True)
 
 

@@ -13,7 +13,7 @@ import aiormq
 import pytest
 from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
 
-from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome, dead_messages, redrive
+from asyncq.amqp import Delivery, DeliveryOutcome, EffectTransaction, IdempotentConsumer, dead_messages, redrive
 from asyncq.delivery.amqp import AmqpTransport
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(30)]
@@ -32,7 +32,7 @@ class Setup:
         con = sqlite3.connect(self.db_path)
         con.execute("CREATE TABLE tickets (id TEXT NOT NULL)")
         con.close()
-        self.outcomes: list[tuple[str | None, Outcome]] = []
+        self.outcomes: list[tuple[str | None, DeliveryOutcome]] = []
         self.transport = AmqpTransport(url, routing_key=self.queue, declare=self.declare)
 
     async def declare(self, channel: object) -> None:
@@ -84,10 +84,10 @@ async def test_each_key_is_completed_once_and_every_delivery_acked(setup: Setup)
     assert setup.tickets() == ["R-1", "R-2", "R-3"]
     assert sorted(setup.outcomes, key=str) == sorted(
         [
-            ("R-1", Outcome.COMPLETED),
-            ("R-2", Outcome.COMPLETED),
-            ("R-3", Outcome.COMPLETED),
-            ("R-1", Outcome.DUPLICATE),
+            ("R-1", DeliveryOutcome.COMPLETED),
+            ("R-2", DeliveryOutcome.COMPLETED),
+            ("R-3", DeliveryOutcome.COMPLETED),
+            ("R-1", DeliveryOutcome.DUPLICATE),
         ],
         key=str,
     )
@@ -118,7 +118,9 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
 
     await setup.publish("poison", "R-1")
     async with setup.consumer(flaky, delivery_limit=3) as consumer:
-        await setup.until(lambda: ("poison", Outcome.PARKED) in setup.outcomes, "the poison message to be parked")
+        await setup.until(
+            lambda: ("poison", DeliveryOutcome.PARKED) in setup.outcomes, "the poison message to be parked"
+        )
         await setup.until(lambda: queue_counts(setup.queue) == (0, 0), "no ready or unacked message")
         (dead,) = dead_messages(setup.db_path)
         assert (dead.key, dead.deliveries, dead.queue) == ("poison", 4, setup.queue)
@@ -127,7 +129,7 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
 
         broken.clear()  # the operator fixed the cause, then redrives
         await redrive(setup.db_path, dead.seq, setup.transport)
-        await setup.until(lambda: ("poison", Outcome.COMPLETED) in setup.outcomes, "the redriven message")
+        await setup.until(lambda: ("poison", DeliveryOutcome.COMPLETED) in setup.outcomes, "the redriven message")
     assert dead_messages(setup.db_path) == [] and setup.tickets() == ["R-1", "poison"]
     await setup.transport.close()
 
@@ -165,7 +167,7 @@ async def test_graceful_stop_finishes_the_running_effect_and_returns_the_rest(se
     gate.set()
     await stopping
     await running  # returns quietly after stop()
-    assert setup.tickets() == ["R-0"] and ("R-0", Outcome.COMPLETED) in setup.outcomes
+    assert setup.tickets() == ["R-0"] and ("R-0", DeliveryOutcome.COMPLETED) in setup.outcomes
     await setup.until(lambda: queue_counts(setup.queue) == (4, 0), "the four unstarted deliveries back in the queue")
 
 

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from postgres_support import execute, fresh_schema, postgres_database, run_database
 
-from asyncq.amqp import Delivery, EffectTransaction, Outcome
+from asyncq.amqp import Delivery, DeliveryOutcome, EffectTransaction
 from asyncq.errors import Permanent
 from asyncq.sqlite import process_delivery
 from asyncq.store.opening import open_amqp_store
@@ -100,7 +100,7 @@ def delivery(key: str | None = "R-1", *, redelivered: bool = False, count: int |
     return Delivery(key, b'{"id": "R-1"}', "q", redelivered, count, {"h": "v"}, "application/json")
 
 
-async def process(store: AmqpStore, d: Delivery, effect=issue) -> Outcome:  # type: ignore[no-untyped-def]
+async def process(store: AmqpStore, d: Delivery, effect=issue) -> DeliveryOutcome:  # type: ignore[no-untyped-def]
     return await store.process(d, effect, delivery_limit=LIMIT, now_ms=1_000)
 
 
@@ -115,33 +115,33 @@ def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 
 async def test_effect_and_key_commit_together_and_a_redelivery_is_a_duplicate(store: AmqpStore, place: Place) -> None:
-    assert await process(store, delivery()) is Outcome.COMPLETED
+    assert await process(store, delivery()) is DeliveryOutcome.COMPLETED
     assert await place.counts() == (1, 1)
-    assert await process(store, delivery(redelivered=True)) is Outcome.DUPLICATE
-    assert await process(store, delivery()) is Outcome.DUPLICATE  # published twice, not redelivered
+    assert await process(store, delivery(redelivered=True)) is DeliveryOutcome.DUPLICATE
+    assert await process(store, delivery()) is DeliveryOutcome.DUPLICATE  # published twice, not redelivered
     assert await place.counts() == (1, 1)
-    assert Outcome.DUPLICATE.acks and not Outcome.RETRY.acks
+    assert DeliveryOutcome.DUPLICATE.acks and not DeliveryOutcome.RETRY.acks
 
 
 async def test_a_failing_effect_rolls_back_with_its_key_and_is_retried(store: AmqpStore, place: Place) -> None:
-    assert await process(store, delivery(), fail) is Outcome.RETRY
+    assert await process(store, delivery(), fail) is DeliveryOutcome.RETRY
     assert await place.counts() == (0, 0)
-    assert await process(store, delivery(redelivered=True)) is Outcome.COMPLETED
+    assert await process(store, delivery(redelivered=True)) is DeliveryOutcome.COMPLETED
     assert await place.counts() == (1, 1) and await place.rows("attempts") == []
 
 
 async def test_past_the_delivery_limit_the_message_is_parked_with_its_reason(store: AmqpStore, place: Place) -> None:
-    assert await process(store, delivery(), fail) is Outcome.RETRY
+    assert await process(store, delivery(), fail) is DeliveryOutcome.RETRY
     for _ in range(LIMIT - 1):
-        assert await process(store, delivery(redelivered=True), fail) is Outcome.RETRY
-    assert await process(store, delivery(redelivered=True), fail) is Outcome.PARKED
+        assert await process(store, delivery(redelivered=True), fail) is DeliveryOutcome.RETRY
+    assert await process(store, delivery(redelivered=True), fail) is DeliveryOutcome.PARKED
     (dead,) = await store.dead_messages()
     assert dead.key == "R-1" and dead.deliveries == LIMIT + 1 and dead.queue == "q"
     assert "delivery limit 3 exceeded" in dead.reason and "RuntimeError: printer jammed" in dead.reason
     assert (dead.body, dead.headers, dead.content_type) == (b'{"id": "R-1"}', {"h": "v"}, "application/json")
     assert await place.counts() == (0, 0)
     # the ack of the parking was lost: the redelivery is answered as parked again, once
-    assert await process(store, delivery(redelivered=True)) is Outcome.PARKED
+    assert await process(store, delivery(redelivered=True)) is DeliveryOutcome.PARKED
     assert len(await store.dead_messages()) == 1 and await place.counts() == (0, 0)
 
 
@@ -154,18 +154,18 @@ async def test_a_message_that_crashes_the_process_is_still_counted(store: AmqpSt
     for _ in range(LIMIT - 1):
         with pytest.raises(Crash):
             await process(store, delivery(redelivered=True), crash)
-    assert await process(store, delivery(redelivered=True), crash) is Outcome.PARKED
+    assert await process(store, delivery(redelivered=True), crash) is DeliveryOutcome.PARKED
     assert "last error: none seen" in (await store.dead_messages())[0].reason
 
 
 async def test_a_quorum_queues_delivery_count_is_honoured(store: AmqpStore) -> None:
-    assert await process(store, delivery(redelivered=True, count=LIMIT), fail) is Outcome.PARKED
+    assert await process(store, delivery(redelivered=True, count=LIMIT), fail) is DeliveryOutcome.PARKED
     assert (await store.dead_messages())[0].deliveries == LIMIT + 1
 
 
 async def test_permanent_and_keyless_messages_are_parked_at_once(store: AmqpStore, place: Place) -> None:
-    assert await process(store, delivery("R-2"), refuse) is Outcome.PARKED
-    assert await process(store, delivery(None)) is Outcome.PARKED
+    assert await process(store, delivery("R-2"), refuse) is DeliveryOutcome.PARKED
+    assert await process(store, delivery(None)) is DeliveryOutcome.PARKED
     reasons = [dead.reason for dead in await store.dead_messages()]
     assert reasons == ["permanent: no such workshop", "no message id to use as completion key"]
     assert await place.counts() == (0, 0)
@@ -175,7 +175,7 @@ async def test_a_parked_key_published_again_runs_and_leaves_the_dead_list(store:
     await process(store, delivery("R-3"), refuse)
     (dead,) = await store.dead_messages()
     assert await store.get_dead(dead.seq) == dead and await store.get_dead(dead.seq + 1) is None
-    assert await process(store, delivery("R-3")) is Outcome.COMPLETED
+    assert await process(store, delivery("R-3")) is DeliveryOutcome.COMPLETED
     assert await store.dead_messages() == [] and await place.counts() == (1, 1)
     assert await store.forget_dead(dead.seq) is False
 
@@ -191,7 +191,7 @@ async def test_an_effect_cannot_commit_early(store: AmqpStore, place: Place, sta
         issue(tx, d)
         tx.execute(statement)
 
-    assert await process(store, delivery(), early) is Outcome.RETRY
+    assert await process(store, delivery(), early) is DeliveryOutcome.RETRY
     [(key, deliveries, error)] = await place.rows("attempts")
     assert (key, deliveries) == ("R-1", 1) and "refused" in error
     assert [await place.rows(table) for table in kept] == before
@@ -202,7 +202,7 @@ async def test_an_effect_cannot_commit_early(store: AmqpStore, place: Place, sta
             other.execute("ROLLBACK")
         finally:
             other.close()
-    assert await process(store, delivery(redelivered=True)) is Outcome.COMPLETED
+    assert await process(store, delivery(redelivered=True)) is DeliveryOutcome.COMPLETED
 
 
 async def test_a_held_effect_leaves_the_stores_other_connection_free(store: AmqpStore, place: Place) -> None:
@@ -220,7 +220,7 @@ async def test_a_held_effect_leaves_the_stores_other_connection_free(store: Amqp
         assert not running.done()
     finally:
         release.set()
-    assert await running is Outcome.COMPLETED and await place.counts() == (1, 1)
+    assert await running is DeliveryOutcome.COMPLETED and await place.counts() == (1, 1)
 
 
 def test_process_delivery_runs_the_rule_on_an_apps_sqlite3_connection(tmp_path: Path) -> None:
@@ -230,9 +230,9 @@ def test_process_delivery_runs_the_rule_on_an_apps_sqlite3_connection(tmp_path: 
         con.execute("CREATE TABLE tickets (id TEXT NOT NULL)")
         for statement in TABLES:
             con.execute(statement)
-        assert process_delivery(con, delivery(), issue, delivery_limit=LIMIT, now=5) is Outcome.COMPLETED
+        assert process_delivery(con, delivery(), issue, delivery_limit=LIMIT, now=5) is DeliveryOutcome.COMPLETED
         assert process_delivery(con, delivery(redelivered=True), issue, delivery_limit=LIMIT, now=6) is (
-            Outcome.DUPLICATE
+            DeliveryOutcome.DUPLICATE
         )
         assert not con.in_transaction
     finally:
@@ -266,7 +266,7 @@ async def test_two_consumers_given_the_same_key_at_once_run_its_effect_once(stor
         done, _ = await asyncio.wait([second], timeout=0.2)
         assert not done  # it waits for the first transaction (a bounded look, not a synchronisation)
         release.set()
-        assert (await first, await second) == (Outcome.COMPLETED, Outcome.DUPLICATE)
+        assert (await first, await second) == (DeliveryOutcome.COMPLETED, DeliveryOutcome.DUPLICATE)
     finally:
         release.set()
         await other.close()

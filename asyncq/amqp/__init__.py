@@ -6,16 +6,16 @@ effect is written against ``EffectTransaction``; SQLite's ``process_delivery`` i
 """
 
 from asyncq.amqp.consumer import IdempotentConsumer, dead_messages, redrive
-from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.amqp import DeadMessage, Delivery, DeliveryOutcome, Effect
 from asyncq.store.port.effects import EffectTransaction
 
 __all__ = [
     "DeadMessage",
     "Delivery",
+    "DeliveryOutcome",
     "Effect",
     "EffectTransaction",
     "IdempotentConsumer",
-    "Outcome",
     "dead_messages",
     "redrive",
 ]

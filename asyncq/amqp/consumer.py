@@ -36,7 +36,7 @@ from asyncq.core.clock import wall_clock_ms
 from asyncq.core.values import check_int, check_time
 from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
 from asyncq.store.opening import open_amqp_store, read_dead_messages
-from asyncq.store.port.amqp import AmqpStore, DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.amqp import AmqpStore, DeadMessage, Delivery, DeliveryOutcome, Effect
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class IdempotentConsumer:
         queue_arguments: Mapping[str, Any] | None = None,
         declare: bool = True,
         key: Callable[[AbstractIncomingMessage], str | None] | None = None,
-        on_outcome: Callable[[Delivery, Outcome], object] | None = None,
+        on_outcome: Callable[[Delivery, DeliveryOutcome], object] | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.prefetch = check_int(prefetch, "prefetch", 1, 65_535)  # AMQP's prefetch count is 16 bits
@@ -198,7 +198,7 @@ class IdempotentConsumer:
         async with self._slots:
             try:
                 if self._stopping or self._store is None:
-                    outcome = Outcome.RETRY  # not started: back to the queue for the next consumer
+                    outcome = DeliveryOutcome.RETRY  # not started: back to the queue for the next consumer
                 else:
                     now_ms = check_time(self._clock(), "clock()")
                     outcome = await self._store.process(
@@ -206,10 +206,10 @@ class IdempotentConsumer:
                     )
             except Exception:
                 log.exception("delivery %r could not be processed; requeueing it", delivery.key)
-                outcome = Outcome.RETRY
+                outcome = DeliveryOutcome.RETRY
         await self._answer(message, delivery, outcome)
 
-    async def _answer(self, message: AbstractIncomingMessage, delivery: Delivery, outcome: Outcome) -> None:
+    async def _answer(self, message: AbstractIncomingMessage, delivery: Delivery, outcome: DeliveryOutcome) -> None:
         try:
             if outcome.acks:
                 await message.ack()
@@ -222,12 +222,12 @@ class IdempotentConsumer:
         if self._on_outcome is not None:
             self._on_outcome(delivery, outcome)
 
-    def _count(self, outcome: Outcome) -> None:
+    def _count(self, outcome: DeliveryOutcome) -> None:
         name = {
-            Outcome.COMPLETED: "completed",
-            Outcome.DUPLICATE: "duplicates",
-            Outcome.PARKED: "parked",
-            Outcome.RETRY: "requeued",
+            DeliveryOutcome.COMPLETED: "completed",
+            DeliveryOutcome.DUPLICATE: "duplicates",
+            DeliveryOutcome.PARKED: "parked",
+            DeliveryOutcome.RETRY: "requeued",
         }[outcome]
         setattr(self.stats, name, getattr(self.stats, name) + 1)
 

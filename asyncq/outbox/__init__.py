@@ -4,13 +4,13 @@ URL, ``asyncq.store.postgres.outbox``). SQLite's ``add_sync`` is in ``asyncq.sql
 
 from asyncq.outbox.outbox import Outbox, OutboxTransaction, receiver_figures
 from asyncq.outbox.relay import Relay, RelayResult
-from asyncq.store.port.outbox import AuditEntry, Figures, Item, ReceiverFigures
+from asyncq.store.port.outbox import Figures, Item, OutboxAuditEntry, ReceiverFigures
 
 __all__ = [
-    "AuditEntry",
     "Figures",
     "Item",
     "Outbox",
+    "OutboxAuditEntry",
     "OutboxTransaction",
     "ReceiverFigures",
     "Relay",

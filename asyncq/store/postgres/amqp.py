@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import asyncpg
 
 from asyncq.core.redelivery import NO_KEY, deliveries_seen, error_note, limit_reason, parking_reason
-from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.amqp import DeadMessage, Delivery, DeliveryOutcome, Effect
 from asyncq.store.postgres.amqp_schema import AMQP
 from asyncq.store.postgres.connection import Connection, Target
 from asyncq.store.postgres.effect_thread import EffectThread
@@ -55,14 +55,16 @@ def _dead(row: asyncpg.Record) -> DeadMessage:
     return DeadMessage(seq, key, queue, bytes(body), json.loads(headers), content_type, deliveries, reason, at_ms)
 
 
-async def _count_delivery(conn: Connection, schema: str, key: str, seen: int) -> Outcome | tuple[int, str | None]:
+async def _count_delivery(
+    conn: Connection, schema: str, key: str, seen: int
+) -> DeliveryOutcome | tuple[int, str | None]:
     """A redelivery counted in its own transaction: ``DUPLICATE``/``PARKED`` if its key is finished already (the
     ack was lost), else its deliveries so far and its last error."""
     completed, dead = await one_row(conn, IS_FINISHED.format(s=schema), key)
     if completed:
-        return Outcome.DUPLICATE
+        return DeliveryOutcome.DUPLICATE
     if dead:
-        return Outcome.PARKED
+        return DeliveryOutcome.PARKED
     deliveries, last_error = await one_row(conn, COUNT_DELIVERY.format(s=schema), key, seen)
     return int(deliveries), last_error
 
@@ -81,7 +83,7 @@ class PostgresAmqpStore(PooledStore):
         target, pool = await cls.open_target(url, AMQP, size=connections)
         return cls(target, pool, connections)
 
-    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> Outcome:
+    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> DeliveryOutcome:
         key = delivery.key
         if key is None:
             return await self._park(delivery, 1, NO_KEY, now_ms)
@@ -89,35 +91,35 @@ class PostgresAmqpStore(PooledStore):
         seen = deliveries_seen(delivery.redelivered, delivery.delivery_count)
         if seen is not None:
             counted = await self._write(_count_delivery, key, seen)
-            if isinstance(counted, Outcome):
+            if isinstance(counted, DeliveryOutcome):
                 return counted
             deliveries, last_error = counted
             reason = limit_reason(delivery_limit, deliveries, last_error)
             if reason is not None:
                 return await self._park(delivery, deliveries, reason, now_ms)
         try:
-            outcome: Outcome = await self._write(self._run_effect, delivery, key, effect, now_ms)
+            outcome: DeliveryOutcome = await self._write(self._run_effect, delivery, key, effect, now_ms)
         except Exception as exc:  # the transaction rolled back; asyncq's one rule decides
             reason = parking_reason(exc, deliveries)
             if reason is not None:
                 return await self._park(delivery, deliveries, reason, now_ms)
             await self._run(self._statement, NOTE_ERROR, key, error_note(exc))
-            return Outcome.RETRY
+            return DeliveryOutcome.RETRY
         return outcome
 
     async def _run_effect(
         self, conn: Connection, schema: str, delivery: Delivery, key: str, effect: Effect, now_ms: int
-    ) -> Outcome:
+    ) -> DeliveryOutcome:
         if not await conn.fetchval(CLAIM_KEY.format(s=schema), key, now_ms):
-            return Outcome.DUPLICATE
+            return DeliveryOutcome.DUPLICATE
         await self._effects.run(conn, effect, delivery)
         await conn.execute(FORGET_KEY.format(s=schema), key)
-        return Outcome.COMPLETED
+        return DeliveryOutcome.COMPLETED
 
-    async def _park(self, delivery: Delivery, deliveries: int, reason: str, now_ms: int) -> Outcome:
+    async def _park(self, delivery: Delivery, deliveries: int, reason: str, now_ms: int) -> DeliveryOutcome:
         values = (delivery.queue, delivery.body, delivery.headers_text(), delivery.content_type)
         await self._run(self._statement, PARK, delivery.key, *values, deliveries, reason, now_ms)
-        return Outcome.PARKED
+        return DeliveryOutcome.PARKED
 
     @staticmethod
     async def _statement(conn: Connection, schema: str, statement: str, *args: object) -> str:

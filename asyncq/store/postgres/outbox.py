@@ -36,12 +36,12 @@ from asyncq.errors import Conflict
 from asyncq.store.port.outbox import (
     AUDIT_IDS_MAX,
     OPERATOR_MOVES,
-    AuditEntry,
     Failure,
     Figures,
     Item,
     Lease,
     NewItem,
+    OutboxAuditEntry,
     OutboxStoreTransaction,
     Step,
 )
@@ -196,7 +196,7 @@ async def _record_failure(
 
 async def _operate(
     conn: Connection, schema: str, item_id: str, action: str, now_ms: int, note: str, reason: str | None
-) -> AuditEntry:
+) -> OutboxAuditEntry:
     """The operator's move along ``OPERATOR_MOVES`` with its audit row (``SqliteOutboxStore``'s rules); the item's
     row is locked first, so a relay's step on it waits, then finds it moved."""
     sources, target = OPERATOR_MOVES[action]
@@ -210,7 +210,7 @@ async def _operate(
         states = ["unsent", "alarm"] if action == "quarantine" else ["sent"]
         ids, count = await one_row(conn, IDS_BEHIND.format(s=schema), item.seq, states, AUDIT_IDS_MAX)
         skipped = list(ids)
-    entry = AuditEntry(
+    entry = OutboxAuditEntry(
         item_id, now_ms, action, item.state, note, reason, item.attempts, item.last_error, skipped, count
     )
     await conn.execute(
@@ -222,9 +222,9 @@ async def _operate(
     return entry
 
 
-async def _audit(conn: Connection, schema: str, item_id: str | None) -> list[AuditEntry]:
+async def _audit(conn: Connection, schema: str, item_id: str | None) -> list[OutboxAuditEntry]:
     rows = await conn.fetch(SELECT_AUDIT.format(s=schema), item_id)
-    return [AuditEntry.from_row(row) for row in rows]
+    return [OutboxAuditEntry.from_row(row) for row in rows]
 
 
 async def _figures(conn: Connection, schema: str, now_ms: int) -> Figures:
@@ -345,12 +345,12 @@ class PostgresOutboxStore(PooledStore):
         found: Item | None = await self._run(_get, item_id)
         return found
 
-    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> AuditEntry:
-        entry: AuditEntry = await self._write(_operate, item_id, action, now_ms, note, reason)
+    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> OutboxAuditEntry:
+        entry: OutboxAuditEntry = await self._write(_operate, item_id, action, now_ms, note, reason)
         return entry
 
-    async def audit(self, item_id: str | None) -> list[AuditEntry]:
-        entries: list[AuditEntry] = await self._run(_audit, item_id)
+    async def audit(self, item_id: str | None) -> list[OutboxAuditEntry]:
+        entries: list[OutboxAuditEntry] = await self._run(_audit, item_id)
         return entries
 
     async def figures(self, now_ms: int) -> Figures:

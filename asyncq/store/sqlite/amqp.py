@@ -22,7 +22,7 @@ import sqlite3
 from typing import Any
 
 from asyncq.core.redelivery import NO_KEY, deliveries_seen, error_note, limit_reason, parking_reason
-from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.amqp import DeadMessage, Delivery, DeliveryOutcome, Effect
 from asyncq.store.sqlite.aio import FilePool
 from asyncq.store.sqlite.connection import check_path, configure, open_file, write_transaction
 from asyncq.store.sqlite.effects import effect_transaction
@@ -77,7 +77,7 @@ def open_store(path: object, *, check_same_thread: bool = True) -> sqlite3.Conne
 
 def process_delivery(
     con: sqlite3.Connection, delivery: Delivery, effect: Effect, *, delivery_limit: int, now: int
-) -> Outcome:
+) -> DeliveryOutcome:
     """Run ``effect`` for ``delivery`` at most once per key, and say what the broker should be told.
 
     A first delivery costs one transaction (effect + key). A repeat is first counted in its own committed
@@ -91,9 +91,9 @@ def process_delivery(
     if seen is not None:
         with write_transaction(con):
             if con.execute(IS_COMPLETED, {"key": key}).fetchone() is not None:
-                return Outcome.DUPLICATE
+                return DeliveryOutcome.DUPLICATE
             if con.execute(IS_DEAD, {"key": key}).fetchone() is not None:
-                return Outcome.PARKED  # parked before, but the ack was lost
+                return DeliveryOutcome.PARKED  # parked before, but the ack was lost
             deliveries, last_error = con.execute(COUNT_DELIVERY, {"key": key, "seen": seen}).fetchone()
         reason = limit_reason(delivery_limit, deliveries, last_error)
         if reason is not None:
@@ -103,11 +103,11 @@ def process_delivery(
 
 def _run_effect(
     con: sqlite3.Connection, delivery: Delivery, key: str, effect: Effect, deliveries: int, now: int
-) -> Outcome:
+) -> DeliveryOutcome:
     try:
         with write_transaction(con):
             if con.execute(INSERT_COMPLETED, {"key": key, "now": now}).rowcount == 0:
-                return Outcome.DUPLICATE
+                return DeliveryOutcome.DUPLICATE
             with effect_transaction(con) as tx:
                 effect(tx, delivery)
             con.execute(FORGET_ATTEMPTS, {"key": key})
@@ -118,11 +118,11 @@ def _run_effect(
             return _park(con, delivery, deliveries, reason, now)
         with write_transaction(con):
             con.execute(NOTE_ERROR, {"key": key, "error": error_note(exc)})
-        return Outcome.RETRY
-    return Outcome.COMPLETED
+        return DeliveryOutcome.RETRY
+    return DeliveryOutcome.COMPLETED
 
 
-def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: str, now: int) -> Outcome:
+def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: str, now: int) -> DeliveryOutcome:
     params = {
         "key": delivery.key,
         "queue": delivery.queue,
@@ -136,7 +136,7 @@ def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: 
     with write_transaction(con):
         con.execute(PARK, params)
         con.execute(FORGET_ATTEMPTS, {"key": delivery.key})
-    return Outcome.PARKED
+    return DeliveryOutcome.PARKED
 
 
 def list_dead(con: sqlite3.Connection) -> list[DeadMessage]:
@@ -191,9 +191,9 @@ class SqliteAmqpStore:
         file = check_path(path, "database")
         return cls(await FilePool.open(file, connections, BUSY_TIMEOUT_S, _open_tables), file)
 
-    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> Outcome:
+    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> DeliveryOutcome:
         run = functools.partial(process_delivery, delivery_limit=delivery_limit, now=now_ms)
-        outcome: Outcome = await self._pool.run(run, delivery, effect)
+        outcome: DeliveryOutcome = await self._pool.run(run, delivery, effect)
         return outcome
 
     async def dead_messages(self) -> list[DeadMessage]:

@@ -27,12 +27,12 @@ from asyncq.store.port.outbox import (
     OPERATOR_MOVES,
     QUARANTINED,
     UNSENT,
-    AuditEntry,
     Failure,
     Figures,
     Item,
     Lease,
     NewItem,
+    OutboxAuditEntry,
     OutboxStoreTransaction,
     Step,
 )
@@ -223,7 +223,7 @@ def _ids(con: sqlite3.Connection, statement: str, seq: int) -> tuple[list[str], 
 
 def operator_move(
     con: sqlite3.Connection, item_id: str, action: str, now_ms: int, note: str, reason: str | None
-) -> AuditEntry:
+) -> OutboxAuditEntry:
     """``retry`` (alarm or unsent → unsent, due now, a fresh budget), ``quarantine`` (unsent or alarm →
     quarantined, recording the waiting items that now go first) or ``requeue`` (quarantined → unsent at its
     own seq, a fresh budget, recording the items sent while it was out). ``ValueError`` if the item is
@@ -237,7 +237,7 @@ def operator_move(
         count = 0
         if action != "retry":
             skipped, count = _ids(con, WAITING_BEHIND if action == "quarantine" else SENT_BEHIND, item.seq)
-        entry = AuditEntry(
+        entry = OutboxAuditEntry(
             item_id, now_ms, action, item.state, note, reason, item.attempts, item.last_error, skipped, count
         )
         con.execute(INSERT_AUDIT, _audit_params(item.seq, entry))
@@ -246,16 +246,16 @@ def operator_move(
     return entry
 
 
-def _audit_params(seq: int, entry: AuditEntry) -> dict[str, Any]:
+def _audit_params(seq: int, entry: OutboxAuditEntry) -> dict[str, Any]:
     params = {"seq": seq, "now": entry.at_ms, "skipped": json.dumps(entry.skipped_ahead_of)}
     fields = ("id", "action", "from_state", "note", "reason", "attempts", "last_error", "skipped_count")
     return params | {name: getattr(entry, name) for name in fields}
 
 
-def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[AuditEntry]:
+def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[OutboxAuditEntry]:
     """The audit rows of one item (or of all items), oldest first."""
     rows = con.execute(SELECT_AUDIT, {"id": item_id}).fetchall()
-    return [AuditEntry.from_row(row) for row in rows]
+    return [OutboxAuditEntry.from_row(row) for row in rows]
 
 
 def read_figures(con: sqlite3.Connection, now_ms: int) -> Figures:
@@ -340,12 +340,12 @@ class SqliteOutboxStore:
         found: Item | None = await self._file.run(get_item, item_id)
         return found
 
-    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> AuditEntry:
-        entry: AuditEntry = await self._file.run(operator_move, item_id, action, now_ms, note, reason)
+    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> OutboxAuditEntry:
+        entry: OutboxAuditEntry = await self._file.run(operator_move, item_id, action, now_ms, note, reason)
         return entry
 
-    async def audit(self, item_id: str | None) -> list[AuditEntry]:
-        entries: list[AuditEntry] = await self._file.run(read_audit, item_id)
+    async def audit(self, item_id: str | None) -> list[OutboxAuditEntry]:
+        entries: list[OutboxAuditEntry] = await self._file.run(read_audit, item_id)
         return entries
 
     async def figures(self, now_ms: int) -> Figures:
