@@ -1,4 +1,4 @@
-"""``asyncq.amqp.IdempotentConsumer`` on the real broker and a real SQLite file."""
+"""``asyncq.amqp.IdempotentConsumer`` on the real broker and a real SQLite file (and by URL on the real PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pathlib import Path
 
 import aiormq
 import pytest
+from postgres_support import execute, fresh_schema, postgres_database
 from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
 
 from asyncq.amqp import Delivery, DeliveryOutcome, EffectTransaction, IdempotentConsumer, dead_messages, redrive
 from asyncq.delivery.amqp import AmqpTransport
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(30)]
-__all__ = ["amqp_url"]  # the fixture, imported for pytest
+__all__ = ["amqp_url", "postgres_database"]  # the fixtures, imported for pytest
 DEADLINE = 15.0
 
 
@@ -70,6 +71,19 @@ async def setup(tmp_path: Path, amqp_url: str) -> AsyncIterator[Setup]:
     setup = Setup(tmp_path, amqp_url)
     yield setup
     await setup.transport.close()
+
+
+async def rows(url: str, statement: str) -> list[tuple[object, ...]]:
+    """``statement``'s rows on a connection of the test's own to the store ``url`` names (its ``search_path``)."""
+    import asyncpg
+
+    from asyncq.store.postgres.connection import parse_url
+
+    conn = await asyncpg.connect(parse_url(url).dsn)
+    try:
+        return [tuple(row) for row in await conn.fetch(statement)]
+    finally:
+        await conn.close()
 
 
 def issue(db: EffectTransaction, delivery: Delivery) -> None:
@@ -131,6 +145,41 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
         await redrive(setup.db_path, dead.seq, setup.transport)
         await setup.until(lambda: ("poison", DeliveryOutcome.COMPLETED) in setup.outcomes, "the redriven message")
     assert dead_messages(setup.db_path) == [] and setup.tickets() == ["R-1", "poison"]
+    await setup.transport.close()
+
+
+async def test_on_postgresql_a_poison_message_is_parked_listed_and_redriven_by_url(
+    tmp_path: Path, amqp_url: str, postgres_database: str
+) -> None:
+    """The consumer's store named by a ``postgresql://`` URL: the same rule, ``dead_messages`` read synchronously
+    (from inside a running loop too) and ``redrive`` by URL."""
+    setup = Setup(tmp_path, amqp_url)
+    broken = threading.Event()
+    broken.set()
+
+    def flaky(db: EffectTransaction, delivery: Delivery) -> None:
+        if broken.is_set() and delivery.key == "poison":
+            raise RuntimeError("template missing")
+        db.execute("INSERT INTO tickets VALUES ($1)", (delivery.key,))
+
+    async with fresh_schema() as (url, schema):
+        await execute(postgres_database, f"CREATE SCHEMA {schema}")
+        await execute(postgres_database, f"CREATE TABLE {schema}.tickets (id text NOT NULL)")
+        await setup.publish("poison", "R-1")
+        consumer = IdempotentConsumer(
+            url, flaky, queue=setup.queue, url=amqp_url, queue_arguments=setup.arguments, delivery_limit=2,
+            on_outcome=lambda d, outcome: setup.outcomes.append((d.key, outcome)),
+        )  # fmt: skip
+        async with consumer:
+            await setup.until(lambda: ("poison", DeliveryOutcome.PARKED) in setup.outcomes, "the poison parked")
+            (dead,) = dead_messages(url)
+            assert (dead.key, dead.deliveries, dead.queue) == ("poison", 3, setup.queue)
+            assert "delivery limit 2 exceeded" in dead.reason and "RuntimeError: template missing" in dead.reason
+            broken.clear()
+            await redrive(url, dead.seq, setup.transport)
+            await setup.until(lambda: ("poison", DeliveryOutcome.COMPLETED) in setup.outcomes, "the redriven one")
+        assert dead_messages(url) == []
+        assert sorted(await rows(url, "SELECT id FROM tickets")) == [("R-1",), ("poison",)]
     await setup.transport.close()
 
 
