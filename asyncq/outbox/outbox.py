@@ -93,7 +93,8 @@ class Outbox(StoreFacade[OutboxStore]):
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await outbox.add(…, connection=conn)``): the item commits or rolls back with the
-        app's rows. On SQLite, use ``transaction()`` (or ``add_sync`` on the app's ``sqlite3`` connection)."""
+        app's rows. On SQLite, use ``transaction()`` (or ``asyncq.sqlite.add_sync`` on the app's ``sqlite3``
+        connection)."""
         item = NewItem.check(item_id, body, topic)
         if connection is not None:  # the relays are woken at the app's commit, by the store's NOTIFY
             return await self.store.add(item, self.now(), connection=connection)

@@ -327,8 +327,8 @@ class SqliteOutboxStore:
     async def add(self, item: NewItem, now_ms: int, *, connection: object = None) -> bool:
         if connection is not None:
             raise TypeError(
-                "a SQLite outbox joins the app's transaction through outbox.transaction(), or add_sync on the app's"
-                " own sqlite3 connection"
+                "a SQLite outbox joins the app's transaction through outbox.transaction(), or asyncq.sqlite.add_sync"
+                " on the app's own sqlite3 connection"
             )
         added: bool = await self._file.run(add, item, now_ms)
         return added
