@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.inbox import Inbox
     from asyncq.outbox import Outbox, Relay
     from asyncq.queue import Queue
-    from asyncq.store.sqlite.sync import enqueue_sync
+    from asyncq.sqlite import enqueue_sync
     from asyncq.tasks import App, Task, TaskJob, open
     from asyncq.worker.context import JobContext, deliver_with
     from asyncq.worker.pool import Pool
@@ -74,7 +74,7 @@ _WHERE = {
     "TaskJob": "asyncq.tasks",
     "Ticket": "asyncq.core.jobs",
     "deliver_with": "asyncq.worker.context",
-    "enqueue_sync": "asyncq.store.sqlite.sync",
+    "enqueue_sync": "asyncq.sqlite",
     "open": "asyncq.tasks",
 }
 

@@ -1,4 +1,4 @@
-"""``asyncq.amqp.IdempotentConsumer`` on the real broker and a real SQLite file."""
+"""``asyncq.amqp.IdempotentConsumer`` on the real broker and a real SQLite file (and by URL on the real PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from pathlib import Path
 
 import aiormq
 import pytest
+from postgres_support import execute, fresh_schema, postgres_database
 from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
 from waiting import eventually
 
-from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome, dead_messages, redrive
+from asyncq.amqp import Delivery, DeliveryOutcome, EffectTransaction, IdempotentConsumer, dead_messages, redrive
 from asyncq.delivery.amqp import AmqpTransport
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(30)]
-__all__ = ["amqp_url"]  # the fixture, imported for pytest
+__all__ = ["amqp_url", "postgres_database"]  # the fixtures, imported for pytest
 DEADLINE = 15.0
 
 
@@ -32,7 +33,7 @@ class Setup:
         con = sqlite3.connect(self.db_path)
         con.execute("CREATE TABLE tickets (id TEXT NOT NULL)")
         con.close()
-        self.outcomes: list[tuple[str | None, Outcome]] = []
+        self.outcomes: list[tuple[str | None, DeliveryOutcome]] = []
         self.transport = AmqpTransport(url, routing_key=self.queue, declare=self.declare)
 
     async def declare(self, channel: object) -> None:
@@ -69,6 +70,19 @@ async def setup(tmp_path: Path, amqp_url: str) -> AsyncIterator[Setup]:
     await setup.transport.close()
 
 
+async def rows(url: str, statement: str) -> list[tuple[object, ...]]:
+    """``statement``'s rows on a connection of the test's own to the store ``url`` names (its ``search_path``)."""
+    import asyncpg
+
+    from asyncq.store.postgres.connection import parse_url
+
+    conn = await asyncpg.connect(parse_url(url).dsn)
+    try:
+        return [tuple(row) for row in await conn.fetch(statement)]
+    finally:
+        await conn.close()
+
+
 def issue(db: EffectTransaction, delivery: Delivery) -> None:
     db.execute("INSERT INTO tickets VALUES (?)", (delivery.key,))
 
@@ -81,10 +95,10 @@ async def test_each_key_is_completed_once_and_every_delivery_acked(setup: Setup)
     assert setup.tickets() == ["R-1", "R-2", "R-3"]
     assert sorted(setup.outcomes, key=str) == sorted(
         [
-            ("R-1", Outcome.COMPLETED),
-            ("R-2", Outcome.COMPLETED),
-            ("R-3", Outcome.COMPLETED),
-            ("R-1", Outcome.DUPLICATE),
+            ("R-1", DeliveryOutcome.COMPLETED),
+            ("R-2", DeliveryOutcome.COMPLETED),
+            ("R-3", DeliveryOutcome.COMPLETED),
+            ("R-1", DeliveryOutcome.DUPLICATE),
         ],
         key=str,
     )
@@ -115,7 +129,9 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
 
     await setup.publish("poison", "R-1")
     async with setup.consumer(flaky, delivery_limit=3) as consumer:
-        await setup.until(lambda: ("poison", Outcome.PARKED) in setup.outcomes, "the poison message to be parked")
+        await setup.until(
+            lambda: ("poison", DeliveryOutcome.PARKED) in setup.outcomes, "the poison message to be parked"
+        )
         await setup.until(lambda: queue_counts(setup.queue) == (0, 0), "no ready or unacked message")
         (dead,) = dead_messages(setup.db_path)
         assert (dead.key, dead.deliveries, dead.queue) == ("poison", 4, setup.queue)
@@ -124,8 +140,43 @@ async def test_a_poison_message_is_parked_with_its_reason_and_can_be_redriven(
 
         broken.clear()  # the operator fixed the cause, then redrives
         await redrive(setup.db_path, dead.seq, setup.transport)
-        await setup.until(lambda: ("poison", Outcome.COMPLETED) in setup.outcomes, "the redriven message")
+        await setup.until(lambda: ("poison", DeliveryOutcome.COMPLETED) in setup.outcomes, "the redriven message")
     assert dead_messages(setup.db_path) == [] and setup.tickets() == ["R-1", "poison"]
+    await setup.transport.close()
+
+
+async def test_on_postgresql_a_poison_message_is_parked_listed_and_redriven_by_url(
+    tmp_path: Path, amqp_url: str, postgres_database: str
+) -> None:
+    """The consumer's store named by a ``postgresql://`` URL: the same rule, ``dead_messages`` read synchronously
+    (from inside a running loop too) and ``redrive`` by URL."""
+    setup = Setup(tmp_path, amqp_url)
+    broken = threading.Event()
+    broken.set()
+
+    def flaky(db: EffectTransaction, delivery: Delivery) -> None:
+        if broken.is_set() and delivery.key == "poison":
+            raise RuntimeError("template missing")
+        db.execute("INSERT INTO tickets VALUES ($1)", (delivery.key,))
+
+    async with fresh_schema() as (url, schema):
+        await execute(postgres_database, f"CREATE SCHEMA {schema}")
+        await execute(postgres_database, f"CREATE TABLE {schema}.tickets (id text NOT NULL)")
+        await setup.publish("poison", "R-1")
+        consumer = IdempotentConsumer(
+            url, flaky, queue=setup.queue, url=amqp_url, queue_arguments=setup.arguments, delivery_limit=2,
+            on_outcome=lambda d, outcome: setup.outcomes.append((d.key, outcome)),
+        )  # fmt: skip
+        async with consumer:
+            await setup.until(lambda: ("poison", DeliveryOutcome.PARKED) in setup.outcomes, "the poison parked")
+            (dead,) = dead_messages(url)
+            assert (dead.key, dead.deliveries, dead.queue) == ("poison", 3, setup.queue)
+            assert "delivery limit 2 exceeded" in dead.reason and "RuntimeError: template missing" in dead.reason
+            broken.clear()
+            await redrive(url, dead.seq, setup.transport)
+            await setup.until(lambda: ("poison", DeliveryOutcome.COMPLETED) in setup.outcomes, "the redriven one")
+        assert dead_messages(url) == []
+        assert sorted(await rows(url, "SELECT id FROM tickets")) == [("R-1",), ("poison",)]
     await setup.transport.close()
 
 
@@ -162,7 +213,7 @@ async def test_graceful_stop_finishes_the_running_effect_and_returns_the_rest(se
     gate.set()
     await stopping
     await running  # returns quietly after stop()
-    assert setup.tickets() == ["R-0"] and ("R-0", Outcome.COMPLETED) in setup.outcomes
+    assert setup.tickets() == ["R-0"] and ("R-0", DeliveryOutcome.COMPLETED) in setup.outcomes
     await setup.until(lambda: queue_counts(setup.queue) == (4, 0), "the four unstarted deliveries back in the queue")
 
 

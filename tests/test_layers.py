@@ -60,3 +60,52 @@ def test_labs_need_only_the_standard_library(module: str, tmp_path: Path) -> Non
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True, timeout=30
     )
     assert done.stdout.strip() == "", f"{module} pulled in {done.stdout.strip()}"
+
+
+@pytest.mark.parametrize("module", ["asyncq.outbox", "asyncq.amqp", "asyncq.inbox", "asyncq.tasks", "asyncq.queue"])
+def test_facades_do_not_load_the_sqlite_driver(module: str, tmp_path: Path) -> None:
+    """A PostgreSQL user's import loads no SQLite code: the driver comes through the opener, SQLite's own helpers
+    through ``asyncq.sqlite``."""
+    code = (
+        f"import sys, {module}\n"
+        "loaded = sorted(n for n in sys.modules\n"
+        "    if n.startswith('asyncq.store.sqlite') or n in ('sqlite3', 'aiosqlite'))\n"
+        "print(','.join(loaded))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True, timeout=30
+    )
+    assert done.stdout.strip() == "", f"{module} loaded {done.stdout.strip()}"
+
+
+def test_sqlite_helpers_live_in_one_module() -> None:
+    import asyncq
+    import asyncq.sqlite
+    from asyncq.store.sqlite.amqp import process_delivery
+    from asyncq.store.sqlite.outbox import add_sync
+    from asyncq.store.sqlite.sync import enqueue_sync
+
+    assert asyncq.sqlite.__all__ == ["add_sync", "enqueue_sync", "process_delivery"]
+    assert (asyncq.sqlite.add_sync, asyncq.sqlite.enqueue_sync) == (add_sync, enqueue_sync)
+    assert asyncq.sqlite.process_delivery is process_delivery and asyncq.enqueue_sync is enqueue_sync
+
+
+def test_nothing_outside_the_sqlite_driver_and_the_labs_imports_sqlite3_at_run_time() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        folder = path.relative_to(PACKAGE).parts[0]
+        if path.is_relative_to(PACKAGE / "store" / "sqlite") or folder == "lab":
+            continue
+        tree = ast.parse(path.read_text())
+        guarded = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for inner in ast.walk(node)
+        }
+        runtime = {
+            name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in guarded
+            for name in ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+        }
+        assert not runtime & {"sqlite3", "aiosqlite"}, path

@@ -26,7 +26,8 @@ from asyncq.delivery.fake import Delivery, FakeTransport
 from asyncq.delivery.http import HttpTransport
 from asyncq.errors import Conflict, Permanent, Retryable
 from asyncq.inbox import EffectTransaction, make_inbox_app
-from asyncq.outbox import Outbox, ReceiverFigures, Relay, add_sync
+from asyncq.outbox import Outbox, ReceiverFigures, Relay
+from asyncq.sqlite import add_sync
 from asyncq.store.port.outbox import Lease, Step
 from asyncq.worker.context import RetryPolicy
 
@@ -463,6 +464,32 @@ async def test_run_wakes_on_adds_and_stops_gracefully(place: Place) -> None:
         await asyncio.wait_for(running, 10)
         figures = await outbox.figures()
         assert (figures.unsent, figures.lease_owner, figures.lease_token) == (0, None, 1)
+
+
+async def test_run_wakes_on_another_processs_adds_to_the_file(tmp_path: Path) -> None:
+    """SQLite: the relay's wait is the file's watcher, so another process's commit of an item wakes it (a commit to
+    the app's other tables does not need to: it leaves no unsent item). PostgreSQL's: ``test_relay_wakeups``."""
+    db = tmp_path / "app.db"
+    code = (
+        "import sqlite3, sys\n"
+        "from asyncq.sqlite import add_sync\n"
+        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "assert add_sync(con, sys.argv[2], {'qty': 1})\n"
+        "con.close()\n"
+    )
+    async with await Outbox.open(str(db)) as outbox:
+        transport = FakeTransport()
+        relay = Relay(outbox, transport, poll_ms=60_000)  # only a wake-up can make it look again
+        running = asyncio.create_task(relay.run())
+        try:
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(db), "elsewhere")
+            assert await proc.wait() == 0
+            async with asyncio.timeout(10):
+                while transport.delivered_ids() != ["elsewhere"]:
+                    await asyncio.sleep(0.01)
+        finally:
+            relay.stop()
+            await asyncio.wait_for(running, 10)
 
 
 # --- the operator's figures --------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 app's own asyncpg transaction, adds committing in ``seq`` order across connections (the order lock), a relay
 delivering to a real aiohttp receiver whose inbox is on PostgreSQL, duplicates applied once (also by two
 receivers sharing one inbox, as two hosts would), a receiver SIGKILLed in the middle of its effect, a relay riding
-out a lost connection, each component's own migration in one schema, and the AMQP consumer's store refused by URL.
+out a lost connection, each component's own migration in one schema, and the AMQP consumer's store opened by URL.
 Each test has schemas of its own in this run's database (``postgres_support``)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiormq
 import asyncpg
 import pytest
 from aiohttp import web
@@ -430,10 +431,13 @@ async def test_reading_a_schema_without_an_inbox_is_an_error_that_creates_nothin
     assert await rows(run_database(), "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) == []
 
 
-async def test_the_amqp_consumers_store_is_sqlite_only_and_says_so(url: str) -> None:
+async def test_the_amqp_consumers_store_opens_by_url_as_a_component_of_its_own(url: str) -> None:
     consumer = IdempotentConsumer(url, lambda tx, delivery: None, queue="q", url="amqp://guest:guest@127.0.0.1:1/")
-    with pytest.raises(ValueError, match="no PostgreSQL driver"):
-        await consumer.start()  # refused before the broker is reached
+    with pytest.raises(aiormq.exceptions.AMQPConnectionError):
+        await consumer.start()  # the store opened (and migrated) first, then closed again with the rest
+    assert consumer.stopping and not consumer.consuming.is_set()
+    schema = parse_url(url).schema
+    assert await rows(run_database(), f"SELECT version FROM {schema}.versions WHERE component = 'amqp'") == [(1,)]
 
 
 async def test_asyncq_status_reads_a_receivers_inbox_by_url(url: str, sink: str, tmp_path: Path) -> None:

@@ -1,24 +1,21 @@
 """An idempotent RabbitMQ consumer: the completion key commits with the effect, the ack follows the commit.
 
 ``asyncq.amqp.consumer`` holds the consumer, over the consumer store's port (``asyncq.store.port.amqp``; the
-SQLite driver is ``asyncq.store.sqlite.amqp``). An effect is written against ``EffectTransaction``.
+drivers are ``asyncq.store.sqlite.amqp`` and, for a ``postgresql://`` URL, ``asyncq.store.postgres.amqp``). An
+effect is written against ``EffectTransaction``; SQLite's ``process_delivery`` is in ``asyncq.sqlite``.
 """
 
 from asyncq.amqp.consumer import IdempotentConsumer, dead_messages, redrive
-from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.amqp import DeadMessage, Delivery, DeliveryOutcome, Effect
 from asyncq.store.port.effects import EffectTransaction
-
-# The rule for one delivery on an open ``sqlite3`` connection (the SQLite driver's own, run by the consumer).
-from asyncq.store.sqlite.amqp import process_delivery
 
 __all__ = [
     "DeadMessage",
     "Delivery",
+    "DeliveryOutcome",
     "Effect",
     "EffectTransaction",
     "IdempotentConsumer",
-    "Outcome",
     "dead_messages",
-    "process_delivery",
     "redrive",
 ]

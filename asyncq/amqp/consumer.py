@@ -12,7 +12,8 @@ one transaction of its store, and acknowledges the delivery only once that trans
 
 This makes a repeated delivery safe for the database effect only. It is not exactly-once delivery, and
 external side effects (e-mail, payments) need their own design. The rule itself is the store's
-(``asyncq.store.port.amqp`` states it; the SQLite driver is ``asyncq.store.sqlite.amqp``); this module only
+(``asyncq.store.port.amqp`` states it, ``asyncq.core.redelivery`` decides; the drivers are
+``asyncq.store.sqlite.amqp`` and, for a ``postgresql://`` URL, ``asyncq.store.postgres.amqp``); this module only
 moves deliveries to it and answers the broker. The effect is ``effect(tx, delivery)``, with ``tx`` an
 ``EffectTransaction`` (``tx.execute(statement, parameters)``), run in the store's connection thread.
 
@@ -35,7 +36,7 @@ from asyncq.core.clock import wall_clock_ms
 from asyncq.core.values import check_int, check_time
 from asyncq.delivery.amqp import DEFAULT_URL, AmqpTransport
 from asyncq.store.opening import open_amqp_store, read_dead_messages
-from asyncq.store.port.amqp import AmqpStore, DeadMessage, Delivery, Effect, Outcome
+from asyncq.store.port.amqp import AmqpStore, DeadMessage, Delivery, DeliveryOutcome, Effect
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,10 @@ class ConsumerStats:
 
 class IdempotentConsumer:
     """Consumes ``queue`` with at most ``prefetch`` unacknowledged deliveries and ``concurrency`` deliveries
-    in progress at once, each on its own connection of the store at ``database`` (on SQLite, each with a thread
-    of its own). SQLite runs one write transaction at a time, so concurrency overlaps one delivery's effect with
-    the others' commits, acks and waits, not two effects with each other.
+    in progress at once, each on its own connection of the store ``database`` names (a SQLite file, or a
+    ``postgresql://`` URL), each effect in a thread of its own. SQLite runs one write transaction at a time, so
+    there concurrency overlaps one delivery's effect with the others' commits, acks and waits, not two effects
+    with each other; on PostgreSQL effects on different keys run at once.
 
     ``queue_arguments`` declares the queue (durable) with those arguments, e.g. ``{"x-queue-type":
     "quorum"}``; ``declare=False`` uses an existing queue. ``key`` derives the completion key from a
@@ -79,7 +81,7 @@ class IdempotentConsumer:
         queue_arguments: Mapping[str, Any] | None = None,
         declare: bool = True,
         key: Callable[[AbstractIncomingMessage], str | None] | None = None,
-        on_outcome: Callable[[Delivery, Outcome], object] | None = None,
+        on_outcome: Callable[[Delivery, DeliveryOutcome], object] | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.prefetch = check_int(prefetch, "prefetch", 1, 65_535)  # AMQP's prefetch count is 16 bits
@@ -196,7 +198,7 @@ class IdempotentConsumer:
         async with self._slots:
             try:
                 if self._stopping or self._store is None:
-                    outcome = Outcome.RETRY  # not started: back to the queue for the next consumer
+                    outcome = DeliveryOutcome.RETRY  # not started: back to the queue for the next consumer
                 else:
                     now_ms = check_time(self._clock(), "clock()")
                     outcome = await self._store.process(
@@ -204,10 +206,10 @@ class IdempotentConsumer:
                     )
             except Exception:
                 log.exception("delivery %r could not be processed; requeueing it", delivery.key)
-                outcome = Outcome.RETRY
+                outcome = DeliveryOutcome.RETRY
         await self._answer(message, delivery, outcome)
 
-    async def _answer(self, message: AbstractIncomingMessage, delivery: Delivery, outcome: Outcome) -> None:
+    async def _answer(self, message: AbstractIncomingMessage, delivery: Delivery, outcome: DeliveryOutcome) -> None:
         try:
             if outcome.acks:
                 await message.ack()
@@ -220,12 +222,12 @@ class IdempotentConsumer:
         if self._on_outcome is not None:
             self._on_outcome(delivery, outcome)
 
-    def _count(self, outcome: Outcome) -> None:
+    def _count(self, outcome: DeliveryOutcome) -> None:
         name = {
-            Outcome.COMPLETED: "completed",
-            Outcome.DUPLICATE: "duplicates",
-            Outcome.PARKED: "parked",
-            Outcome.RETRY: "requeued",
+            DeliveryOutcome.COMPLETED: "completed",
+            DeliveryOutcome.DUPLICATE: "duplicates",
+            DeliveryOutcome.PARKED: "parked",
+            DeliveryOutcome.RETRY: "requeued",
         }[outcome]
         setattr(self.stats, name, getattr(self.stats, name) + 1)
 

@@ -24,10 +24,10 @@ from asyncq.store.opening import open_outbox_store
 from asyncq.store.port.outbox import (
     DEFAULT_TOPIC,
     TEXT_MAX,
-    AuditEntry,
     Figures,
     Item,
     NewItem,
+    OutboxAuditEntry,
     OutboxStore,
     OutboxStoreTransaction,
     ReceiverFigures,
@@ -93,9 +93,10 @@ class Outbox(StoreFacade[OutboxStore]):
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await outbox.add(…, connection=conn)``): the item commits or rolls back with the
-        app's rows. On SQLite, use ``transaction()`` (or ``add_sync`` on the app's ``sqlite3`` connection)."""
+        app's rows. On SQLite, use ``transaction()`` (or ``asyncq.sqlite.add_sync`` on the app's ``sqlite3``
+        connection)."""
         item = NewItem.check(item_id, body, topic)
-        if connection is not None:  # this process's relays are woken by their next poll, after the app's commit
+        if connection is not None:  # the relays are woken at the app's commit, by the store's NOTIFY
             return await self.store.add(item, self.now(), connection=connection)
         added = await self.store.add(item, self.now())
         if added:
@@ -116,30 +117,30 @@ class Outbox(StoreFacade[OutboxStore]):
         """One item's stored record (``body`` is its canonical JSON text), or ``None``."""
         return await self.store.get(check_identifier(item_id, "item_id"))
 
-    async def retry(self, item_id: str, note: str) -> AuditEntry:
+    async def retry(self, item_id: str, note: str) -> OutboxAuditEntry:
         """Operator: clear an alarm (or cut a backoff short): the item is unsent and due now, its attempts
         kept and a fresh budget of attempts before the next alarm. Audited; ``ValueError`` if the item is not
         in ``alarm`` or ``unsent``."""
         return await self._operate(item_id, "retry", note, None)
 
-    async def quarantine(self, item_id: str, reason: str, note: str) -> AuditEntry:
+    async def quarantine(self, item_id: str, reason: str, note: str) -> OutboxAuditEntry:
         """Operator: take an unsent or alarmed item out of the order (it is *not* sent). The audit row keeps
         ``reason`` and the ids of the waiting items behind it, which now go first."""
         return await self._operate(item_id, "quarantine", note, check_text(reason, "reason"))
 
-    async def requeue(self, item_id: str, note: str) -> AuditEntry:
+    async def requeue(self, item_id: str, note: str) -> OutboxAuditEntry:
         """Operator: put a quarantined item back at its own ``seq`` (ahead of everything still waiting), with
         a fresh budget. The audit row lists the items that were sent ahead of it while it was out."""
         return await self._operate(item_id, "requeue", note, None)
 
-    async def _operate(self, item_id: str, action: str, note: str, reason: str | None) -> AuditEntry:
+    async def _operate(self, item_id: str, action: str, note: str, reason: str | None) -> OutboxAuditEntry:
         checked = check_identifier(item_id, "item_id")
         entry = await self.store.operate(checked, action, self.now(), check_text(note, "note"), reason)
         log.info("outbox %s %s by operator (%s)", action, checked, note)
         self.notify()
         return entry
 
-    async def audit(self, item_id: str | None = None) -> list[AuditEntry]:
+    async def audit(self, item_id: str | None = None) -> list[OutboxAuditEntry]:
         """The operator actions on one item, or on all items, oldest first."""
         key = None if item_id is None else check_identifier(item_id, "item_id")
         return await self.store.audit(key)

@@ -238,9 +238,22 @@ class Relay:
             await self.release()
 
     async def _pause(self, wait_ms: int) -> None:
-        if wait_ms > 0 and not self._stopping:
-            with anyio.move_on_after(wait_ms / 1000):
-                await self._wake.wait()
+        """Up to ``wait_ms``, until this process adds items (or stops the relay), or the store hears that another
+        connection did (on PostgreSQL, its ``NOTIFY``; else, or while it cannot hear, the poll)."""
+        if wait_ms <= 0 or self._stopping or self._wake.is_set():
+            return
+        seconds = wait_ms / 1000
+        local = asyncio.ensure_future(self._wake.wait())
+        heard = asyncio.ensure_future(self.outbox.store.wait_for_items(seconds))
+        try:
+            await asyncio.wait([local, heard], timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            if heard.done() and not heard.cancelled() and heard.exception() is not None:
+                log.warning("outbox relay %s: cannot wait for other hosts' items: %r", self.owner, heard.exception())
+                await asyncio.wait([local], timeout=seconds)  # the poll, woken by this process only
+        finally:
+            for waiting in (local, heard):
+                waiting.cancel()
+            await asyncio.gather(local, heard, return_exceptions=True)
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish: the delivery in flight completes and is recorded, nothing new starts."""

@@ -69,13 +69,8 @@ def store_target(target: object, name: str = "path") -> str:
 
 
 def store_path(target: object, name: str = "path") -> str:
-    """``target`` as the path of a SQLite file, checked before anything opens: ``ValueError`` for a store URL (for
-    the stores that live in files only: the AMQP consumer's) or for what is not a path to a local file."""
-    if is_store_url(target):
-        raise ValueError(
-            f"{name} must be a path to a SQLite file: the AMQP consumer's store has no PostgreSQL driver (its "
-            "effects and completion keys live in a file beside the consumer)"
-        )
+    """``target`` as the path of a SQLite file, checked before anything opens (``ValueError`` for what is not a path
+    to a local file); a caller has ruled out a store URL."""
     from asyncq.store.sqlite.connection import check_path
 
     return check_path(target, name)
@@ -115,8 +110,13 @@ async def open_outbox_store(target: object, *, durability: str, busy_timeout: fl
 
 
 async def open_amqp_store(target: object, *, connections: int) -> AmqpStore:
-    """The AMQP consumer's store ``target`` names (a SQLite file only), open for ``connections`` concurrent
-    deliveries."""
+    """The AMQP consumer's store ``target`` names, open for ``connections`` concurrent deliveries (its tables
+    created if missing)."""
+    if is_store_url(target):
+        _check_asyncpg()
+        from asyncq.store.postgres.amqp import PostgresAmqpStore
+
+        return await PostgresAmqpStore.open(target, connections=connections)
     from asyncq.store.sqlite.amqp import SqliteAmqpStore
 
     return await SqliteAmqpStore.open(store_path(target, "database"), connections=connections)
@@ -125,6 +125,11 @@ async def open_amqp_store(target: object, *, connections: int) -> AmqpStore:
 def read_dead_messages(target: object) -> list[DeadMessage]:
     """The AMQP consumer's parked messages in the store ``target`` names, read synchronously (for an operator's
     script; the consumer's tables are created if missing)."""
+    if is_store_url(target):
+        _check_asyncpg()
+        from asyncq.store.postgres.amqp import read_dead_of_url
+
+        return read_dead_of_url(target)
     from asyncq.store.sqlite.amqp import read_dead
 
     return read_dead(store_path(target, "database"))

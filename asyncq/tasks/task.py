@@ -153,12 +153,12 @@ class Deferral(Generic[P, R]):
 
     def defer_sync(self, con: sqlite3.Connection, /, *args: P.args, **kwargs: P.kwargs) -> str:
         """See ``Task.defer_sync``."""
-        from asyncq.tasks.sync import enqueue_body  # the SQLite driver, loaded only for synchronous callers
+        from asyncq.sqlite import enqueue_sync  # the SQLite driver, loaded only for synchronous callers
 
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
         with self._traced(body, job_id):
-            enqueue_body(con, job_id, body, self.options.enqueue_options())
+            enqueue_sync(con, job_id, body, **self.options.enqueue_options())
         return job_id
 
     @contextmanager

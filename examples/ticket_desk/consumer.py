@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 
 import aiormq
-from asyncq.amqp import Delivery, EffectTransaction, IdempotentConsumer, Outcome
+from asyncq.amqp import Delivery, DeliveryOutcome, EffectTransaction, IdempotentConsumer
 
 import broker
 import store
@@ -49,19 +49,19 @@ class TicketDesk:
             with self._lock:
                 self._skipped.add(str(delivery.key))
 
-    def outcome(self, delivery: Delivery, outcome: Outcome) -> str:
+    def outcome(self, delivery: Delivery, outcome: DeliveryOutcome) -> str:
         """The outcome to print: ``already-ticketed`` when the effect found the desk's key."""
         with self._lock:
-            skipped = outcome is Outcome.COMPLETED and str(delivery.key) in self._skipped
+            skipped = outcome is DeliveryOutcome.COMPLETED and str(delivery.key) in self._skipped
             self._skipped.discard(str(delivery.key))
         self.already_ticketed += skipped
         return ALREADY_TICKETED if skipped else outcome.value
 
 
-def reporter(desk: TicketDesk, verbose: bool) -> Callable[[Delivery, Outcome], None]:
+def reporter(desk: TicketDesk, verbose: bool) -> Callable[[Delivery, DeliveryOutcome], None]:
     """Count each answered delivery; with ``verbose`` print one line for it."""
 
-    def report(delivery: Delivery, outcome: Outcome) -> None:
+    def report(delivery: Delivery, outcome: DeliveryOutcome) -> None:
         shown = desk.outcome(delivery, outcome)
         if verbose:
             print(f"{delivery.key} {shown} redelivered={delivery.redelivered}", flush=True)

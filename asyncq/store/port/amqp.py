@@ -31,8 +31,8 @@ from typing import Protocol
 from asyncq.store.port.effects import EffectTransaction
 
 
-class Outcome(enum.Enum):
-    """What became of one delivery, and so what the broker is told."""
+class DeliveryOutcome(enum.Enum):
+    """What became of one delivery, and so what the broker is told (a job attempt's is ``core.lifecycle.Outcome``)."""
 
     COMPLETED = "completed"  # the effect and its key committed: ack
     DUPLICATE = "duplicate"  # the key was already completed: ack, the effect does not run again
@@ -42,7 +42,7 @@ class Outcome(enum.Enum):
     @property
     def acks(self) -> bool:
         """Whether the broker gets an ack (otherwise a requeueing nack)."""
-        return self is not Outcome.RETRY
+        return self is not DeliveryOutcome.RETRY
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ class Delivery:
     def json(self) -> object:
         """The body decoded as UTF-8 JSON."""
         return json.loads(self.body.decode("utf-8"))
+
+    def headers_text(self) -> str:
+        """The headers as a parked message keeps them (JSON; a value JSON has no form for as its text)."""
+        return json.dumps(dict(self.headers), default=str)
 
 
 #: The database effect: runs inside the transaction that writes the completion key; raise to roll back.
@@ -84,10 +88,10 @@ class DeadMessage:
 class AmqpStore(Protocol):
     """The consumer's storage: completion keys, delivery counts and parked messages, beside the app's rows."""
 
-    #: Where the store lives, for messages (a file path).
+    #: Where the store lives, for messages (a file path, or a URL without its password).
     location: str
 
-    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> Outcome:
+    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> DeliveryOutcome:
         """Run ``effect`` for ``delivery`` at most once per key (see the module's rules); what to tell the broker."""
         ...
 

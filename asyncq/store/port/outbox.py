@@ -111,8 +111,9 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class AuditEntry:
-    """One operator action: ``skipped_ahead_of`` lists (up to 1000) ids that go, or went, before this item."""
+class OutboxAuditEntry:
+    """One operator action on an outbox item (a job's is ``asyncq.core.jobs.AuditEntry``): ``skipped_ahead_of``
+    lists (up to 1000) ids that go, or went, before this item."""
 
     id: str
     at_ms: int
@@ -126,7 +127,7 @@ class AuditEntry:
     skipped_count: int
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> AuditEntry:
+    def from_row(cls, row: Sequence[Any]) -> OutboxAuditEntry:
         """A stored audit row: its columns in this class's order, ``skipped_ahead_of`` as JSON text."""
         item_id, at_ms, action, from_state, note, reason, attempts, last_error, skipped, count = row
         return cls(item_id, at_ms, action, from_state, note, reason, attempts, last_error, json.loads(skipped), count)
@@ -213,13 +214,13 @@ class OutboxStore(Protocol):
         """One item's stored record, or ``None``."""
         ...
 
-    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> AuditEntry:
+    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> OutboxAuditEntry:
         """Move the item along ``OPERATOR_MOVES[action]`` (a fresh budget: ``budget_from = attempts``; due at
         ``now_ms``) with its audit row, which is returned. ``quarantine`` records the waiting ids behind it,
         ``requeue`` the ids sent behind it while it was out."""
         ...
 
-    async def audit(self, item_id: str | None) -> list[AuditEntry]:
+    async def audit(self, item_id: str | None) -> list[OutboxAuditEntry]:
         """The audit rows of one item (or of all items), oldest first."""
         ...
 
@@ -244,6 +245,11 @@ class OutboxStore(Protocol):
 
     async def head_batch(self, limit: int) -> list[Item]:
         """Up to ``limit`` waiting items (``unsent`` or ``alarm``) in ``seq`` order."""
+        ...
+
+    async def wait_for_items(self, timeout: float) -> None:
+        """Return when another connection (another process or host) may have added items, or after ``timeout``
+        seconds: the relay's poll. This process's own adds wake its relays through the facade."""
         ...
 
     async def advance(self, lease: Lease, now_ms: int, lease_ms: int, sent: int | None, start: int | None) -> Step:

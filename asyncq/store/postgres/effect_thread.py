@@ -47,10 +47,11 @@ class PostgresEffectTransaction:
 
 
 class EffectThread:
-    """The one thread where a store runs its effects, one at a time."""
+    """The threads where a store runs its effects: ``workers`` at a time (one by default), each on the connection
+    of the transaction it was given."""
 
-    def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str, *, workers: int = 1) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
     async def run(self, conn: Connection, effect: Callable[..., object], *args: Any) -> None:
         """``effect(tx, *args)`` in the thread, ``tx`` an ``EffectTransaction`` on ``conn``; its exception is

@@ -13,11 +13,17 @@ SQLite file do, and numbers have no gaps. The lock is the price of order: add it
 statement with the renewal of the relay's lease (data-modifying ``WITH``): the renewal locks the lease row by
 owner and token, the item updates happen only if it matched, and a takeover waits for that row until the
 statement commits. One round trip a step, fenced exactly as SQLite's transaction.
+
+**Relays woken across hosts.** A transaction that adds items sends one ``NOTIFY`` on the outbox's channel (in the
+statement that inserts its first item; delivered at commit), and a relay's wait listens for it (``Wakeups``, the
+queue's mechanism): another host's events are sent at once, and by polling (``poll_ms``) if the listening
+connection is lost (logged and counted) or with ``wakeups=poll``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 from collections.abc import AsyncIterator, Sequence
@@ -30,12 +36,12 @@ from asyncq.errors import Conflict
 from asyncq.store.port.outbox import (
     AUDIT_IDS_MAX,
     OPERATOR_MOVES,
-    AuditEntry,
     Failure,
     Figures,
     Item,
     Lease,
     NewItem,
+    OutboxAuditEntry,
     OutboxStoreTransaction,
     Step,
 )
@@ -44,12 +50,17 @@ from asyncq.store.postgres.effects import execute_inside
 from asyncq.store.postgres.failures import PostgresBusy
 from asyncq.store.postgres.outbox_schema import OUTBOX
 from asyncq.store.postgres.pooled import PooledStore, app_connection, one_row, raise_translated
+from asyncq.store.postgres.wakeups import Wakeups
 
 ITEM_COLUMNS = "seq, id, topic, body, created_at, state, attempts, budget_from, last_error, next_attempt_at, sent_at"
 ORDER_LOCK = "SELECT pg_advisory_xact_lock($1)"
-INSERT_ITEM = """INSERT INTO {s}.outbox (seq, id, topic, body, created_at, state, next_attempt_at)
-SELECT coalesce(max(seq), 0) + 1, $1, $2, $3, $4::bigint, 'unsent', $4::bigint FROM {s}.outbox
-ON CONFLICT (id) DO NOTHING RETURNING seq"""
+# The item, and (``$5`` a channel) the relays' NOTIFY in the same round trip, sent only if the item was added.
+INSERT_ITEM = """WITH added AS (
+  INSERT INTO {s}.outbox (seq, id, topic, body, created_at, state, next_attempt_at)
+  SELECT coalesce(max(seq), 0) + 1, $1, $2, $3, $4::bigint, 'unsent', $4::bigint FROM {s}.outbox
+  ON CONFLICT (id) DO NOTHING RETURNING seq
+)
+SELECT seq, CASE WHEN $5::text IS NOT NULL THEN pg_notify($5, '') END FROM added"""
 SELECT_ITEM = f"SELECT {ITEM_COLUMNS} FROM {{s}}.outbox WHERE id = $1"
 LOCK_ITEM = f"SELECT {ITEM_COLUMNS} FROM {{s}}.outbox WHERE id = $1 FOR UPDATE"
 HEAD_BATCH = f"SELECT {ITEM_COLUMNS} FROM {{s}}.outbox WHERE state IN ('unsent', 'alarm') ORDER BY seq LIMIT $1"
@@ -114,12 +125,18 @@ def order_key(schema: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-async def add_in_transaction(conn: Connection, schema: str, item: NewItem, now_ms: int) -> bool:
-    """Insert an unsent item inside the transaction ``conn`` has open, after the order lock; ``False`` if the id
-    exists with the same topic and body, else ``Conflict``."""
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of the outbox in ``schema``: its relays listen, an adding commit wakes them."""
+    return f"{schema}_outbox"
+
+
+async def add_in_transaction(conn: Connection, schema: str, item: NewItem, now_ms: int, *, notify: bool) -> bool:
+    """Insert an unsent item inside the transaction ``conn`` has open, after the order lock (with ``notify``, the
+    relays' NOTIFY if it was added; delivered at commit); ``False`` if the id exists with the same topic and body,
+    else ``Conflict``."""
     await conn.execute(ORDER_LOCK, order_key(schema))
-    seq = await conn.fetchval(INSERT_ITEM.format(s=schema), item.id, item.topic, item.body, now_ms)
-    if seq is not None:
+    wake = channel(schema) if notify else None
+    if await conn.fetchrow(INSERT_ITEM.format(s=schema), item.id, item.topic, item.body, now_ms, wake) is not None:
         return True
     found = await conn.fetchrow(SELECT_ITEM.format(s=schema), item.id)
     assert found is not None  # never deleted
@@ -179,7 +196,7 @@ async def _record_failure(
 
 async def _operate(
     conn: Connection, schema: str, item_id: str, action: str, now_ms: int, note: str, reason: str | None
-) -> AuditEntry:
+) -> OutboxAuditEntry:
     """The operator's move along ``OPERATOR_MOVES`` with its audit row (``SqliteOutboxStore``'s rules); the item's
     row is locked first, so a relay's step on it waits, then finds it moved."""
     sources, target = OPERATOR_MOVES[action]
@@ -193,7 +210,7 @@ async def _operate(
         states = ["unsent", "alarm"] if action == "quarantine" else ["sent"]
         ids, count = await one_row(conn, IDS_BEHIND.format(s=schema), item.seq, states, AUDIT_IDS_MAX)
         skipped = list(ids)
-    entry = AuditEntry(
+    entry = OutboxAuditEntry(
         item_id, now_ms, action, item.state, note, reason, item.attempts, item.last_error, skipped, count
     )
     await conn.execute(
@@ -205,9 +222,9 @@ async def _operate(
     return entry
 
 
-async def _audit(conn: Connection, schema: str, item_id: str | None) -> list[AuditEntry]:
+async def _audit(conn: Connection, schema: str, item_id: str | None) -> list[OutboxAuditEntry]:
     rows = await conn.fetch(SELECT_AUDIT.format(s=schema), item_id)
-    return [AuditEntry.from_row(row) for row in rows]
+    return [OutboxAuditEntry.from_row(row) for row in rows]
 
 
 async def _figures(conn: Connection, schema: str, now_ms: int) -> Figures:
@@ -248,7 +265,8 @@ class PostgresOutboxTransaction:
 
     async def add(self, item: NewItem, now_ms: int) -> bool:
         self._check_open()
-        added = await add_in_transaction(self._conn, self._schema, item, now_ms)
+        # The transaction's first item sends its one NOTIFY.
+        added = await add_in_transaction(self._conn, self._schema, item, now_ms, notify=not self.added)
         self.added += added
         return added
 
@@ -266,6 +284,9 @@ class PostgresOutboxStore(PooledStore):
     def __init__(self, target: Target, pool: asyncpg.Pool) -> None:
         super().__init__(target, pool)
         self._holders: set[asyncio.Task[Any]] = set()  # tasks inside a transaction() block
+        #: The relays' wake-ups from other connections: listening from the first wait on (a process that only adds
+        #: items holds no listening connection), polling with ``wakeups=poll`` or while the listener is lost.
+        self.wakeups = Wakeups(target, target.wakeups, channel=channel(target.schema), what="outbox items")
 
     @classmethod
     async def open(cls, url: object) -> PostgresOutboxStore:
@@ -277,11 +298,11 @@ class PostgresOutboxStore(PooledStore):
         transaction open) inside the app's, where the item commits or rolls back with the app's rows."""
         if connection is None:
             self._refuse_inside_a_block()
-            added: bool = await self._write(add_in_transaction, item, now_ms)
+            added: bool = await self._write(functools.partial(add_in_transaction, notify=True), item, now_ms)
             return added
         conn = app_connection(connection)
-        try:
-            return await add_in_transaction(conn, self.schema, item, now_ms)
+        try:  # each add notifies: PostgreSQL delivers one of a transaction's identical notifications, at commit
+            return await add_in_transaction(conn, self.schema, item, now_ms, notify=True)
         except Exception as error:
             raise_translated(error, self.location)
 
@@ -313,16 +334,23 @@ class PostgresOutboxStore(PooledStore):
         except Exception as error:
             raise_translated(error, self.location)
 
+    async def wait_for_items(self, timeout: float) -> None:
+        await self.wakeups.wait(timeout)
+
+    async def close(self) -> None:
+        await self.wakeups.close()
+        await super().close()
+
     async def get(self, item_id: str) -> Item | None:
         found: Item | None = await self._run(_get, item_id)
         return found
 
-    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> AuditEntry:
-        entry: AuditEntry = await self._write(_operate, item_id, action, now_ms, note, reason)
+    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> OutboxAuditEntry:
+        entry: OutboxAuditEntry = await self._write(_operate, item_id, action, now_ms, note, reason)
         return entry
 
-    async def audit(self, item_id: str | None) -> list[AuditEntry]:
-        entries: list[AuditEntry] = await self._run(_audit, item_id)
+    async def audit(self, item_id: str | None) -> list[OutboxAuditEntry]:
+        entries: list[OutboxAuditEntry] = await self._run(_audit, item_id)
         return entries
 
     async def figures(self, now_ms: int) -> Figures:

@@ -53,12 +53,17 @@ class PooledStore:
 
     @classmethod
     async def open_target(
-        cls, url: object, migrations: Migrations, prepare: Callable[[Connection, str], Awaitable[None]] | None = None
+        cls,
+        url: object,
+        migrations: Migrations,
+        prepare: Callable[[Connection, str], Awaitable[None]] | None = None,
+        *,
+        size: int | None = None,
     ) -> tuple[Target, asyncpg.Pool]:
-        """The URL checked, a pool opened and ``migrations`` run; then ``prepare(conn, schema)`` if given. Nothing
-        is left open if any of it fails."""
+        """The URL checked, a pool of ``size`` connections (the URL's ``pool_size`` by default) opened and
+        ``migrations`` run; then ``prepare(conn, schema)`` if given. Nothing is left open if any of it fails."""
         target = parse_url(url)
-        pool = await open_pool(target)
+        pool = await open_pool(target, size=size)
         try:
             async with pool.acquire() as conn:
                 await migrate(conn, target.schema, migrations)

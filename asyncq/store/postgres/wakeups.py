@@ -1,11 +1,12 @@
-"""Waking waiting workers on PostgreSQL: in-process after this process's own commits, across hosts by
-``LISTEN/NOTIFY``, and by polling (the waiter's timeout) whatever happens.
+"""Waking waiting workers (and outbox relays) on PostgreSQL: in-process after this process's own commits, across
+hosts by ``LISTEN/NOTIFY``, and by polling (the waiter's timeout) whatever happens.
 
 Every transaction that makes work ready sends one ``NOTIFY`` (``statements.NOTIFY``; PostgreSQL folds a
 transaction's identical notifications into one, and delivers it at commit). One dedicated connection per store
-listens. If it is lost, waiting degrades to polling, the loss is logged and counted, and the next wait tries to
-listen again (at most once a second). ``wakeups=poll`` (for a PgBouncer in transaction mode, which drops a
-session's ``LISTEN``) never listens: other hosts' rows are found by polling only.
+listens. If it is lost, waiting degrades to polling, the loss is logged and counted, the waiters are woken, and
+the next wait tries to listen again (at most once a second, a long poll cut short for it). ``wakeups=poll`` (for a
+PgBouncer in transaction mode, which drops a session's ``LISTEN``) never listens: other hosts' rows are found by
+polling only. The outbox's relays wait on one of these too, on the outbox's own channel.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncpg
 
 from asyncq.errors import StoreError
 from asyncq.store.postgres.connection import Target, connect
-from asyncq.store.postgres.statements import channel
+from asyncq.store.postgres.statements import channel as queue_channel
 
 log = logging.getLogger("asyncq.store.postgres")
 
@@ -30,10 +31,12 @@ RETRY_SECONDS = 1.0
 class Wakeups:
     """The waiters of one store, and its listening connection (``mode`` ``listen``) or none (``poll``)."""
 
-    def __init__(self, target: Target, mode: str) -> None:
+    def __init__(self, target: Target, mode: str, *, channel: str | None = None, what: str = "jobs") -> None:
         self._target = target
         self.mode = mode
-        self.channel = channel(target.schema)
+        #: The channel listened to (the queue's by default); ``what`` names its rows in log lines.
+        self.channel = queue_channel(target.schema) if channel is None else channel
+        self._what = what
         self._waiters: set[asyncio.Event] = set()
         self._listener: asyncpg.Connection[Any] | None = None
         self._next_try = 0.0
@@ -61,6 +64,8 @@ class Wakeups:
         """Return when rows may be ready (a local commit, a notification), or after ``timeout`` seconds."""
         if self.mode == "listen" and self._listener is None and not self._closed:
             await self._relisten()
+            if self._listener is None:  # not listening: wait no longer than the next try (a poll may be long)
+                timeout = min(timeout, max(self._next_try - time.monotonic(), 0.0))
         if self._missed:
             self._missed = False
             return
@@ -104,9 +109,11 @@ class Wakeups:
             self._listener = await self._listen()
         except (StoreError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             self.lost += 1
-            log.warning("%s: cannot listen for new jobs (polling until it can): %s", self._target.location, error)
+            log.warning(
+                "%s: cannot listen for new %s (polling until it can): %s", self._target.location, self._what, error
+            )
             return
-        log.info("%s: listening for new jobs again", self._target.location)
+        log.info("%s: listening for new %s%s", self._target.location, self._what, " again" if self.lost else "")
         self.notify()  # rows may have come while nobody listened
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, _payload: object) -> None:
@@ -118,4 +125,7 @@ class Wakeups:
             return
         self._listener = None
         self.lost += 1
-        log.warning("%s: lost the connection listening for new jobs (polling until it is back)", self._target.location)
+        self.notify()  # the waiters wait again, listening again first (rows may come while nobody listens)
+        log.warning(
+            "%s: lost the connection listening for new %s (polling until it is back)", self._target.location, self._what
+        )

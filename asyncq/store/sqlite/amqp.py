@@ -21,10 +21,8 @@ import json
 import sqlite3
 from typing import Any
 
-from asyncq.core.backoff import RetryPolicy
-from asyncq.core.failures import classify
-from asyncq.core.lifecycle import PERMANENT
-from asyncq.store.port.amqp import DeadMessage, Delivery, Effect, Outcome
+from asyncq.core.redelivery import NO_KEY, deliveries_seen, error_note, limit_reason, parking_reason
+from asyncq.store.port.amqp import DeadMessage, Delivery, DeliveryOutcome, Effect
 from asyncq.store.sqlite.aio import FilePool
 from asyncq.store.sqlite.connection import check_path, configure, open_file, write_transaction
 from asyncq.store.sqlite.effects import effect_transaction
@@ -79,7 +77,7 @@ def open_store(path: object, *, check_same_thread: bool = True) -> sqlite3.Conne
 
 def process_delivery(
     con: sqlite3.Connection, delivery: Delivery, effect: Effect, *, delivery_limit: int, now: int
-) -> Outcome:
+) -> DeliveryOutcome:
     """Run ``effect`` for ``delivery`` at most once per key, and say what the broker should be told.
 
     A first delivery costs one transaction (effect + key). A repeat is first counted in its own committed
@@ -87,52 +85,49 @@ def process_delivery(
     """
     key = delivery.key
     if key is None:
-        return _park(con, delivery, 1, "no message id to use as completion key", now)
+        return _park(con, delivery, 1, NO_KEY, now)
     deliveries = 1
-    if delivery.redelivered or delivery.delivery_count:
+    seen = deliveries_seen(delivery.redelivered, delivery.delivery_count)
+    if seen is not None:
         with write_transaction(con):
             if con.execute(IS_COMPLETED, {"key": key}).fetchone() is not None:
-                return Outcome.DUPLICATE
+                return DeliveryOutcome.DUPLICATE
             if con.execute(IS_DEAD, {"key": key}).fetchone() is not None:
-                return Outcome.PARKED  # parked before, but the ack was lost
-            seen = (delivery.delivery_count or 0) + 1
+                return DeliveryOutcome.PARKED  # parked before, but the ack was lost
             deliveries, last_error = con.execute(COUNT_DELIVERY, {"key": key, "seen": seen}).fetchone()
-        if deliveries > delivery_limit:
-            reason = f"delivery limit {delivery_limit} exceeded ({deliveries} deliveries)"
-            return _park(con, delivery, deliveries, f"{reason}; last error: {last_error or 'none seen'}", now)
+        reason = limit_reason(delivery_limit, deliveries, last_error)
+        if reason is not None:
+            return _park(con, delivery, deliveries, reason, now)
     return _run_effect(con, delivery, key, effect, deliveries, now)
-
-
-#: The consumer's retry is the broker's requeue, which has no delay: the policy only classifies.
-REQUEUE = RetryPolicy(jitter=lambda: 0.0)
 
 
 def _run_effect(
     con: sqlite3.Connection, delivery: Delivery, key: str, effect: Effect, deliveries: int, now: int
-) -> Outcome:
+) -> DeliveryOutcome:
     try:
         with write_transaction(con):
             if con.execute(INSERT_COMPLETED, {"key": key, "now": now}).rowcount == 0:
-                return Outcome.DUPLICATE
+                return DeliveryOutcome.DUPLICATE
             with effect_transaction(con) as tx:
                 effect(tx, delivery)
             con.execute(FORGET_ATTEMPTS, {"key": key})
             con.execute(FORGET_DEAD, {"key": key})
     except Exception as exc:  # asyncq's one rule; a retry is a requeue, at once (the broker has no delay)
-        if classify(exc, max(deliveries, 1), REQUEUE).outcome == PERMANENT:
-            return _park(con, delivery, deliveries, f"permanent: {exc}", now)
+        reason = parking_reason(exc, deliveries)
+        if reason is not None:
+            return _park(con, delivery, deliveries, reason, now)
         with write_transaction(con):
-            con.execute(NOTE_ERROR, {"key": key, "error": f"{type(exc).__name__}: {exc}"[:500]})
-        return Outcome.RETRY
-    return Outcome.COMPLETED
+            con.execute(NOTE_ERROR, {"key": key, "error": error_note(exc)})
+        return DeliveryOutcome.RETRY
+    return DeliveryOutcome.COMPLETED
 
 
-def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: str, now: int) -> Outcome:
+def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: str, now: int) -> DeliveryOutcome:
     params = {
         "key": delivery.key,
         "queue": delivery.queue,
         "body": delivery.body,
-        "headers": json.dumps(dict(delivery.headers), default=str),
+        "headers": delivery.headers_text(),
         "content_type": delivery.content_type,
         "deliveries": deliveries,
         "reason": reason,
@@ -141,7 +136,7 @@ def _park(con: sqlite3.Connection, delivery: Delivery, deliveries: int, reason: 
     with write_transaction(con):
         con.execute(PARK, params)
         con.execute(FORGET_ATTEMPTS, {"key": delivery.key})
-    return Outcome.PARKED
+    return DeliveryOutcome.PARKED
 
 
 def list_dead(con: sqlite3.Connection) -> list[DeadMessage]:
@@ -196,9 +191,9 @@ class SqliteAmqpStore:
         file = check_path(path, "database")
         return cls(await FilePool.open(file, connections, BUSY_TIMEOUT_S, _open_tables), file)
 
-    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> Outcome:
+    async def process(self, delivery: Delivery, effect: Effect, *, delivery_limit: int, now_ms: int) -> DeliveryOutcome:
         run = functools.partial(process_delivery, delivery_limit=delivery_limit, now=now_ms)
-        outcome: Outcome = await self._pool.run(run, delivery, effect)
+        outcome: DeliveryOutcome = await self._pool.run(run, delivery, effect)
         return outcome
 
     async def dead_messages(self) -> list[DeadMessage]:

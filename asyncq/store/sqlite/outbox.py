@@ -27,12 +27,12 @@ from asyncq.store.port.outbox import (
     OPERATOR_MOVES,
     QUARANTINED,
     UNSENT,
-    AuditEntry,
     Failure,
     Figures,
     Item,
     Lease,
     NewItem,
+    OutboxAuditEntry,
     OutboxStoreTransaction,
     Step,
 )
@@ -69,6 +69,7 @@ VALUES (:id, :seq, :now, :action, :from_state, :note, :reason, :attempts, :last_
 SELECT_AUDIT = """SELECT id, at_ms, action, from_state, note, reason, attempts, last_error, skipped_ahead_of,
   skipped_count FROM asyncq_outbox_audit WHERE id = :id OR :id IS NULL ORDER BY seq"""
 COUNT_BY_STATE = "SELECT count(*) FROM asyncq_outbox WHERE state = :state"
+HAS_WAITING = "SELECT 1 FROM asyncq_outbox WHERE state = 'unsent' LIMIT 1"
 OLDEST_WAITING = "SELECT min(created_at) FROM asyncq_outbox WHERE state IN ('unsent', 'alarm')"
 
 # Taken only when free or expired, always with a new token (the fence).
@@ -222,7 +223,7 @@ def _ids(con: sqlite3.Connection, statement: str, seq: int) -> tuple[list[str], 
 
 def operator_move(
     con: sqlite3.Connection, item_id: str, action: str, now_ms: int, note: str, reason: str | None
-) -> AuditEntry:
+) -> OutboxAuditEntry:
     """``retry`` (alarm or unsent → unsent, due now, a fresh budget), ``quarantine`` (unsent or alarm →
     quarantined, recording the waiting items that now go first) or ``requeue`` (quarantined → unsent at its
     own seq, a fresh budget, recording the items sent while it was out). ``ValueError`` if the item is
@@ -236,7 +237,7 @@ def operator_move(
         count = 0
         if action != "retry":
             skipped, count = _ids(con, WAITING_BEHIND if action == "quarantine" else SENT_BEHIND, item.seq)
-        entry = AuditEntry(
+        entry = OutboxAuditEntry(
             item_id, now_ms, action, item.state, note, reason, item.attempts, item.last_error, skipped, count
         )
         con.execute(INSERT_AUDIT, _audit_params(item.seq, entry))
@@ -245,16 +246,16 @@ def operator_move(
     return entry
 
 
-def _audit_params(seq: int, entry: AuditEntry) -> dict[str, Any]:
+def _audit_params(seq: int, entry: OutboxAuditEntry) -> dict[str, Any]:
     params = {"seq": seq, "now": entry.at_ms, "skipped": json.dumps(entry.skipped_ahead_of)}
     fields = ("id", "action", "from_state", "note", "reason", "attempts", "last_error", "skipped_count")
     return params | {name: getattr(entry, name) for name in fields}
 
 
-def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[AuditEntry]:
+def read_audit(con: sqlite3.Connection, item_id: str | None) -> list[OutboxAuditEntry]:
     """The audit rows of one item (or of all items), oldest first."""
     rows = con.execute(SELECT_AUDIT, {"id": item_id}).fetchall()
-    return [AuditEntry.from_row(row) for row in rows]
+    return [OutboxAuditEntry.from_row(row) for row in rows]
 
 
 def read_figures(con: sqlite3.Connection, now_ms: int) -> Figures:
@@ -297,6 +298,10 @@ class SqliteOutboxTransaction(AppTransaction):
         return added
 
 
+def _has_waiting_items(con: sqlite3.Connection) -> bool:
+    return con.execute(HAS_WAITING).fetchone() is not None
+
+
 class SqliteOutboxStore:
     """The outbox store's port on one SQLite file. Open with ``await SqliteOutboxStore.open(path)``."""
 
@@ -315,13 +320,15 @@ class SqliteOutboxStore:
             raise ValueError(f"durability must be one of {sorted(LEVELS)}")
         file = check_path(path)
         setup = functools.partial(open_tables, journal_mode=level.journal_mode, synchronous=level.synchronous)
-        return cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
+        store = cls(AsyncFile(await AsyncFile.connect(file, busy_timeout, setup), file))
+        store._file.may_have_work = _has_waiting_items  # other tables' commits wake no relay
+        return store
 
     async def add(self, item: NewItem, now_ms: int, *, connection: object = None) -> bool:
         if connection is not None:
             raise TypeError(
-                "a SQLite outbox joins the app's transaction through outbox.transaction(), or add_sync on the app's"
-                " own sqlite3 connection"
+                "a SQLite outbox joins the app's transaction through outbox.transaction(), or asyncq.sqlite.add_sync"
+                " on the app's own sqlite3 connection"
             )
         added: bool = await self._file.run(add, item, now_ms)
         return added
@@ -333,12 +340,12 @@ class SqliteOutboxStore:
         found: Item | None = await self._file.run(get_item, item_id)
         return found
 
-    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> AuditEntry:
-        entry: AuditEntry = await self._file.run(operator_move, item_id, action, now_ms, note, reason)
+    async def operate(self, item_id: str, action: str, now_ms: int, note: str, reason: str | None) -> OutboxAuditEntry:
+        entry: OutboxAuditEntry = await self._file.run(operator_move, item_id, action, now_ms, note, reason)
         return entry
 
-    async def audit(self, item_id: str | None) -> list[AuditEntry]:
-        entries: list[AuditEntry] = await self._file.run(read_audit, item_id)
+    async def audit(self, item_id: str | None) -> list[OutboxAuditEntry]:
+        entries: list[OutboxAuditEntry] = await self._file.run(read_audit, item_id)
         return entries
 
     async def figures(self, now_ms: int) -> Figures:
@@ -372,6 +379,9 @@ class SqliteOutboxStore:
             record_failure, lease, now_ms, lease_ms, seq, failure
         )
         return recorded
+
+    async def wait_for_items(self, timeout: float) -> None:
+        await self._file.wait_for_rows(timeout)  # another connection's commit to the file, seen by its watcher
 
     async def close(self) -> None:
         await self._file.close()
