@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name loads on first use
     from asyncq.core.backoff import RetryPolicy
     from asyncq.core.jobs import Job, JobSpec, Ticket
+    from asyncq.core.jsontext import JSON
+    from asyncq.core.lifecycle import Outcome
     from asyncq.delivery.fake import FakeTransport
     from asyncq.delivery.http import HttpTransport
     from asyncq.errors import AsyncqError, BadAck, Conflict, InvalidArguments, JobFailed, Permanent, Retryable
@@ -31,11 +33,13 @@ __all__ = [
     "HttpTransport",
     "Inbox",
     "InvalidArguments",
+    "JSON",
     "Job",
     "JobContext",
     "JobFailed",
     "JobSpec",
     "Outbox",
+    "Outcome",
     "Permanent",
     "Pool",
     "Queue",
@@ -59,11 +63,13 @@ _WHERE = {
     "HttpTransport": "asyncq.delivery.http",
     "Inbox": "asyncq.inbox",
     "InvalidArguments": "asyncq.errors",
+    "JSON": "asyncq.core.jsontext",
     "Job": "asyncq.core.jobs",
     "JobContext": "asyncq.worker.context",
     "JobFailed": "asyncq.errors",
     "JobSpec": "asyncq.core.jobs",
     "Outbox": "asyncq.outbox",
+    "Outcome": "asyncq.core.lifecycle",
     "Permanent": "asyncq.errors",
     "Pool": "asyncq.worker.pool",
     "Queue": "asyncq.queue",

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
+from asyncq.core.jsontext import JSONInput
 from asyncq.core.failures import ErrorText, error_text
 from asyncq.core.jobs import (
     DEFAULT_LEASE_MS,
@@ -94,7 +95,7 @@ class Transaction:
         ``:name`` parameters; PostgreSQL: ``$1``, ``$2`` … from a list or tuple)."""
         return await self._inner.execute(statement, parameters)
 
-    async def enqueue(self, job_id: str, body: Any, **options: Unpack[EnqueueOptions]) -> bool:
+    async def enqueue(self, job_id: str, body: JSONInput, **options: Unpack[EnqueueOptions]) -> bool:
         """Enqueue inside this transaction (see ``Queue.enqueue``)."""
         row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
         return (await self._inner.enqueue_rows([row]))[0]
@@ -138,7 +139,7 @@ class Queue(StoreFacade[QueueStore]):
     async def enqueue(
         self,
         job_id: str,
-        body: Any,
+        body: JSONInput,
         *,
         queue: str = DEFAULT_QUEUE,
         max_attempts: int = 3,

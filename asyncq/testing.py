@@ -96,7 +96,7 @@ async def enqueued(queue: Queue, task: Task[Any, Any], **args: Any) -> list[Job]
             body = job.body
             if isinstance(body, dict) and body.get("task") == task.name:
                 stored = body.get("args") or {}
-                if all(name in stored and stored[name] == value for name, value in wanted.items()):
+                if isinstance(stored, dict) and all(name in stored and stored[name] == value for name, value in wanted.items()):
                     found.append(job)
         if len(page) < 1000:
             return found

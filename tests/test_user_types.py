@@ -68,6 +68,37 @@ async def main(con: sqlite3.Connection) -> None:
     print(count, text)
 """
 
+EDGES_SCRIPT = """\
+import asyncq
+from asyncq import Outcome, Queue, Ticket
+
+
+async def main(queue: Queue, ticket: Ticket) -> None:
+    async with asyncq.open("a.db", busy_timeout="x"):  # MISUSE: open-option-type
+        pass
+    async with asyncq.open("a.db", bogus=1):  # MISUSE: open-unknown-option
+        pass
+    async with asyncq.open("a.db", durability="full", busy_timeout=2.0, read_only=False):
+        pass
+    await queue.finish(ticket, "okk")  # MISUSE: outcome-typo
+    await queue.finish(ticket, "retry", delay=1.0)
+    await queue.finish(ticket, Outcome.OK)
+    async with queue.transaction() as tx:
+        await tx.enqueue("a", {}, max_attempt=3)  # MISUSE: tx-option-typo
+        await tx.enqueue("b", {"n": [1, 2.5, None]}, max_attempts=3, ttl=60)
+    await queue.enqueue("c", {1, 2})  # MISUSE: body-set
+    await queue.enqueue("d", object())  # MISUSE: body-object
+    report = await queue.prune(60)
+    print(report["deleeted"])  # MISUSE: prune-report-key
+    print(report["deleted"] + report["bytes_before"])
+    described = await queue.describe()
+    print(described["store"] == "mysql")  # MISUSE: store-kind
+    job = await queue.get("a")
+    if job is not None:
+        total: int = job.body  # MISUSE: body-is-json
+        print(total, job.result)
+"""
+
 
 def mypy_errors(tmp_path: Path, source: str) -> tuple[set[int], subprocess.CompletedProcess[str]]:
     """The lines of ``source`` (as ``user_app.py``) that ``mypy --strict`` flags, and its run."""
@@ -92,7 +123,7 @@ def mypy_errors(tmp_path: Path, source: str) -> tuple[set[int], subprocess.Compl
     return {int(m.group(1)) for m in re.finditer(r"user_app\.py:(\d+): error", done.stdout)}, done
 
 
-@pytest.mark.parametrize("source", [SCRIPT, TASKS_SCRIPT], ids=["queue-api", "tasks-api"])
+@pytest.mark.parametrize("source", [SCRIPT, TASKS_SCRIPT, EDGES_SCRIPT], ids=["queue-api", "tasks-api", "edges"])
 def test_mypy_strict_reports_each_misuse_of_the_public_api(tmp_path: Path, source: str) -> None:
     flagged, done = mypy_errors(tmp_path, source)
     expected = {n for n, line in enumerate(source.splitlines(), 1) if "# MISUSE" in line}

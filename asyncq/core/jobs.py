@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from asyncq.core.failures import ErrorText
-from asyncq.core.jsontext import canonical_json
+from asyncq.core.jsontext import JSON, JSONInput, canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.limits import (
     DEFAULT_LEASE_MS,
@@ -136,7 +136,7 @@ class JobSpec:
     ``timedelta``; ``ttl_ms``/``delay_ms`` are their deprecated millisecond forms."""
 
     id: str
-    body: Any
+    body: JSONInput
     queue: str = DEFAULT_QUEUE
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     # Keyword-only: a positional millisecond value written for the older fields fails loudly.
@@ -229,7 +229,7 @@ class Ticket:
     if TYPE_CHECKING:
 
         @property
-        def body(self) -> Any:
+        def body(self) -> JSON:
             """The job's body, decoded from ``body_json`` on first use."""
 
     else:
@@ -300,7 +300,7 @@ class Job:
     seq: int
     id: str
     queue: str
-    body: Any
+    body: JSON
     status: str
     attempts: int
     max_attempts: int
@@ -318,7 +318,7 @@ class Job:
     result_json: str | None = None
 
     @property
-    def result(self) -> Any:
+    def result(self) -> JSON:
         """The stored result, decoded (``None`` also when there is none: see ``result_json``)."""
         return None if self.result_json is None else decode_stored(self.result_json)
 

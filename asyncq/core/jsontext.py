@@ -8,9 +8,16 @@ order and whitespace never make two bodies differ (while ``1`` and ``1.0`` still
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json import encoder
-from typing import Any
+from typing import Any, TypeAlias
+
+#: A JSON value as asyncq hands it back decoded: a job's body (``Ticket.body``, ``Job.body``) and a stored result
+#: (``Job.result``).
+JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
+#: What asyncq takes as a body or a result: any value that encodes as strict JSON (mappings with string keys,
+#: sequences, strings, numbers, booleans, ``None``); a mapping or list of any such value type-checks.
+JSONInput: TypeAlias = "Mapping[str, JSONInput] | Sequence[JSONInput] | str | int | float | bool | None"
 
 
 def _no_constant(name: str) -> Any:

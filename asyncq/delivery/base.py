@@ -14,10 +14,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeAlias
 
+from asyncq.core.jsontext import JSONInput
 from asyncq.errors import Permanent
 
-#: What a job's body may be: anything that encodes as strict JSON.
-Body: TypeAlias = Mapping[str, Any] | list[Any] | str | int | float | bool | None
+#: What a job's body may be: anything that encodes as strict JSON (``asyncq.core.jsontext.JSONInput``).
+Body: TypeAlias = JSONInput
 
 
 class JsonText(str):
