@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.worker.context import JobContext, deliver_with
     from asyncq.worker.pool import Pool
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (plain sorted order, as tests/test_exported_members.py pins it)
     "App",
     "AsyncqError",
     "BadAck",

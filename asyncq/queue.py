@@ -19,7 +19,6 @@ from dataclasses import replace
 from typing import Any, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
-from asyncq.core.jsontext import JSONInput
 from asyncq.core.failures import ErrorText, error_text
 from asyncq.core.jobs import (
     DEFAULT_LEASE_MS,
@@ -38,6 +37,7 @@ from asyncq.core.jobs import (
     StoredResult,
     Ticket,
 )
+from asyncq.core.jsontext import JSONInput
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, Outcome, OutcomeName
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats

@@ -96,7 +96,10 @@ async def enqueued(queue: Queue, task: Task[Any, Any], **args: Any) -> list[Job]
             body = job.body
             if isinstance(body, dict) and body.get("task") == task.name:
                 stored = body.get("args") or {}
-                if isinstance(stored, dict) and all(name in stored and stored[name] == value for name, value in wanted.items()):
+                matches = isinstance(stored, dict) and all(
+                    name in stored and stored[name] == value for name, value in wanted.items()
+                )
+                if matches:
                     found.append(job)
         if len(page) < 1000:
             return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeAlias
+from typing import Protocol, TypeAlias
 
 from asyncq.core.jsontext import JSONInput
 from asyncq.errors import Permanent
