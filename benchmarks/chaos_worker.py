@@ -96,7 +96,7 @@ async def work(args: argparse.Namespace) -> None:
             queue,
             concurrency=args.concurrency,
             owner=args.owner,
-            lease_ms=args.lease_ms,
+            lease=args.lease_ms / 1000,
             poll_max=args.poll_max,
             observer=LoggingObserver(events),
         )

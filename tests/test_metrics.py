@@ -113,7 +113,7 @@ async def test_a_finish_whose_lease_was_taken_over_counts_as_stale(queue: Queue,
             taken.extend(await other_worker.claim("w2", lease_ms=60_000))  # then finish with the old ticket
 
         metrics = PoolMetrics(queue_path=path, clock=lambda: clock[0])
-        pool = Pool(queue, owner="w1", lease_ms=30_000, observer=metrics)
+        pool = Pool(queue, owner="w1", lease=30, observer=metrics)
         pool.register("default", handler)
         await queue.enqueue("job", {})
         await burst(pool)
@@ -139,7 +139,7 @@ async def test_a_lost_lease_is_counted_and_its_delivery_is_not(queue: Queue, pat
             raise
 
     metrics = PoolMetrics()
-    pool = Pool(queue, owner="w1", lease_ms=1_000, observer=metrics)  # renewals every 0.25 s of real time
+    pool = Pool(queue, owner="w1", lease=1.0, observer=metrics)  # renewals every 0.25 s of real time
     pool.register("default", handler)
     await queue.enqueue("job", {})
     async with await Queue.open(path, clock=lambda: clock[0] + 2_000) as other_worker:
