@@ -6,12 +6,11 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, fingerprint, run_cli, run_many
+from cli_support import fingerprint, holding_write_lock, run_cli, run_many
 
 from asyncq.store.sqlite.admin import filesystem_type
 
@@ -84,25 +83,8 @@ def locked(tmp_path: Path, template: Path) -> Iterator[Path]:
     """A queue file whose write lock another process holds (BEGIN IMMEDIATE) for the test's duration."""
     db = tmp_path / "q.db"
     shutil.copyfile(template, db)
-    code = (
-        "import sqlite3, sys\n"
-        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-        "con.execute('BEGIN IMMEDIATE')\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.read()\n"
-        "con.execute('ROLLBACK')\n"
-        "con.close()\n"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cli_env()
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    with holding_write_lock(db):
         yield db
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        assert holder.wait(timeout=10) == 0
 
 
 def test_a_write_command_facing_a_held_lock_fails_after_its_timeout(locked: Path) -> None:
