@@ -12,10 +12,12 @@ queues, and a finish racing a lease renewal.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import threading
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,9 @@ from conftest import T0
 from asyncq.core.jobs import JobSpec
 from asyncq.errors import Permanent, Retryable
 from asyncq.queue import Queue
+from asyncq.tasks.asgi import LifespanOptions
 from asyncq.worker.pool import JobContext, Pool, RetryPolicy
+from asyncq.worker.settings import PoolOptions, PoolSettings, settings_fields
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -334,6 +338,29 @@ async def test_bad_pool_options_are_refused_before_anything_is_claimed(
         Pool(queue, **options)
     job = await queue.get("job")
     assert job is not None and (job.status, job.attempts, job.token) == ("pending", 0, 0)
+
+
+def test_pool_options_are_the_settings_fields_with_their_types() -> None:
+    """``PoolOptions`` (what mypy checks ``Pool(queue, **options)``, ``App.pool`` … against) is ``PoolSettings``'
+    fields, each with its type, and the lifespan's options hold them all."""
+    fields = {name: hint for name, hint in typing.get_type_hints(PoolSettings).items() if name in settings_fields()}
+    assert typing.get_type_hints(PoolOptions) == fields
+    assert list(PoolOptions.__annotations__) == settings_fields() and PoolOptions.__required_keys__ == frozenset()
+    assert PoolOptions.__optional_keys__ <= LifespanOptions.__optional_keys__
+
+
+async def test_a_pool_takes_its_settings_as_one_value_or_as_keywords_not_both(queue: Queue) -> None:
+    settings = PoolSettings(concurrency=3, owner="w1", lease=2)
+    pool = Pool(queue, settings)
+    assert (pool.settings, pool.concurrency, pool.owner, pool.lease_ms) == (settings, 3, "w1", 2000)
+    assert Pool(queue, concurrency=3, owner="w1", lease=2).settings == settings
+    with pytest.raises(TypeError, match="not both"):
+        Pool(queue, settings, concurrency=3)
+    with pytest.raises(TypeError, match="must be a PoolSettings"):
+        Pool(queue, {"concurrency": 3})  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.concurrency = 4  # type: ignore[misc]
+    assert Pool(queue, PoolSettings()).owner != Pool(queue, PoolSettings()).owner  # a random name per pool
 
 
 async def test_the_default_linger_is_60_ms_or_a_tenth_of_a_short_lease(queue: Queue) -> None:
