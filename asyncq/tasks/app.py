@@ -28,15 +28,13 @@ from asyncq.tasks.tracing import Tracing
 from asyncq.worker.context import JobContext, job_fields
 from asyncq.worker.observer import PoolObserver
 from asyncq.worker.pool import Pool
+from asyncq.worker.results import DEFAULT_RESULT_TTL
 from asyncq.worker.settings import PoolOptions
 
 log = logging.getLogger("asyncq.tasks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-#: How long a task's result is kept by default (seconds): a week.
-DEFAULT_RESULT_TTL = 7 * 86_400.0
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,13 @@ from asyncq.worker.flight import Flights, InFlight
 from asyncq.worker.leases import LeaseKeeper
 from asyncq.worker.observer import PoolCounters, PoolObserver
 from asyncq.worker.report import PoolReport
+from asyncq.worker.results import kept_result
 from asyncq.worker.settings import PoolOptions, PoolSettings
 from asyncq.worker.supervision import BusyStore, serve, wait_for_work
 
 # Pool is this module's; the rest are re-exported from where they live.
-__all__ = [
-    "Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "PoolOptions", "PoolSettings", "RetryPolicy",
-    "deliver_with",
-]  # fmt: skip
+__all__ = ["Handler", "JobContext", "Pool", "PoolCounters", "PoolObserver", "PoolOptions", "PoolSettings",
+           "RetryPolicy", "deliver_with"]  # fmt: skip
 
 log = logging.getLogger("asyncq.worker.pool")
 
@@ -101,6 +100,7 @@ class Pool:
         self.lease_ms, self.job_timeout, self.retry = settings.lease_ms, settings.job_timeout_seconds, settings.retry
         self.poll_min, self.poll_max = float(settings.poll_min), float(settings.poll_max)
         self.batch, self.prefetch, self.linger = settings.batch, settings.claim_ahead, settings.linger_seconds
+        self._result_keep_ms = settings.result_keep_ms
         self._report = report
         self.counters, self.observer, self._observed = report.counters, report.observer, report.observed
         self._busy = busy or BusyStore(report, self.poll_min, self.poll_max)
@@ -349,6 +349,8 @@ class Pool:
             else:
                 async with asyncio.timeout(self.job_timeout):
                     value = await running
+            if value is not None and type(value) is not StoredResult:  # a task's is kept already (asyncq.tasks)
+                value = kept_result(value, self._result_keep_ms)
             outcome = OK
         except Exception as error:  # classified once for every worker of asyncq (asyncq.core.failures)
             outcome, delay_ms, failure = self._report.failed(ticket, error, self.retry)
@@ -366,7 +368,7 @@ class Pool:
                 _uncancel()
             self._report.lost(flight.ticket)
         elif outcome is not None:  # always, here: without a result the job raised out above
-            # a task's result (asyncq.tasks) is kept with the job by the same commit as its finish
+            # the result is kept with the job by the same commit as its finish
             stored = value if type(value) is StoredResult else None
             self._flights.results.append((flight, outcome, delay_ms, failure, stored))
             if observed:

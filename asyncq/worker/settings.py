@@ -21,6 +21,7 @@ from asyncq.core.limits import (
     MIN_POLL_SECONDS,
 )
 from asyncq.core.values import Duration, check_duration, check_identifier, check_int, check_seconds, duration_ms
+from asyncq.worker.results import DEFAULT_RESULT_TTL, MAX_RESULT_TTL
 
 # The results a group commit waits for from 16 slots up (unless a slot is starving or the oldest result has
 # lingered): a commit's fsync, its hop to the connection's thread and its statements' fixed cost are shared by
@@ -37,11 +38,12 @@ DEFAULT_CONCURRENCY = 16
 @dataclass(frozen=True)
 class PoolSettings:
     """A pool's settings. ``lease`` (default 30 s), ``job_timeout`` (default none), ``poll_min``/``poll_max`` (an
-    idle pool's poll interval) and ``linger`` (how long a result waits to share a commit) are seconds; ``owner``
-    names the pool in leases (default: a random name per pool); ``prefetch`` is how many jobs are claimed ahead of
-    the free slots. A bad value is ``TypeError``/``ValueError`` when the settings are built.
+        idle pool's poll interval) and ``linger`` (how long a result waits to share a commit) are seconds; ``owner``
+        names the pool in leases (default: a random name per pool); ``prefetch`` is how many jobs are claimed ahead of
+        the free slots; a handler's return value (not ``None``) is kept with its job ``result_ttl`` seconds (default a
+    week: ``asyncq.worker.results``). A bad value is ``TypeError``/``ValueError`` when the settings are built.
 
-    The fields after ``linger`` are resolved from the others: what the pool runs with."""
+        The fields after ``linger`` are resolved from the others: what the pool runs with."""
 
     concurrency: int = DEFAULT_CONCURRENCY
     owner: str | None = None
@@ -52,6 +54,7 @@ class PoolSettings:
     poll_max: float = 1.0
     prefetch: int | None = None
     linger: float | None = None
+    result_ttl: Duration = DEFAULT_RESULT_TTL
     #: ``lease`` in milliseconds, as the store takes it.
     lease_ms: int = field(init=False)
     #: How many results a commit waits for (fewer when a slot starves or the oldest result has lingered).
@@ -63,6 +66,8 @@ class PoolSettings:
     linger_seconds: float = field(init=False)
     #: ``job_timeout`` in seconds, or ``None``.
     job_timeout_seconds: float | None = field(init=False)
+    #: ``result_ttl`` in milliseconds.
+    result_keep_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
         concurrency = check_int(self.concurrency, "concurrency", 1, MAX_CONCURRENCY)
@@ -88,6 +93,7 @@ class PoolSettings:
             "claim_ahead": check_int(ahead, "prefetch", 0, MAX_BATCH),
             "linger_seconds": linger,
             "job_timeout_seconds": timeout,
+            "result_keep_ms": round(check_duration(self.result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL) * 1000),
         }
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -105,6 +111,7 @@ class PoolOptions(TypedDict, total=False):
     poll_max: float
     prefetch: int | None
     linger: float | None
+    result_ttl: Duration
 
 
 def settings_fields() -> list[str]:
