@@ -28,6 +28,7 @@ from asyncq.inbox import STOCK_TABLES, add_to_stock, make_inbox_app
 from asyncq.queue import Queue
 from asyncq.web.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
 from asyncq.worker.pool import JobContext, Pool
+from asyncq.worker.settings import PoolSettings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -259,6 +260,38 @@ def test_no_module_but_asyncq_metrics_imports_prometheus_client() -> None:
     code = f"import sys\nfor name in {modules!r}:\n    __import__(name)\nprint('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert done.stdout.strip() == "False"
+
+
+async def test_a_pool_opened_while_the_store_is_locked_elsewhere_waits_and_counts_it(path: Path) -> None:
+    """``Pool.open`` (what ``asyncq work`` starts with) under another writer's lock: each open that found the lock
+    held past the busy timeout is counted as a running pool counts it (counters and metrics), then it runs."""
+    async with await Queue.open(path) as seeding:
+        await seeding.enqueue("j1", {})
+    metrics = PoolMetrics()
+    settings = PoolSettings(concurrency=1, poll_min=0.01, poll_max=0.05)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock while the pool opens
+    opening = asyncio.create_task(
+        Pool.open(lambda: Queue.open_existing(path, busy_timeout=0.05), settings, observer=metrics)
+    )
+    async with asyncio.timeout(10):
+        while value(await scrape_registry(metrics.registry), "asyncq_store_busy_total") < 2:
+            await asyncio.sleep(0.01)  # polled under a deadline: the open retries on its own schedule
+    assert not opening.done()
+    blocker.execute("COMMIT")
+    blocker.close()
+    async with asyncio.timeout(10):
+        pool = await opening
+    async with pool.queue as queue:
+
+        async def handler(body: Any, context: JobContext) -> None:
+            return None
+
+        pool.register("default", handler)
+        await pool.run(burst=True)
+        assert (await queue.stats()).by_status["done"] == 1
+    samples = await scrape_registry(metrics.registry)
+    assert value(samples, "asyncq_store_busy_total") == pool.counters.store_busy >= 2
 
 
 async def test_a_store_locked_elsewhere_is_counted_and_the_pool_goes_on(path: Path) -> None:
