@@ -132,7 +132,7 @@ class Pool:
     @property
     def running(self) -> int:
         """Jobs whose handler is running now."""
-        return self._flights.running
+        return len(self._flights.jobs) - len(self._flights.buffer)
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish (``run`` returns when they have)."""
