@@ -85,6 +85,9 @@ class LoggingObserver:
     def on_lease_lost(self) -> None:
         self.events.write(f"L {self.events.owner}")
 
+    def on_store_busy(self) -> None:
+        pass
+
 
 async def work(args: argparse.Namespace) -> None:
     """Serve a pool on the queue until SIGTERM."""
