@@ -85,6 +85,9 @@ class LoggingObserver:
     def on_lease_lost(self) -> None:
         self.events.write(f"L {self.events.owner}")
 
+    def on_store_busy(self) -> None:
+        pass
+
 
 async def work(args: argparse.Namespace) -> None:
     """Serve a pool on the queue until SIGTERM."""
@@ -96,7 +99,7 @@ async def work(args: argparse.Namespace) -> None:
             queue,
             concurrency=args.concurrency,
             owner=args.owner,
-            lease_ms=args.lease_ms,
+            lease=args.lease_ms / 1000,
             poll_max=args.poll_max,
             observer=LoggingObserver(events),
         )

@@ -108,6 +108,9 @@ class _StopWhenDone:
     def on_lease_lost(self) -> None:
         pass
 
+    def on_store_busy(self) -> None:
+        pass
+
 
 async def pool_alongside(url: str, folder: Path, jobs: int, concurrency: int) -> float:
     """``pool_side`` with the producer enqueueing its batches while the pool already delivers (as an app's

@@ -48,7 +48,7 @@ async def work(db: str, url: str, owner: str, concurrency: int) -> None:
     """Run a pool until the queue has nothing pending or leased; print its counters as JSON."""
     queue = await Queue.open(db)
     transport = HttpTransport(url, timeout=5.0)
-    pool = Pool(queue, concurrency=concurrency, owner=owner, lease_ms=LEASE_MS, poll_max=0.2)
+    pool = Pool(queue, concurrency=concurrency, owner=owner, lease=LEASE_MS / 1000, poll_max=0.2)
     pool.register("default", deliver_with(transport))
 
     async def stop_when_drained() -> None:

@@ -12,6 +12,7 @@ import pty
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,31 @@ def build_queue(path: Path) -> None:
 
 EXPECTED_STATUS = {"pending": 3, "leased": 1, "done": 4, "dead": 8}
 EXPECTED_DEAD = {"cancelled": 2, "deadline": 2, "exhausted": 1, "permanent": 3}
+
+
+@contextlib.contextmanager
+def holding_write_lock(db: Path) -> Iterator[None]:
+    """Another process holds ``db``'s write lock (``BEGIN IMMEDIATE``) inside the block: it has it when the block
+    starts, and has released it (and exited) when the block ends."""
+    code = (
+        "import sqlite3, sys\n"
+        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "con.execute('BEGIN IMMEDIATE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n"
+        "con.execute('ROLLBACK')\n"
+        "con.close()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cli_env()
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=10) == 0
 
 
 def run_many(commands: list[list[str]], *, cwd: Path, timeout: float = 60) -> list[subprocess.CompletedProcess[str]]:

@@ -91,7 +91,7 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
                 queue,
                 owner=args.owner,
                 concurrency=args.concurrency,
-                lease_ms=args.lease_ms,
+                lease=args.lease_ms / 1000,
                 poll_max=args.poll_max,
                 retry=RetryPolicy(jitter=lambda: 0.0),
             )

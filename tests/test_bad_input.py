@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from conftest import T0
 
-from asyncq import JobSpec, Pool, Queue, RetryPolicy, Ticket, enqueue_sync
+from asyncq import App, JobSpec, Pool, Queue, RetryPolicy, Ticket, enqueue_sync
 from asyncq.cli.main import main as cli_main
 from asyncq.core.lifecycle import Fence
+from asyncq.worker.settings import PoolSettings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,6 +174,42 @@ async def test_a_ticket_forged_with_a_wrong_type_is_refused_before_any_statement
 async def test_bad_pool_arguments_are_refused(queue: Queue, kwargs: dict[str, Any]) -> None:
     with pytest.raises((ValueError, TypeError)):
         Pool(queue, **kwargs)
+
+
+POOL_REFUSALS = [
+    ({"owner": ""}, ValueError, "owner must be a str of 1-64"),
+    ({"observer": 1}, TypeError, "observer must be a PoolObserver, but a int has no on_claimed"),
+    ({"observer": object()}, TypeError, "observer must be a PoolObserver"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), POOL_REFUSALS, ids=repr)
+async def test_a_pool_refuses_an_empty_owner_or_a_non_observer_leaving_nothing_behind(
+    filled: Queue, path: Path, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """Refused where the pool is built, whichever way it is: no task started, no row changed, no lock held, and
+    ``Pool.open`` never opens the queue it was given the opener of."""
+    before, tasks = dump(path), asyncio.all_tasks()
+    opened: list[object] = []
+
+    async def opener() -> Queue:
+        opened.append(True)
+        return filled
+
+    try:
+        with pytest.raises(error, match=message):
+            Pool(filled, **kwargs)
+        with pytest.raises(error, match=message):
+            App().pool(filled, **kwargs)
+        settings_kwargs = {key: value for key, value in kwargs.items() if key != "observer"}
+        with pytest.raises(error, match=message):
+            settings = PoolSettings(**settings_kwargs)
+            await Pool.open(opener, settings, observer=kwargs.get("observer"))
+        assert opened == []
+        assert asyncio.all_tasks() == tasks  # nothing started: no worker, no renewer, no batcher
+        assert dump(path) == before and lock_is_free(path)
+    finally:
+        await filled.close()
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,11 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, fingerprint, run_cli, run_many
+from cli_support import fingerprint, holding_write_lock, run_cli, run_many
 
 from asyncq.store.sqlite.admin import filesystem_type
 
@@ -84,25 +83,8 @@ def locked(tmp_path: Path, template: Path) -> Iterator[Path]:
     """A queue file whose write lock another process holds (BEGIN IMMEDIATE) for the test's duration."""
     db = tmp_path / "q.db"
     shutil.copyfile(template, db)
-    code = (
-        "import sqlite3, sys\n"
-        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-        "con.execute('BEGIN IMMEDIATE')\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.read()\n"
-        "con.execute('ROLLBACK')\n"
-        "con.close()\n"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=cli_env()
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    with holding_write_lock(db):
         yield db
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
-        assert holder.wait(timeout=10) == 0
 
 
 def test_a_write_command_facing_a_held_lock_fails_after_its_timeout(locked: Path) -> None:
@@ -111,7 +93,7 @@ def test_a_write_command_facing_a_held_lock_fails_after_its_timeout(locked: Path
     template_print = fingerprint(locked)
     commands = [[*args, "--db", "q.db", "--timeout", "0.2"] for args in WRITERS]
     for done in run_many(commands, cwd=locked.parent):
-        assert_one_line_error(done, 1, "database is locked: another process holds the write lock")
+        assert_one_line_error(done, 1, "database is locked: another process held the write lock for more than 0.2 s")
     reads = run_many(
         [["status", "--db", "q.db", "--timeout", "0.2"], ["jobs", "--db", "q.db", "--timeout", "0.2"]],
         cwd=locked.parent,
@@ -148,7 +130,7 @@ def test_a_backup_facing_a_held_lock_is_not_kept_waiting(locked: Path) -> None:
         (["jobs", "--after", "-1"], "argument --after: '-1' is not a whole number from 0 to"),
         (["jobs", "--limit", "1001"], "argument --limit: '1001' is not a whole number from 1 to 1000"),
         (["work", "--handler", "m:f", "--concurrency", "1001"], "argument --concurrency: '1001' is not a whole"),
-        (["work", "--handler", "m:f", "--lease", "2d"], "argument --lease: '2d' is not a duration from 1ms to 1d"),
+        (["work", "--handler", "m:f", "--lease", "2d"], "argument --lease: '2d' is not a duration from 4ms to 1d"),
         (["status", "--timeout", "nan"], "argument --timeout: 'nan' is not a number of seconds from 0 to 86400"),
         (["enqueue", "e-1"], "give the job's BODY (JSON) after its ID"),
         (["jobs", "--status", "lost"], "argument --status: invalid choice: 'lost'"),

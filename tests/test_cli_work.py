@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, run_cli, run_json, run_on_terminal
+from cli_support import cli_env, holding_write_lock, run_cli, run_json, run_on_terminal
 from waiting import eventually_sync, exited
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,6 +32,16 @@ async def slow(body, context):  # in flight until the test, having sent SIGTERM,
 
 def not_async(body, context):
     return None
+"""
+
+TASKS_APP = """
+import asyncq
+
+app = asyncq.App()
+
+@app.task
+async def note(text: str) -> str:
+    return text
 """
 
 
@@ -126,3 +136,32 @@ def test_work_refuses_a_handler_that_is_not_async(tmp_path: Path) -> None:
     assert done.stderr == (
         "asyncq: error: the handler handlers:not_async must be an async function taking (body, context)\n"
     )
+
+
+@pytest.mark.parametrize("command", [["work", "--handler", "handlers:handle"], ["worker", "tasks_app:app"]])
+def test_a_worker_started_while_another_process_holds_the_lock_waits_for_it(tmp_path: Path, command: list[str]) -> None:
+    """The lock is held well past ``--timeout`` while the worker starts: it waits (each wait logged and counted,
+    with backoff) instead of exiting after the timeout, and runs the job once the holder lets go."""
+    (tmp_path / "handlers.py").write_text(HANDLERS)
+    (tmp_path / "tasks_app.py").write_text(TASKS_APP)
+    assert run_cli("init", "--db", "q.db", cwd=tmp_path).returncode == 0
+    job = {"id": "j-1", "body": {"task": "note", "args": {"text": "hi"}}}
+    assert run_json("enqueue", "--db", "q.db", cwd=tmp_path, stdin=json.dumps(job) + "\n")["added"] == 1
+    argv = [sys.executable, "-m", "asyncq", *command, "--db", "q.db", "--burst", "--timeout", "0.2", "--json"]
+    with holding_write_lock(tmp_path / "q.db"):
+        worker = subprocess.Popen(
+            [*argv, "--log-level", "warning"], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert worker.stderr is not None
+        waits = 0
+        while waits < 4:  # 0.2 s each before its backoff: the lock outlives the timeout several times over
+            line = worker.stderr.readline()
+            assert line, f"the worker ended while the lock was held: rc {worker.wait()}"
+            waits += "store busy" in line and "the queue is not open yet" in line
+        assert worker.poll() is None
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    report = json.loads(out)
+    assert report["store_busy"] >= 4 and report["finished"] == {"done": 1}
+    assert run_json("show", "j-1", "--db", "q.db", cwd=tmp_path)["job"]["status"] == "done"

@@ -29,6 +29,7 @@ from asyncq.inbox import STOCK_TABLES, add_to_stock, make_inbox_app
 from asyncq.queue import Queue
 from asyncq.web.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
 from asyncq.worker.pool import JobContext, Pool
+from asyncq.worker.settings import PoolSettings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -114,7 +115,7 @@ async def test_a_finish_whose_lease_was_taken_over_counts_as_stale(queue: Queue,
             taken.extend(await other_worker.claim("w2", lease_ms=60_000))  # then finish with the old ticket
 
         metrics = PoolMetrics(queue_path=path, clock=lambda: clock[0])
-        pool = Pool(queue, owner="w1", lease_ms=30_000, observer=metrics)
+        pool = Pool(queue, owner="w1", lease=30, observer=metrics)
         pool.register("default", handler)
         await queue.enqueue("job", {})
         await burst(pool)
@@ -140,7 +141,7 @@ async def test_a_lost_lease_is_counted_and_its_delivery_is_not(queue: Queue, pat
             raise
 
     metrics = PoolMetrics()
-    pool = Pool(queue, owner="w1", lease_ms=1_000, observer=metrics)  # renewals every 0.25 s of real time
+    pool = Pool(queue, owner="w1", lease=1.0, observer=metrics)  # renewals every 0.25 s of real time
     pool.register("default", handler)
     await queue.enqueue("job", {})
     async with await Queue.open(path, clock=lambda: clock[0] + 2_000) as other_worker:
@@ -260,6 +261,38 @@ def test_no_module_but_asyncq_metrics_imports_prometheus_client() -> None:
     code = f"import sys\nfor name in {modules!r}:\n    __import__(name)\nprint('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert done.stdout.strip() == "False"
+
+
+async def test_a_pool_opened_while_the_store_is_locked_elsewhere_waits_and_counts_it(path: Path) -> None:
+    """``Pool.open`` (what ``asyncq work`` starts with) under another writer's lock: each open that found the lock
+    held past the busy timeout is counted as a running pool counts it (counters and metrics), then it runs."""
+    async with await Queue.open(path) as seeding:
+        await seeding.enqueue("j1", {})
+    metrics = PoolMetrics()
+    settings = PoolSettings(concurrency=1, poll_min=0.01, poll_max=0.05)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock while the pool opens
+    opening = asyncio.create_task(
+        Pool.open(lambda: Queue.open_existing(path, busy_timeout=0.05), settings, observer=metrics)
+    )
+    async with asyncio.timeout(10):
+        while value(await scrape_registry(metrics.registry), "asyncq_store_busy_total") < 2:
+            await asyncio.sleep(0.01)  # polled under a deadline: the open retries on its own schedule
+    assert not opening.done()
+    blocker.execute("COMMIT")
+    blocker.close()
+    async with asyncio.timeout(10):
+        pool = await opening
+    async with pool.queue as queue:
+
+        async def handler(body: Any, context: JobContext) -> None:
+            return None
+
+        pool.register("default", handler)
+        await pool.run(burst=True)
+        assert (await queue.stats()).by_status["done"] == 1
+    samples = await scrape_registry(metrics.registry)
+    assert value(samples, "asyncq_store_busy_total") == pool.counters.store_busy >= 2
 
 
 async def test_a_store_locked_elsewhere_is_counted_and_the_pool_goes_on(path: Path) -> None:

@@ -104,7 +104,7 @@ BAD_POOL_ARGUMENTS = [
     ({"job_timeout": True}, ValueError),
     ({"concurrency": 0}, ValueError),
     ({"concurrency": True}, ValueError),
-    ({"lease_ms": 3}, ValueError),
+    ({"lease": 0.003}, ValueError),
     ({"retry": "fast"}, TypeError),
 ]
 

@@ -12,10 +12,12 @@ queues, and a finish racing a lease renewal.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import threading
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,9 @@ from waiting import eventually
 from asyncq.core.jobs import JobSpec
 from asyncq.errors import Permanent, Retryable
 from asyncq.queue import Queue
+from asyncq.tasks.asgi import LifespanOptions
 from asyncq.worker.pool import JobContext, Pool, RetryPolicy
+from asyncq.worker.settings import PoolOptions, PoolSettings, settings_fields
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -308,13 +312,13 @@ async def test_more_slots_than_a_claim_may_take_are_filled_over_several_commits(
     [
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": True}, "concurrency"),
-        ({"lease_ms": 3}, "lease_ms"),
+        ({"lease": 0.003}, "lease"),
         ({"prefetch": -1}, "prefetch"),
         ({"prefetch": 1001}, "prefetch"),
         ({"linger": 0}, "linger"),
         ({"linger": float("nan")}, "linger"),
         ({"linger": "5ms"}, "linger"),
-        ({"lease_ms": 1000, "linger": 0.501}, "half the lease"),
+        ({"lease": 1.0, "linger": 0.501}, "half the lease"),
         ({"owner": "has space"}, "owner"),
     ],
 )
@@ -328,11 +332,34 @@ async def test_bad_pool_options_are_refused_before_anything_is_claimed(
     assert job is not None and (job.status, job.attempts, job.token) == ("pending", 0, 0)
 
 
+def test_pool_options_are_the_settings_fields_with_their_types() -> None:
+    """``PoolOptions`` (what mypy checks ``Pool(queue, **options)``, ``App.pool`` … against) is ``PoolSettings``'
+    fields, each with its type, and the lifespan's options hold them all."""
+    fields = {name: hint for name, hint in typing.get_type_hints(PoolSettings).items() if name in settings_fields()}
+    assert typing.get_type_hints(PoolOptions) == fields
+    assert list(PoolOptions.__annotations__) == settings_fields() and PoolOptions.__required_keys__ == frozenset()
+    assert PoolOptions.__optional_keys__ <= LifespanOptions.__optional_keys__
+
+
+async def test_a_pool_takes_its_settings_as_one_value_or_as_keywords_not_both(queue: Queue) -> None:
+    settings = PoolSettings(concurrency=3, owner="w1", lease=2)
+    pool = Pool(queue, settings)
+    assert (pool.settings, pool.concurrency, pool.owner, pool.lease_ms) == (settings, 3, "w1", 2000)
+    assert Pool(queue, concurrency=3, owner="w1", lease=2).settings == settings
+    with pytest.raises(TypeError, match="not both"):
+        Pool(queue, settings, concurrency=3)
+    with pytest.raises(TypeError, match="must be a PoolSettings"):
+        Pool(queue, {"concurrency": 3})  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.concurrency = 4  # type: ignore[misc]
+    assert Pool(queue, PoolSettings()).owner != Pool(queue, PoolSettings()).owner  # a random name per pool
+
+
 async def test_the_default_linger_is_60_ms_or_a_tenth_of_a_short_lease(queue: Queue) -> None:
     assert Pool(queue).linger == 0.06
-    assert Pool(queue, lease_ms=200).linger == 0.02  # a waiting result's lease is not renewed
+    assert Pool(queue, lease=0.2).linger == 0.02  # a waiting result's lease is not renewed
     assert Pool(queue, linger=0.001).linger == 0.001
-    assert Pool(queue, lease_ms=1000, linger=0.5).linger == 0.5  # half the lease: the most a result may wait
+    assert Pool(queue, lease=1.0, linger=0.5).linger == 0.5  # half the lease: the most a result may wait
     assert Pool(queue, concurrency=16).prefetch == 144  # a batch of 128 and a round of 16
     assert (Pool(queue, concurrency=4).batch, Pool(queue, concurrency=4).prefetch) == (32, 36)  # eight rounds
     assert Pool(queue, concurrency=200).prefetch == 400  # above 128 slots a batch is a round
@@ -434,7 +461,7 @@ async def test_cancelling_the_pool_abandons_jobs_in_flight_unfinished(queue: Que
             cancelled.set()
             raise
 
-    pool = Pool(queue, owner="w1", lease_ms=10_000)
+    pool = Pool(queue, owner="w1", lease=10)
     pool.register("default", handler)
     await queue.enqueue("job", {})
     running = asyncio.create_task(pool.run())
@@ -461,7 +488,7 @@ async def test_a_handler_running_three_leases_long_is_never_reclaimed(path: Path
         await Queue.open(path, durability="normal") as queue,
         await Queue.open(path, durability="normal") as other_worker,
     ):
-        pool = Pool(queue, owner="w1", lease_ms=400)
+        pool = Pool(queue, owner="w1", lease=0.4)
         pool.register("default", recording(deliveries, lambda body: release.wait()))
         await queue.enqueue("job", {})
         running = asyncio.create_task(pool.run(burst=True))
@@ -507,7 +534,7 @@ async def test_a_handler_whose_lease_is_taken_away_is_cancelled_and_its_finish_n
         await Queue.open(path, clock=lambda: pool_time[0]) as queue,
         await Queue.open(path, clock=lambda: other_time[0]) as other_worker,
     ):
-        pool = Pool(queue, owner="w1", lease_ms=1_000)
+        pool = Pool(queue, owner="w1", lease=1)
         pool.register("default", handler)
         await queue.enqueue("job", {})
         running = asyncio.create_task(pool.run(burst=True))
@@ -552,7 +579,7 @@ async def test_a_worker_whose_lease_was_lost_lives_on_and_runs_the_next_job(path
         await Queue.open(path, clock=lambda: pool_time[0]) as queue,
         await Queue.open(path, clock=lambda: other_time[0]) as other_worker,
     ):
-        pool = Pool(queue, owner="w1", concurrency=1, prefetch=0, lease_ms=1_000)  # one worker task
+        pool = Pool(queue, owner="w1", concurrency=1, prefetch=0, lease=1.0)  # one worker task
         pool.register("default", handler)
         await queue.enqueue("job", {})
         running = asyncio.create_task(pool.run(burst=True))
@@ -607,7 +634,7 @@ async def test_a_handler_finishing_while_its_lease_is_being_renewed_still_finish
 
     async with await Queue.open(path, clock=lambda: now[0]) as queue:
         gate.install(queue)
-        pool = Pool(queue, owner="w1", lease_ms=1_000, poll_min=30, poll_max=30)  # the batcher idles on events
+        pool = Pool(queue, owner="w1", lease=1, poll_min=30, poll_max=30)  # the batcher idles on events
         pool.register("default", handler)
         await queue.enqueue("job", {})
         running = asyncio.create_task(pool.run(burst=True))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncq.worker.pool import COMMIT_ROUNDS
+from asyncq.worker.settings import COMMIT_ROUNDS
 
 try:
     from test_pool_processes import Workers, count, enqueue, query, workers

@@ -196,7 +196,7 @@ async def test_pgqueuer_430_a_pool_renewing_leases_while_jobs_complete_loses_non
 
     async with await Queue.open(postgres_url) as queue:
         await queue.enqueue_many([JobSpec(f"j{i:03d}", {}) for i in range(n)])
-        pool = Pool(queue, owner="w", concurrency=16, lease_ms=400)
+        pool = Pool(queue, owner="w", concurrency=16, lease=0.4)
         pool.register("default", handle)
         await pool.run(burst=True)
         stats = await queue.stats()

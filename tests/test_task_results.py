@@ -13,6 +13,7 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import run_cli, run_json
@@ -149,6 +150,34 @@ async def test_the_result_is_kept_for_the_tasks_retention_then_pruned(queue: asy
     await queue.prune(older_than=0)
     with pytest.raises(LookupError, match="does not exist"):
         await job.result(timeout=1.0)
+    assert await result_rows(queue, driver) == 0
+
+
+async def test_a_raw_handlers_return_value_is_kept_like_a_tasks_result(queue: asyncq.Queue, driver: Driver) -> None:
+    """A ``Pool.handler`` that returns a JSON value has it stored by the commit of its finish, read back with
+    ``Queue.get(id).result``, kept ``result_ttl`` and pruned like a task's; ``None`` keeps nothing; a value that is not
+    JSON ends the job dead as ``permanent`` with the reason kept (its effect happened: a retry cannot fix it)."""
+    pool = asyncq.Pool(queue, concurrency=2, result_ttl=60)
+
+    @pool.handler("raw")
+    async def handle(body: dict[str, Any], context: asyncq.JobContext) -> object:
+        returns: dict[str, object] = {"echo": {"n": body.get("n"), "attempt": context.attempt}, "bad": {1, 2}}
+        return returns.get(body["returns"])
+
+    for job_id, returns in (("r-echo", "echo"), ("r-none", "none"), ("r-bad", "bad")):
+        await queue.enqueue(job_id, {"returns": returns, "n": 7}, queue="raw")
+    await pool.run(burst=True)
+    echo, none, bad = [await queue.get(job_id) for job_id in ("r-echo", "r-none", "r-bad")]
+    assert echo is not None and (echo.status, echo.result) == ("done", {"n": 7, "attempt": 1})
+    assert echo.result_json == '{"attempt":1,"n":7}'  # canonical JSON, as a task's
+    assert none is not None and (none.status, none.result_json) == ("done", None)
+    assert bad is not None and (bad.status, bad.reason, bad.result_json) == ("dead", "permanent", None)
+    assert bad.last_error is not None and "return value cannot be kept" in bad.last_error.message
+    assert await result_rows(queue, driver) == 1
+    queue_clock(queue).advance(61)
+    await queue.prune(older_than=3600)  # the result's retention is over; the job is younger than an hour
+    pruned = await queue.get("r-echo")
+    assert pruned is not None and pruned.status == "done" and pruned.result_json is None
     assert await result_rows(queue, driver) == 0
 
 

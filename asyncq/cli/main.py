@@ -25,13 +25,15 @@ from asyncq.cli.output import emit
 from asyncq.cli.parser import build_parser
 
 
-def describe(error: BaseException) -> str:
-    """One line for a failure, with a hint for the ones an operator can act on."""
+def describe(error: BaseException, waited: float | None = None) -> str:
+    """One line for a failure, with a hint for the ones an operator can act on; ``waited`` is how many seconds
+    a store call waited for a lock (the command's ``--timeout``)."""
     while isinstance(error, BaseExceptionGroup):  # the worker pool's task groups
         error = error.exceptions[0]
     text = " ".join(str(error).split()) or type(error).__name__
     if "database is locked" in text or "database is busy" in text:
-        return f"{text}: another process holds the write lock (waited --timeout seconds)"
+        held = "" if waited is None else f" for more than {waited:g} s (--timeout)"
+        return f"{text}: another process held the write lock{held}"
     if "unable to open database file" in text:
         return f"{text} (does the directory exist, and may this user write in it?)"
     return text
@@ -70,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as error:  # the store's, the facade's ValueError/TypeError, the OS's: one line each
         if os.environ.get("ASYNCQ_DEBUG"):
             raise
-        return _fail(error, 1)
+        return _fail(error, 1, getattr(args, "timeout", None))
 
 
-def _fail(error: BaseException, code: int) -> int:
-    print(f"asyncq: error: {describe(error)}", file=sys.stderr)
+def _fail(error: BaseException, code: int, waited: float | None = None) -> int:
+    print(f"asyncq: error: {describe(error, waited)}", file=sys.stderr)
     return code

@@ -10,15 +10,15 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from asyncq.cli.arguments import MISSING, duration, identifier, json_value, port, seconds, whole
+from asyncq.cli.arguments import MISSING, duration, identifier, json_value, port, seconds, shown_ms, whole
 from asyncq.cli.errors import UsageError
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
+from asyncq.core.limits import MAX_CONCURRENCY, MIN_LEASE_MS
+from asyncq.worker.settings import DEFAULT_CONCURRENCY
 
 DEFAULT_TIMEOUT = 5.0
 MAX_SEQ = 2**63 - 1
-#: ``Pool``'s range for ``concurrency``.
-MAX_CONCURRENCY = 1000
 #: How far back ``prune --older-than`` may reach (``Queue.prune``'s range).
 MAX_RETENTION_MS = MAX_TTL_MS * 100
 
@@ -182,7 +182,9 @@ def _add_work(add: Adder) -> None:
     work.add_argument("--queue", type=identifier, action="append", help="queue to work (repeatable; default: default)")
     _pool_options(work)
     work.add_argument(
-        "--lease", type=duration(1, MAX_LEASE_MS), default=DEFAULT_LEASE_MS, help="lease length (default 30s)"
+        "--lease",
+        type=duration(MIN_LEASE_MS, MAX_LEASE_MS),
+        help=f"lease length (default {shown_ms(DEFAULT_LEASE_MS)})",
     )
     work.add_argument("--owner", type=identifier, help="this worker's name in leases (default: random)")
     work.add_argument("--allow-host", action="append", help="with --url: a host or network allowed besides loopback")
@@ -203,7 +205,9 @@ def _add_worker(add: Adder) -> None:
 def _pool_options(parser: argparse.ArgumentParser) -> None:
     """``--concurrency``, ``--burst`` and ``--grace``: how ``work`` and ``worker`` run their pool."""
     parser.add_argument(
-        "--concurrency", type=whole(1, MAX_CONCURRENCY), default=16, help=f"jobs at once, 1-{MAX_CONCURRENCY}"
+        "--concurrency",
+        type=whole(1, MAX_CONCURRENCY),
+        help=f"jobs at once, 1-{MAX_CONCURRENCY} (default {DEFAULT_CONCURRENCY})",
     )
     parser.add_argument("--burst", action="store_true", help="exit once nothing is ready and nothing runs")
     parser.add_argument(

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 from dataclasses import asdict
 from typing import Any
 
 from asyncq.cli import output as out
-from asyncq.cli.commands import Report, report, writing
+from asyncq.cli.commands import Report, report
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.work import load_object
+from asyncq.cli.work import load_object, open_pool, pool_settings, serve_showing_progress
 from asyncq.tasks.app import App
 
 
@@ -32,11 +31,12 @@ def load_app(spec: str) -> App:
 async def worker(args: argparse.Namespace) -> Report:
     """Work the app's queues with a pool (graceful stop on SIGINT or SIGTERM)."""
     app = load_app(args.app)
+    settings = pool_settings(args)
     started = time.monotonic()
-    async with await writing(args) as queue:
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        pool = app.pool(queue, queues=args.queue, concurrency=args.concurrency, owner=args.owner)
-        await pool.serve(grace=args.grace, burst=args.burst)
+    pool = await open_pool(args, settings)
+    async with pool.queue:
+        app.attach(pool, queues=args.queue)
+        await serve_showing_progress(pool, args)
     data: dict[str, Any] = {"path": args.db, "owner": pool.owner, "queues": list(args.queue or app.queues)}
     data |= asdict(pool.counters) | {"seconds": round(time.monotonic() - started, 3)}
     return report(data, out.render_work)

@@ -4,6 +4,8 @@ that the other commands never load aiohttp.
 ``work`` runs a ``Pool`` on the queue file with one handler: delivery by HTTP POST to ``--url`` (a verified
 ACK, ``asyncq.delivery.http``) or an async function ``module:function`` taking ``(body, context)``. It stops
 gracefully on SIGINT or SIGTERM (``Pool.serve``), or with ``--burst`` once nothing is ready and nothing runs.
+Started while another process holds the write lock, it waits for it as a running pool does (``Pool.open``):
+``--timeout`` is how long each store call waits before the pool's backoff, not a limit on the worker's life.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from asyncq.cli import output as out
 from asyncq.cli.commands import Report, report, writing
 from asyncq.cli.errors import CliError, UsageError
 from asyncq.delivery.base import Transport
-from asyncq.queue import Queue
 from asyncq.worker.pool import Handler, Pool, deliver_with
+from asyncq.worker.settings import PoolOptions, PoolSettings
 
 
 def handler_name(spec: str) -> tuple[str, str]:
@@ -66,17 +68,41 @@ def http_transport(args: argparse.Namespace) -> Transport:
         raise UsageError(str(error)) from None
 
 
+def pool_settings(args: argparse.Namespace) -> PoolSettings:
+    """The pool's settings from ``--concurrency``, ``--owner`` and (``work``'s) ``--lease``: a flag not given
+    keeps ``PoolSettings``' default, and ``PoolSettings`` checks them (a value it refuses is a usage error)."""
+    options: PoolOptions = {"owner": args.owner}
+    if args.concurrency is not None:
+        options["concurrency"] = args.concurrency
+    if getattr(args, "lease", None) is not None:
+        options["lease"] = args.lease / 1000
+    try:
+        return PoolSettings(**options)
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+async def open_pool(args: argparse.Namespace, settings: PoolSettings) -> Pool:
+    """A pool on the existing queue ``--db``, opened once another process's write lock lets it (``Pool.open``);
+    logging is set up first, so that the waits are logged. The caller closes ``pool.queue``."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return await Pool.open(lambda: writing(args), settings)
+
+
 async def work(args: argparse.Namespace) -> Report:
     """Run the pool until a signal (or, with ``--burst``, until the queue is drained); print its counters."""
     if args.handler:
         handler_name(args.handler)
+    settings = pool_settings(args)  # checked before anything is opened
     transport = http_transport(args) if args.url else None
     started = time.monotonic()
     try:
-        async with await writing(args) as queue:
-            logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        pool = await open_pool(args, settings)
+        async with pool.queue:
             handler = deliver_with(transport) if transport is not None else load_handler(args.handler)
-            pool = await _work(queue, args, handler)
+            for name in args.queue or ["default"]:
+                pool.register(name, handler)
+            await serve_showing_progress(pool, args)
     finally:
         if transport is not None:
             await transport.close()
@@ -85,10 +111,8 @@ async def work(args: argparse.Namespace) -> Report:
     return report(data, out.render_work)
 
 
-async def _work(queue: Queue, args: argparse.Namespace, handler: Handler) -> Pool:
-    pool = Pool(queue, concurrency=args.concurrency, owner=args.owner, lease=args.lease / 1000)
-    for name in args.queue or ["default"]:
-        pool.register(name, handler)
+async def serve_showing_progress(pool: Pool, args: argparse.Namespace) -> None:
+    """``pool.serve`` with ``--grace`` and ``--burst``, its counters redrawn on stderr if it is a terminal."""
     display = asyncio.create_task(show_progress(pool, sys.stderr)) if sys.stderr.isatty() else None
     try:
         await pool.serve(grace=args.grace, burst=args.burst)
@@ -96,7 +120,6 @@ async def _work(queue: Queue, args: argparse.Namespace, handler: Handler) -> Poo
         if display is not None:
             display.cancel()
             sys.stderr.write("\n")
-    return pool
 
 
 async def show_progress(pool: Pool, stream: TextIO, interval: float = 0.5) -> None:

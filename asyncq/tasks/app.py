@@ -14,27 +14,27 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from asyncq.core.jobs import DEFAULT_QUEUE
 from asyncq.core.limits import DEFAULT_MAX_ATTEMPTS
 from asyncq.core.values import Duration, check_identifier
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
-from asyncq.tasks.asgi import Lifespan, lifespan
+from asyncq.tasks.asgi import Lifespan, LifespanOptions, lifespan
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
 from asyncq.tasks.tracing import Tracing
 from asyncq.worker.context import JobContext, job_fields
+from asyncq.worker.observer import PoolObserver
 from asyncq.worker.pool import Pool
+from asyncq.worker.results import DEFAULT_RESULT_TTL
+from asyncq.worker.settings import PoolOptions
 
 log = logging.getLogger("asyncq.tasks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-#: How long a task's result is kept by default (seconds): a week.
-DEFAULT_RESULT_TTL = 7 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -136,29 +136,38 @@ class App:
         queue: Queue,
         *,
         queues: Iterable[str] | None = None,
-        concurrency: int = 16,
         record: list[Ran] | None = None,
-        **options: Any,
+        observer: PoolObserver | None = None,
+        **options: Unpack[PoolOptions],
     ) -> Pool:
         """A ``Pool`` on ``queue`` working ``queues`` (default: every queue the tasks use) with this app's tasks;
-        ``record`` collects a ``Ran`` per attempt; ``options`` are the pool's (``lease``, ``retry``, ``owner`` …)."""
-        pool = Pool(queue, concurrency=concurrency, **options)
-        dispatcher = Dispatcher(self, queue, record)
-        for name in self.queues if queues is None else queues:
-            pool.register(check_identifier(name, "queue"), dispatcher)
+        ``record`` collects a ``Ran`` per attempt; ``options`` are the pool's (``concurrency``, ``lease``, ``retry``,
+        ``owner`` …: ``asyncq.worker.settings.PoolSettings``)."""
+        return self.attach(Pool(queue, observer=observer, **options), queues=queues, record=record)
+
+    def attach(self, pool: Pool, *, queues: Iterable[str] | None = None, record: list[Ran] | None = None) -> Pool:
+        """Register this app's tasks on ``pool`` for ``queues`` (default: every queue the tasks use); the pool."""
+        names = [check_identifier(name, "queue") for name in (self.queues if queues is None else queues)]
+        dispatcher = Dispatcher(self, pool.queue, record)
+        for name in names:
+            pool.register(name, dispatcher)
         return pool
 
-    def lifespan(self, location: str | os.PathLike[str], **options: Any) -> Lifespan:
+    def lifespan(
+        self, location: str | os.PathLike[str], *, worker: bool = True, queues: Iterable[str] | None = None,
+        grace: float = 30.0, **options: Unpack[LifespanOptions],
+    ) -> Lifespan:  # fmt: skip
         """An ASGI lifespan (FastAPI, Starlette) that opens the queue and runs a worker: see
         ``asyncq.tasks.asgi.lifespan``."""
-        return lifespan(self, location, **options)
+        return lifespan(self, location, worker=worker, queues=queues, grace=grace, **options)
 
     async def run_worker(
-        self, queue: Queue, *, queues: Iterable[str] | None = None, concurrency: int = 16, burst: bool = False,
-        **options: Any,
+        self, queue: Queue, *, queues: Iterable[str] | None = None, burst: bool = False,
+        observer: PoolObserver | None = None, **options: Unpack[PoolOptions],
     ) -> None:  # fmt: skip
-        """Work the tasks' queues until cancelled (or, with ``burst``, until nothing is ready and nothing runs)."""
-        await self.pool(queue, queues=queues, concurrency=concurrency, **options).run(burst=burst)
+        """Work the tasks' queues until cancelled (or, with ``burst``, until nothing is ready and nothing runs);
+        ``options`` are the pool's, as for ``pool``."""
+        await self.pool(queue, queues=queues, observer=observer, **options).run(burst=burst)
 
 
 class Dispatcher:

@@ -12,10 +12,11 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from asyncq.core.jobs import Job, StoredResult, body_text
+from asyncq.core.jobs import Job, StoredResult
 from asyncq.core.lifecycle import DEAD, DONE
 from asyncq.errors import JobFailed, Permanent
 from asyncq.queue import Queue
+from asyncq.worker.results import kept_result
 
 R = TypeVar("R")
 
@@ -78,8 +79,4 @@ def stored_result(returns: TypeAdapter[Any], value: object, keep_seconds: float)
         dumped = returns.dump_python(returns.validate_python(value), mode="json")
     except (ValidationError, ValueError) as error:
         raise Permanent(f"the task's return value does not fit its annotation: {error}") from error
-    try:
-        text = body_text(dumped)  # a body's rule: canonical JSON within MAX_BODY_BYTES
-    except ValueError as error:
-        raise Permanent(f"the task's return value cannot be kept: {error}") from error
-    return StoredResult(text, round(keep_seconds * 1000))
+    return kept_result(dumped, round(keep_seconds * 1000), "the task's")

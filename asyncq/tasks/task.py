@@ -17,6 +17,7 @@ from asyncq.core.values import Duration, check_duration, check_identifier, check
 from asyncq.queue import Queue, Transaction
 from asyncq.tasks.arguments import Arguments
 from asyncq.tasks.results import TaskJob
+from asyncq.worker.results import MAX_RESULT_TTL
 
 if TYPE_CHECKING:
     import sqlite3
@@ -70,7 +71,7 @@ class Task(Generic[P, R]):
             check_identifier(queue, "queue"), check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS), ttl
         )
         self.timeout = None if timeout is None else check_duration(timeout, "timeout", 0.001, 86_400.0 * 7)
-        self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, 86_400.0 * 3650)
+        self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL)
         self.arguments = Arguments(name, function)
         self.__doc__ = function.__doc__
         self.__wrapped__ = function
