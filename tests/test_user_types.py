@@ -99,6 +99,27 @@ async def main(queue: Queue, ticket: Ticket) -> None:
         print(total, job.result)
 """
 
+POOL_SCRIPT = """\
+import asyncq
+from asyncq.web.metrics import PoolMetrics
+from asyncq.worker.settings import PoolSettings
+
+
+async def main(queue: asyncq.Queue, app: asyncq.App, observer: PoolMetrics) -> None:
+    app.pool(queue, bogus=1)  # MISUSE: pool-unknown-option
+    await app.run_worker(queue, concurency=4)  # MISUSE: run-worker-typo
+    app.lifespan("app.db", leese=30)  # MISUSE: lifespan-typo
+    app.pool(queue, concurrency="8")  # MISUSE: concurrency-str
+    asyncq.Pool(queue, owner=1)  # MISUSE: owner-int
+    asyncq.Pool(queue, lease_ms=1000)  # MISUSE: lease-ms-gone
+    PoolSettings(retry="fast")  # MISUSE: retry-str
+    asyncq.Pool(queue, observer=1)  # MISUSE: observer-int
+    app.pool(queue, concurrency=8, lease=30, owner="w1", observer=observer)
+    await app.run_worker(queue, burst=True, concurrency=4, retry=asyncq.RetryPolicy(base=2))
+    app.lifespan("app.db", worker=False, concurrency=4, busy_timeout=1.0)
+    asyncq.Pool(queue, PoolSettings(concurrency=2, linger=0.01))
+"""
+
 
 def mypy_errors(tmp_path: Path, source: str) -> tuple[set[int], subprocess.CompletedProcess[str]]:
     """The lines of ``source`` (as ``user_app.py``) that ``mypy --strict`` flags, and its run."""
@@ -123,7 +144,9 @@ def mypy_errors(tmp_path: Path, source: str) -> tuple[set[int], subprocess.Compl
     return {int(m.group(1)) for m in re.finditer(r"user_app\.py:(\d+): error", done.stdout)}, done
 
 
-@pytest.mark.parametrize("source", [SCRIPT, TASKS_SCRIPT, EDGES_SCRIPT], ids=["queue-api", "tasks-api", "edges"])
+@pytest.mark.parametrize(
+    "source", [SCRIPT, TASKS_SCRIPT, EDGES_SCRIPT, POOL_SCRIPT], ids=["queue-api", "tasks-api", "edges", "pool-options"]
+)
 def test_mypy_strict_reports_each_misuse_of_the_public_api(tmp_path: Path, source: str) -> None:
     flagged, done = mypy_errors(tmp_path, source)
     expected = {n for n, line in enumerate(source.splitlines(), 1) if "# MISUSE" in line}
