@@ -145,17 +145,15 @@ class Queue(StoreFacade[QueueStore]):
         max_attempts: int = 3,
         ttl: Duration | None = None,
         delay: Duration | None = None,
-        ttl_ms: int | None = None,
-        delay_ms: int | None = None,
         connection: Any = None,
     ) -> bool:
         """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body. ``ttl``
-        (default a day) and ``delay`` are seconds or a ``timedelta`` (``ttl_ms``/``delay_ms``: deprecated).
+        (default a day) and ``delay`` are seconds or a ``timedelta``.
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
         app's rows. On SQLite, use ``transaction()`` (or ``enqueue_sync`` on the app's ``sqlite3`` connection)."""
-        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay)
         return (await self.enqueue_many([spec], connection=connection))[0]
 
     async def enqueue_many(self, jobs: Iterable[JobSpec], *, connection: Any = None) -> list[bool]:
@@ -187,12 +185,11 @@ class Queue(StoreFacade[QueueStore]):
         queue: str = DEFAULT_QUEUE,
         limit: int = 1,
         lease: Duration | None = None,
-        lease_ms: int | None = None,
     ) -> list[Ticket]:
         """Lease up to ``limit`` ready jobs of ``queue`` in one transaction, each with its own token; ``lease`` in
-        seconds (default 30; ``lease_ms``: deprecated)."""
+        seconds (default 30)."""
         check_int(limit, "limit", 1, MAX_BATCH)
-        lease_ms = duration_ms(lease, "lease", lease_ms, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
+        lease_ms = duration_ms(lease, "lease", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
         _statuses, tickets = await self.settle_and_claim([], owner, [(queue, limit)], lease_ms)
         return tickets
 
@@ -203,12 +200,11 @@ class Queue(StoreFacade[QueueStore]):
         *,
         delay: Duration | None = None,
         error: BaseException | None = None,
-        delay_ms: int | None = None,
     ) -> str | None:
         """Record one outcome (``ok``, ``retry``, ``permanent``); the new status, or ``None`` if stale. ``delay``
         (seconds) is the wait before a retry; ``error`` (a failed attempt's exception) is kept with the job.
         Durations are keyword-only, so that a call written for the older milliseconds fails loudly."""
-        delay_ms = duration_ms(delay, "delay", delay_ms, "delay_ms", 0, 0, MAX_TTL_MS)
+        delay_ms = duration_ms(delay, "delay", 0, 0, MAX_TTL_MS)
         return (await self.finish_many([(ticket, outcome, delay_ms, error)]))[0]
 
     async def finish_many(self, results: Sequence[Result]) -> list[str | None]:
@@ -276,11 +272,9 @@ class Queue(StoreFacade[QueueStore]):
             async with asyncio.timeout(timeout):
                 await self._ended.wait()
 
-    async def extend(
-        self, ticket: Ticket, *, lease: Duration | None = None, lease_ms: int | None = None
-    ) -> Ticket | None:
+    async def extend(self, ticket: Ticket, *, lease: Duration | None = None) -> Ticket | None:
         """Renew a held lease by ``lease`` seconds (default 30); the renewed ticket, or ``None`` if it is lost."""
-        lease_ms = duration_ms(lease, "lease", lease_ms, "lease_ms", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
+        lease_ms = duration_ms(lease, "lease", DEFAULT_LEASE_MS, 1, MAX_LEASE_MS)
         return (await self.extend_many([ticket], lease_ms))[0]
 
     async def extend_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Ticket | None]:
@@ -318,14 +312,12 @@ class Queue(StoreFacade[QueueStore]):
 
     # -- operators ------------------------------------------------------------------------------------
 
-    async def redrive(
-        self, job_id: str, note: str, *, ttl: Duration | None = None, ttl_ms: int | None = None
-    ) -> AuditEntry:
+    async def redrive(self, job_id: str, note: str, *, ttl: Duration | None = None) -> AuditEntry:
         """Re-arm a dead job with a fresh budget (a deadline ``ttl`` seconds away, default a day); its audit row.
         ``ValueError`` if it is not dead."""
         check_identifier(job_id, "job_id")
         check_identifier(note, "note")
-        ttl_ms = duration_ms(ttl, "ttl", ttl_ms, "ttl_ms", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
+        ttl_ms = duration_ms(ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         now = self.now()
         entry = await self.store.redrive(job_id, now, now + ttl_ms, note)
         log.info("job %s dead -> pending (redriven: %s)", job_id, note)
@@ -406,7 +398,7 @@ class Queue(StoreFacade[QueueStore]):
         return await self.store.describe()
 
     def _cutoff(self, older_than: Duration) -> int:
-        return self.now() - duration_ms(older_than, "older_than", None, "", 0, 0, MAX_TTL_MS * 100)
+        return self.now() - duration_ms(older_than, "older_than", 0, 0, MAX_TTL_MS * 100)
 
     # -- opening what exists --------------------------------------------------------------------------
 

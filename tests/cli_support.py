@@ -71,7 +71,7 @@ async def _finish_one(queue: Queue, job_id: str, outcome: str, **options: Any) -
 
 
 async def _sweep_past_deadline(queue: Queue, clock: Clock, job_id: str) -> None:
-    await queue.enqueue(job_id, {"job": job_id}, ttl_ms=1000)
+    await queue.enqueue(job_id, {"job": job_id}, ttl=1)
     clock.now += 2000
     assert await queue.claim("sweeper") == []
 
@@ -94,7 +94,7 @@ async def _build(path: Path, now: int) -> None:
         await queue.enqueue("x-cancel", {"job": "x-cancel"})
         await queue.cancel("x-cancel", "not-needed")
         await queue.enqueue("l-1", {"job": "l-1"})
-        await queue.claim("worker-a", lease_ms=600_000)
+        await queue.claim("worker-a", lease=600)
         for job_id in ("p-1", "p-2"):
             await queue.enqueue(job_id, {"job": job_id, "n": [1, 2]})
         await queue.enqueue("m-1", {"to": "someone"}, queue="mail")

@@ -84,7 +84,7 @@ async def _prepare(path: str, durability: str) -> Any:
         [doomed] = await queue.claim("w-1")
         await queue.finish(doomed, "permanent")
         await queue.enqueue("held-1", BODY)
-        [ticket] = await queue.claim("w-1", lease_ms=60_000)
+        [ticket] = await queue.claim("w-1", lease=60)
         await queue.enqueue_many([JobSpec(f"p-{i}", {"n": i, **BODY}) for i in range(60)])
     return ticket
 
@@ -92,7 +92,7 @@ async def _prepare(path: str, durability: str) -> Any:
 def _transitions(ticket: Any) -> dict[str, Callable[[Any], Awaitable[Any]]]:
     return {
         "enqueue": lambda q: q.enqueue("new-1", {"n": -1, **BODY}),
-        "claim": lambda q: q.claim("w-2", limit=3, lease_ms=60_000),
+        "claim": lambda q: q.claim("w-2", limit=3, lease=60),
         "finish": lambda q: q.finish(ticket, "ok"),
         "extend": lambda q: q.extend(ticket, lease=120),
         "release": lambda q: q.release_many([ticket]),

@@ -49,7 +49,7 @@ def make_relay(outbox: Outbox, transport: HttpTransport, config: dict[str, Any])
         owner=config.get("owner"),
         lease_ms=config.get("lease_ms", 10_000),
         alarm_after=config.get("alarm_after", 5),
-        retry=RetryPolicy(base_ms=100, cap_ms=1000, jitter=lambda: 1.0),
+        retry=RetryPolicy(base=0.1, cap=1, jitter=lambda: 1.0),
         poll_ms=config.get("poll_ms", 200),
     )
 

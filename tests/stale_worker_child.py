@@ -20,7 +20,7 @@ from asyncq.delivery.http import HttpTransport
 async def main(db: str, url: str, owner: str, lease_ms: int) -> None:
     queue = await Queue.open(db)
     transport = HttpTransport(url, timeout=5.0)
-    [ticket] = await queue.claim(owner, lease_ms=lease_ms)
+    [ticket] = await queue.claim(owner, lease=lease_ms / 1000)
     print(json.dumps({"claimed": ticket.id, "token": ticket.token}), flush=True)
     await asyncio.sleep(0.3)  # the window in which the test freezes this process
     await transport.deliver(ticket.id, ticket.body, {"Asyncq-Token": str(ticket.token)})

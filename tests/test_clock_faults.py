@@ -64,8 +64,8 @@ def parked(job_id: str, status: str, reason: str | None, available_at: int, dead
 
 async def claimed(queue: Queue, clock: list[int], job_id: str, owner: str = "w1") -> Any:
     clock[0] = T0
-    assert await queue.enqueue(job_id, {"n": 1}, ttl_ms=TTL_MS) is True
-    [ticket] = await queue.claim(owner, limit=1, lease_ms=LEASE_MS)
+    assert await queue.enqueue(job_id, {"n": 1}, ttl=TTL_MS / 1000) is True
+    [ticket] = await queue.claim(owner, limit=1, lease=LEASE_MS / 1000)
     assert (ticket.id, ticket.lease_until, ticket.deadline) == (job_id, T0 + LEASE_MS, T0 + TTL_MS)
     return ticket
 
@@ -78,7 +78,7 @@ async def test_queue_finish_after_a_jump(queue: Queue, path: Path, clock: list[i
         ticket = await claimed(queue, clock, job_id)
         now = clock[0] = T0 + jump
         before = row(path, "asyncq_jobs", job_id)
-        status = await queue.finish(ticket, outcome, delay_ms=DELAY_MS)
+        status = await queue.finish(ticket, outcome, delay=DELAY_MS / 1000)
         if not held(now, ticket.lease_until, deadline):
             assert status is None and row(path, "asyncq_jobs", job_id) == before
             continue
@@ -100,7 +100,7 @@ async def test_queue_extend_after_a_jump(queue: Queue, path: Path, clock: list[i
     ticket = await claimed(queue, clock, "job")
     now = clock[0] = T0 + jump
     before = row(path, "asyncq_jobs", "job")
-    renewed = await queue.extend(ticket, lease_ms=LEASE_MS)
+    renewed = await queue.extend(ticket, lease=LEASE_MS / 1000)
     if not held(now, ticket.lease_until, deadline):
         assert renewed is None and row(path, "asyncq_jobs", "job") == before
         return
@@ -121,7 +121,7 @@ async def test_queue_takeover_after_a_jump_refuses_the_old_ticket(
     deadline = T0 + TTL_MS
     first = await claimed(queue, clock, "job")
     now = clock[0] = T0 + jump
-    taken = await queue.claim("w2", limit=1, lease_ms=LEASE_MS)
+    taken = await queue.claim("w2", limit=1, lease=LEASE_MS / 1000)
     if now < first.lease_until:
         assert taken == [] and row(path, "asyncq_jobs", "job") == leased("job", 1, "w1", first.lease_until, deadline)
         return

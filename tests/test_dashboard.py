@@ -43,7 +43,7 @@ async def seed(queue: Queue) -> None:
     jobs = [JobSpec("done-1", 1), JobSpec("done-2", 2), JobSpec("refused", {"html": XSS})]
     jobs += [JobSpec("tired", 4, max_attempts=1), JobSpec("busy", 5), JobSpec("unwanted", 6), JobSpec("waiting", 7)]
     await queue.enqueue_many(jobs)
-    tickets = await queue.claim("worker-7", limit=5, lease_ms=60_000)
+    tickets = await queue.claim("worker-7", limit=5, lease=60)
     for ticket, outcome in zip(tickets, ("ok", "ok", "permanent", "retry"), strict=False):
         await queue.finish(ticket, outcome)
     await queue.cancel("unwanted", "not-needed")

@@ -52,7 +52,7 @@ async def seed(path: Path) -> None:
         tickets = await queue.claim("worker-a", limit=6)
         for ticket, outcome in zip(tickets, ("ok", "ok", "ok", "ok", "permanent", "retry"), strict=True):
             await queue.finish(ticket, outcome)
-        await queue.claim("worker-b", limit=2, lease_ms=600_000)
+        await queue.claim("worker-b", limit=2, lease=600)
         await queue.cancel("webhook-3", "customer-left")
 
 

@@ -121,18 +121,18 @@ class Sides:
         kind = step[0]
         if kind == "enqueue":
             _, job_id, qty, ttl, max_attempts = step
-            return await self.queue.enqueue(job_id, {"qty": qty}, max_attempts=max_attempts, ttl_ms=ttl)
+            return await self.queue.enqueue(job_id, {"qty": qty}, max_attempts=max_attempts, ttl=ttl / 1000)
         if kind == "claim":
             _, owner, lease_ms = step
-            tickets = await self.queue.claim(owner, queue="default", limit=1, lease_ms=lease_ms)
+            tickets = await self.queue.claim(owner, queue="default", limit=1, lease=lease_ms / 1000)
             if tickets:
                 self.product_tickets[index] = tickets[0]
             return product_ticket(tickets)
         if kind == "finish":
             _, pick, outcome, delay = step
-            return await self.queue.finish(self.product_tickets[self.ticket_step(pick)], outcome, delay_ms=delay)
+            return await self.queue.finish(self.product_tickets[self.ticket_step(pick)], outcome, delay=delay / 1000)
         _, job_id, ttl, note = step
-        await self.queue.redrive(job_id, note, ttl_ms=ttl)
+        await self.queue.redrive(job_id, note, ttl=ttl / 1000)
         return True  # the lab returns True; the facade its audit row, compared below
 
     def ticket_step(self, pick: int) -> int:

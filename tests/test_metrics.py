@@ -112,7 +112,7 @@ async def test_a_finish_whose_lease_was_taken_over_counts_as_stale(queue: Queue,
     async with await Queue.open(path, clock=lambda: clock[0] + 60_000) as other_worker:  # past the 30 s lease
 
         async def handler(body: Any, context: JobContext) -> None:
-            taken.extend(await other_worker.claim("w2", lease_ms=60_000))  # then finish with the old ticket
+            taken.extend(await other_worker.claim("w2", lease=60))  # then finish with the old ticket
 
         metrics = PoolMetrics(queue_path=path, clock=lambda: clock[0])
         pool = Pool(queue, owner="w1", lease=30, observer=metrics)
@@ -148,7 +148,7 @@ async def test_a_lost_lease_is_counted_and_its_delivery_is_not(queue: Queue, pat
         running = asyncio.create_task(pool.run(burst=True))
         async with asyncio.timeout(5):
             await started.wait()
-            assert len(await other_worker.claim("w2", lease_ms=60_000)) == 1
+            assert len(await other_worker.claim("w2", lease=60)) == 1
             clock[0] += 2_000  # the pool's renewer now finds the lease due, and the renewal is refused
             await cancelled.wait()
             await running
@@ -168,7 +168,7 @@ async def test_depth_and_the_oldest_ready_age_are_read_at_scrape_time(
 ) -> None:
     registry = CollectorRegistry()
     registry.register(QueueCollector(path, clock=lambda: clock[0]))
-    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("later", 3, delay_ms=60_000)])
+    await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("later", 3, delay=60)])
     clock[0] += 1_000
     await queue.enqueue("c", 4)
     clock[0] += 4_000

@@ -166,7 +166,7 @@ async def test_enqueue_many_takes_job_specs_only(queue: Queue, path: Path) -> No
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"base_ms": 0}, {"base_ms": True}, {"cap_ms": 10, "base_ms": 20}, {"cap_ms": 8 * 86_400_000}, {"jitter": 0.5}],
+    [{"base": 0}, {"base": True}, {"cap": 0.01, "base": 0.02}, {"cap": 8 * 86_400}, {"jitter": 0.5}],
     ids=repr,
 )
 def test_a_bad_retry_policy_is_refused_when_built(kwargs: dict[str, Any]) -> None:
@@ -194,22 +194,28 @@ def test_enqueue_sync_checks_its_time_before_any_change(tmp_path: Path, now_ms: 
         con.close()
 
 
-def test_durations_are_seconds_and_the_old_millisecond_names_still_work_with_a_warning() -> None:
+def test_durations_are_seconds_and_the_old_millisecond_names_are_gone() -> None:
     assert RetryPolicy(base=0.25, cap=2).cap_ms == 2_000 and RetryPolicy(base=0.25).base_ms == 250
-    with pytest.warns(DeprecationWarning, match="cap_ms is deprecated: give cap in seconds"):
-        assert RetryPolicy(cap_ms=300_000) == RetryPolicy(cap=300)
-    spec, old = JobSpec("a", {}, ttl=60, delay=timedelta(seconds=5)), JobSpec("a", {}, ttl_ms=60_000, delay_ms=5_000)
-    with pytest.warns(DeprecationWarning, match="ttl_ms"):
-        assert old.to_row(1_000) == spec.to_row(1_000)
+    spec = JobSpec("a", {}, ttl=60, delay=timedelta(seconds=5))
     assert spec.to_row(1_000)[3:] == (6_000, 61_000)  # available_at, deadline
+    with pytest.raises(TypeError, match="cap_ms"):
+        RetryPolicy(cap_ms=300_000)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="ttl_ms"):
+        JobSpec("a", {}, ttl_ms=60_000)  # type: ignore[call-arg]
 
 
 async def test_the_queue_takes_seconds(queue: Queue, path: Path) -> None:
     await queue.enqueue("job", {}, ttl=120.0, delay=0)
     [ticket] = await queue.claim("w1", lease=2.5)
     assert ticket.lease_until - ticket.deadline + 120_000 == 2_500  # the lease ran from the same clock reading
-    with pytest.warns(DeprecationWarning, match="lease_ms"):
-        renewed = await queue.extend(ticket, lease_ms=5_000)
+    renewed = await queue.extend(ticket, lease=5)
     assert renewed is not None
-    with pytest.raises(TypeError, match="not both"):
-        await queue.extend(renewed, lease=1.0, lease_ms=1_000)
+    for call in (
+        lambda: queue.extend(renewed, lease_ms=1_000),  # type: ignore[call-arg]
+        lambda: queue.claim("w1", lease_ms=1_000),  # type: ignore[call-arg]
+        lambda: queue.enqueue("j2", {}, ttl_ms=1_000),  # type: ignore[call-arg]
+        lambda: queue.finish(renewed, "retry", delay_ms=1_000),  # type: ignore[call-arg]
+        lambda: queue.redrive("job", "note", ttl_ms=1_000),  # type: ignore[call-arg]
+    ):
+        with pytest.raises(TypeError, match="_ms"):
+            await call()

@@ -89,6 +89,13 @@ forgeries = st.one_of(
 )
 
 
+def job_spec(spec: Spec) -> JobSpec:
+    """The facade's job of the model's (whose durations are milliseconds)."""
+    return JobSpec(
+        spec.id, spec.body, spec.queue, spec.max_attempts, ttl=spec.ttl_ms / 1000, delay=spec.delay_ms / 1000
+    )
+
+
 class Boom(Exception):
     """The app's own failure inside its transaction."""
 
@@ -208,13 +215,13 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(spec=specs())
     def enqueue(self, spec: Spec) -> None:
         now, options = self.clock[0], {"queue": spec.queue, "max_attempts": spec.max_attempts}
-        options |= {"ttl_ms": spec.ttl_ms, "delay_ms": spec.delay_ms}
+        options |= {"ttl": spec.ttl_ms / 1000, "delay": spec.delay_ms / 1000}
         self.step(f"enqueue {spec}", lambda: self.queue.enqueue(spec.id, spec.body, **options),
                   lambda m: m.enqueue(spec, now))  # fmt: skip
 
     @rule(batch=st.lists(specs(), min_size=1, max_size=4))
     def enqueue_many(self, batch: list[Spec]) -> None:
-        now, jobs = self.clock[0], [JobSpec(**spec._asdict()) for spec in batch]
+        now, jobs = self.clock[0], [job_spec(spec) for spec in batch]
         self.step(f"enqueue_many {batch}", lambda: self.queue.enqueue_many(jobs), lambda m: m.enqueue_many(batch, now))
 
     @rule(batch=st.lists(specs(), max_size=3), value=st.integers(0, 99), fail=st.booleans())
@@ -226,7 +233,7 @@ class QueueMachine(RuleBasedStateMachine):
             async with self.queue.transaction() as tx:
                 await tx.execute("INSERT INTO app_rows (value) VALUES (?)", (value,))
                 added = [await tx.enqueue(s.id, s.body, queue=s.queue, max_attempts=s.max_attempts,
-                                          ttl_ms=s.ttl_ms, delay_ms=s.delay_ms) for s in batch]  # fmt: skip
+                                          ttl=s.ttl_ms / 1000, delay=s.delay_ms / 1000) for s in batch]  # fmt: skip
                 if fail:
                     raise Boom("the app fails after its writes")
             return added
@@ -248,7 +255,7 @@ class QueueMachine(RuleBasedStateMachine):
         now = self.clock[0]
         tickets = self.step(
             f"claim {owner} {queue} {limit} {lease_ms}",
-            lambda: self.queue.claim(owner, queue=queue, limit=limit, lease_ms=lease_ms),
+            lambda: self.queue.claim(owner, queue=queue, limit=limit, lease=lease_ms / 1000),
             lambda m: [row_view(row) for row in m.claim(owner, queue, limit, lease_ms, now)],
             lambda found: [ticket_view(ticket) for ticket in found],
         )
@@ -289,7 +296,7 @@ class QueueMachine(RuleBasedStateMachine):
         ticket = self.ticket(pick, moment)
         ticket, now = ticket if forgery is None else forge(ticket, forgery), self.clock[0]
         wait = self.delay(ticket, delay)
-        self.step(f"finish {ticket} {outcome} {wait}", lambda: self.queue.finish(ticket, outcome, delay_ms=wait),
+        self.step(f"finish {ticket} {outcome} {wait}", lambda: self.queue.finish(ticket, outcome, delay=wait / 1000),
                   lambda m: m.finish(ticket, outcome, wait, now))  # fmt: skip
 
     @precondition(lambda self: self.tickets)
@@ -315,7 +322,8 @@ class QueueMachine(RuleBasedStateMachine):
                 return None
             return ticket_view(replace(ticket, fence=ticket.fence._replace(lease_until=lease_until)))
 
-        renewed = self.step(f"extend {ticket} {lease_ms}", lambda: self.queue.extend(ticket, lease_ms=lease_ms), model,
+        renewed = self.step(f"extend {ticket} {lease_ms}", lambda: self.queue.extend(ticket, lease=lease_ms / 1000),
+                            model,
                             lambda found: None if found is None else ticket_view(found))  # fmt: skip
         if renewed is not None:
             self.tickets.append(renewed)
@@ -336,7 +344,7 @@ class QueueMachine(RuleBasedStateMachine):
         """Redrive (dead only) or cancel (pending only); anything else is ValueError and changes nothing."""
         now = self.clock[0]
         if action == "redrive":
-            self.step(f"redrive {job_id}", lambda: _audited(self.queue.redrive(job_id, note, ttl_ms=ttl_ms)),
+            self.step(f"redrive {job_id}", lambda: _audited(self.queue.redrive(job_id, note, ttl=ttl_ms / 1000)),
                       lambda m: m.redrive(job_id, note, ttl_ms, now))  # fmt: skip
         else:
             self.step(

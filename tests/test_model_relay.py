@@ -230,7 +230,7 @@ class RelayMachine(RuleBasedStateMachine):
         return await Outbox.open(self.outbox_path, clock=lambda: self.clock[0], **self.stores.outbox_options)
 
     def new_relay(self) -> Relay:
-        retry = RetryPolicy(base_ms=SETTINGS.base_ms, cap_ms=SETTINGS.cap_ms, jitter=lambda: 1.0)
+        retry = RetryPolicy(base=SETTINGS.base_ms / 1000, cap=SETTINGS.cap_ms / 1000, jitter=lambda: 1.0)
         options = {"batch": SETTINGS.batch, "lease_ms": SETTINGS.lease_ms, "alarm_after": SETTINGS.alarm_after}
         return Relay(self.outbox, self.transport, owner=self.model.owner, retry=retry, poll_ms=SETTINGS.poll_ms,
                      **options)  # fmt: skip

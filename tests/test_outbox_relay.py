@@ -34,7 +34,7 @@ from asyncq.worker.context import RetryPolicy
 pytestmark = pytest.mark.timeout(30)
 
 CHILD = Path(__file__).resolve().parent / "relay_children.py"
-STEADY = RetryPolicy(base_ms=100, cap_ms=1000, jitter=lambda: 1.0)  # backoff 100, 200, 400 … ms
+STEADY = RetryPolicy(base=0.1, cap=1, jitter=lambda: 1.0)  # backoff 100, 200, 400 … ms
 
 
 class Clock:

@@ -152,7 +152,7 @@ async def test_retryable_asks_for_its_own_delay_capped_by_the_policy(queue: Queu
         if delay is not None:
             raise Retryable("rate limited", delay_ms=delay)
 
-    pool = Pool(queue, retry=RetryPolicy(base_ms=1_000, cap_ms=20_000, jitter=lambda: 0.0))
+    pool = Pool(queue, retry=RetryPolicy(base=1, cap=20, jitter=lambda: 0.0))
     pool.register("default", recording(deliveries, later))
     await queue.enqueue("job", {}, max_attempts=5)
 
@@ -181,7 +181,7 @@ async def test_an_unexpected_exception_is_retried_with_the_policys_backoff(queue
         if error is not None:
             raise error
 
-    pool = Pool(queue, retry=RetryPolicy(base_ms=1_000, cap_ms=60_000, jitter=lambda: 0.5))
+    pool = Pool(queue, retry=RetryPolicy(base=1, cap=60, jitter=lambda: 0.5))
     pool.register("default", recording(deliveries, flaky))
     await queue.enqueue("job", {}, max_attempts=3)
 
@@ -497,7 +497,7 @@ async def test_a_handler_running_three_leases_long_is_never_reclaimed(path: Path
         began = time.monotonic()
         tries = 0
         while time.monotonic() - began < 1.2:  # three lease lengths of real time
-            assert await other_worker.claim("w2", lease_ms=400) == []
+            assert await other_worker.claim("w2", lease=0.4) == []
             tries += 1
             await asyncio.sleep(0.05)  # claims tried over three lease lengths of real time: time is under test
         # Release the handler just after a renewal has landed (a result racing a renewal is covered below).
@@ -542,7 +542,7 @@ async def test_a_handler_whose_lease_is_taken_away_is_cancelled_and_its_finish_n
             await started.wait()
 
         other_time[0] += 2_000  # on the other worker's clock the lease has expired: it takes the job over
-        [taken] = await other_worker.claim("w2", lease_ms=60_000)
+        [taken] = await other_worker.claim("w2", lease=60)
         assert (taken.token, taken.fence.owner) == (2, "w2")
         pool_time[0] += 2_000  # now the pool's renewer finds the lease due, and its extend is refused
 
@@ -587,7 +587,7 @@ async def test_a_worker_whose_lease_was_lost_lives_on_and_runs_the_next_job(path
             await started.wait()
         await queue.enqueue("next", {})
         other_time[0] += 2_000
-        [taken] = await other_worker.claim("w2", lease_ms=60_000)
+        [taken] = await other_worker.claim("w2", lease=60)
         assert taken.id == "job"
         pool_time[0] += 2_000  # the renewer's extend is refused: the worker's current job is cancelled
 

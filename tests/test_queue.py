@@ -34,7 +34,7 @@ async def test_enqueue_same_id_same_body_is_a_no_op_even_with_keys_in_another_or
 
 
 async def test_enqueue_stores_the_row_the_lifecycle_starts_from(queue: Queue, path: Path) -> None:
-    await queue.enqueue("job-1", {"n": 1}, queue="mail", max_attempts=5, ttl_ms=60_000, delay_ms=2_000)
+    await queue.enqueue("job-1", {"n": 1}, queue="mail", max_attempts=5, ttl=60, delay=2)
     row = job_row(path, "job-1")
     assert row["queue"] == "mail"
     assert row["body"] == '{"n":1}'
@@ -48,9 +48,9 @@ async def test_enqueue_stores_the_row_the_lifecycle_starts_from(queue: Queue, pa
 
 async def test_reconcile_reports_a_lost_lease_as_not_landed(queue: Queue, clock: list[int]) -> None:
     await queue.enqueue("job", {})
-    [ticket] = await queue.claim("w1", lease_ms=1_000)
+    [ticket] = await queue.claim("w1", lease=1)
     clock[0] += 1_000
-    [taken] = await queue.claim("w2", lease_ms=1_000)
+    [taken] = await queue.claim("w2", lease=1)
     assert await queue.finish(ticket, "ok") is None
     assert await queue.reconcile(ticket) is None
     assert await queue.reconcile(replace(taken, fence=taken.fence._replace(token=99))) is None

@@ -26,7 +26,7 @@ async def main() -> None:
     await queue.enqueue("job", {}, max_attempts="3")  # MISUSE: attempts-str
     pool = Pool(queue, concurrency="4")  # MISUSE: concurrency-str
     pool.register("default", 42)  # MISUSE: handler-int
-    RetryPolicy(cap_ms=1.5)  # MISUSE: cap-float
+    RetryPolicy(cap_ms=1.5)  # MISUSE: cap-ms-gone
     asyncq.NoSuchThing  # MISUSE: no-name
     job = await queue.get("job")
     print(job.status)  # MISUSE: optional-job

@@ -49,20 +49,20 @@ class RetryPolicy:
     """Capped, jittered exponential backoff for failed attempts (``backoff_ms``'s rule).
 
     ``base`` (default 1 s, at most an hour) and ``cap`` (default 60 s, ``base`` to 7 days) are seconds or a
-    ``timedelta``; ``base_ms``/``cap_ms`` are their deprecated forms and, after construction, the resolved values in
-    milliseconds. ``jitter`` draws a ratio in 0-1 for each retry: random by default (full jitter), injectable for
-    tests. A bad policy is ``ValueError`` when it is built."""
+    ``timedelta``; ``base_ms``/``cap_ms`` are the resolved values in milliseconds. ``jitter`` draws a ratio in 0-1
+    for each retry: random by default (full jitter), injectable for tests. A bad policy is
+    ``ValueError`` when it is built."""
 
     base: Duration | None = None
     cap: Duration | None = None
     jitter: Callable[[], float] = random.random
-    base_ms: int = field(default=None, kw_only=True)  # type: ignore[assignment]  # resolved in __post_init__
-    cap_ms: int = field(default=None, kw_only=True)  # type: ignore[assignment]
+    base_ms: int = field(init=False)  #: ``base`` in milliseconds, resolved when the policy is built
+    cap_ms: int = field(init=False)  #: ``cap`` in milliseconds
 
     def __post_init__(self) -> None:
-        base = duration_ms(self.base, "base", self.base_ms, "base_ms", DEFAULT_RETRY_BASE_MS, 1, MAX_RETRY_BASE_MS)
+        base = duration_ms(self.base, "base", DEFAULT_RETRY_BASE_MS, 1, MAX_RETRY_BASE_MS)
         cap_default = max(DEFAULT_RETRY_CAP_MS, base)
-        cap = duration_ms(self.cap, "cap", self.cap_ms, "cap_ms", cap_default, base, MAX_RETRY_CAP_MS)
+        cap = duration_ms(self.cap, "cap", cap_default, base, MAX_RETRY_CAP_MS)
         if not callable(self.jitter):
             raise ValueError("jitter must be a callable returning a ratio in 0-1")
         for name, value in (("base", base / 1000), ("cap", cap / 1000), ("base_ms", base), ("cap_ms", cap)):

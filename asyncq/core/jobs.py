@@ -133,7 +133,7 @@ class JobSpec:
     """A job to enqueue. ``id`` is its idempotency key: the same id and body again is a no-op.
 
     ``ttl`` (from enqueue to its deadline, default a day) and ``delay`` (before its first attempt) are seconds or a
-    ``timedelta``; ``ttl_ms``/``delay_ms`` are their deprecated millisecond forms."""
+    ``timedelta``."""
 
     id: str
     body: JSONInput
@@ -142,20 +142,14 @@ class JobSpec:
     # Keyword-only: a positional millisecond value written for the older fields fails loudly.
     ttl: Duration | None = field(default=None, kw_only=True)
     delay: Duration | None = field(default=None, kw_only=True)
-    ttl_ms: int | None = field(default=None, kw_only=True)
-    delay_ms: int | None = field(default=None, kw_only=True)
 
     def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
         """Validate every field and build the row inserted at ``now_ms``."""
         check_identifier(self.id, "id")
         check_identifier(self.queue, "queue")
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
-        ttl_ms = DEFAULT_TTL_MS
-        if self.ttl is not None or self.ttl_ms is not None:
-            ttl_ms = duration_ms(self.ttl, "ttl", self.ttl_ms, "ttl_ms", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
-        delay_ms = 0
-        if self.delay is not None or self.delay_ms is not None:
-            delay_ms = duration_ms(self.delay, "delay", self.delay_ms, "delay_ms", 0, 0, ttl_ms)
+        ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
+        delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
         payload = {"queue": self.queue, "body": body}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from enum import StrEnum
@@ -117,16 +116,9 @@ def check_duration(value: object, name: str, low: float, high: float) -> float:
 Duration = int | float | timedelta
 
 
-def duration_ms(
-    value: object, name: str, old: object, old_name: str, default_ms: int, low_ms: int, high_ms: int
-) -> int:
-    """Milliseconds from a duration given in seconds as ``name`` (or a ``timedelta``), or, deprecated, in
-    milliseconds as ``old_name``; ``default_ms`` when neither is given. Both given is ``TypeError``."""
-    if old is not None:
-        if value is not None:
-            raise TypeError(f"give {name} (seconds) or {old_name}, not both")
-        warnings.warn(f"{old_name} is deprecated: give {name} in seconds", DeprecationWarning, stacklevel=3)
-        return check_int(old, old_name, low_ms, high_ms)
+def duration_ms(value: object, name: str, default_ms: int, low_ms: int, high_ms: int) -> int:
+    """Milliseconds from a duration given in seconds as ``name`` (or a ``timedelta``); ``default_ms`` when it is
+    ``None``."""
     if value is None:
         return default_ms
     seconds = check_duration(value, name, low_ms / 1000, high_ms / 1000)

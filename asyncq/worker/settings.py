@@ -73,7 +73,7 @@ class PoolSettings:
         concurrency = check_int(self.concurrency, "concurrency", 1, MAX_CONCURRENCY)
         if self.owner is not None:
             check_identifier(self.owner, "owner")
-        lease_ms = duration_ms(self.lease, "lease", None, "", DEFAULT_LEASE_MS, MIN_LEASE_MS, MAX_LEASE_MS)
+        lease_ms = duration_ms(self.lease, "lease", DEFAULT_LEASE_MS, MIN_LEASE_MS, MAX_LEASE_MS)
         timeout = self.job_timeout
         if timeout is not None:
             timeout = check_duration(timeout, "job_timeout", MIN_POLL_SECONDS, MAX_JOB_TIMEOUT_SECONDS)

@@ -24,7 +24,7 @@ from asyncq.errors import AsyncqError
 import store
 
 log = logging.getLogger("ticket_desk.relay")
-BACKOFF = RetryPolicy(base_ms=200, cap_ms=10_000)  # between failed runs: 0.2 s doubling up to 10 s, jittered
+BACKOFF = RetryPolicy(base=0.2, cap=10)  # between failed runs: 0.2 s doubling up to 10 s, jittered
 
 
 class OutboxRelay:

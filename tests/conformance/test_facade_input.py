@@ -60,11 +60,11 @@ BAD_ENQUEUES: list[tuple[Any, Any, dict[str, Any]]] = [
     ("ok", {}, {"max_attempts": True}),
     ("ok", {}, {"max_attempts": 0}),
     ("ok", {}, {"max_attempts": 2.0}),
-    ("ok", {}, {"ttl_ms": True}),
-    ("ok", {}, {"ttl_ms": 0}),
-    ("ok", {}, {"delay_ms": False}),
-    ("ok", {}, {"delay_ms": -1}),
-    ("ok", {}, {"delay_ms": 10, "ttl_ms": 5}),  # would be due after its deadline
+    ("ok", {}, {"ttl": True}),
+    ("ok", {}, {"ttl": 0}),
+    ("ok", {}, {"delay": False}),
+    ("ok", {}, {"delay": -1}),
+    ("ok", {}, {"delay": 10, "ttl": 5}),  # would be due after its deadline
     ("ok", float("nan"), {}),
     ("ok", {"x": math.inf}, {}),
     ("ok", {1, 2}, {}),
@@ -91,22 +91,22 @@ async def test_bad_enqueue_input_is_a_value_error_before_any_change(
 async def test_bad_worker_and_operator_input_is_a_value_error_before_any_change(store: QueueStore) -> None:
     queue = facade(store)
     await queue.enqueue("j", {})
-    [ticket] = await queue.claim("w1", lease_ms=1_000)
+    [ticket] = await queue.claim("w1", lease=1)
     await queue.enqueue("k", {})
     before = await dump(store)
     bad_calls = [
-        queue.claim("", lease_ms=1_000),
+        queue.claim("", lease=1),
         queue.claim("w1", queue="a b"),
         queue.claim("w1", limit=True),
         queue.claim("w1", limit=0),
-        queue.claim("w1", lease_ms=0),
+        queue.claim("w1", lease=0),
         queue.finish(ticket, "done"),
         queue.finish(ticket, "ok", delay=-1),
         queue.finish(ticket, "retry", delay=True),
         queue.finish_many([(ticket, "ok", 0), (ticket, "maybe", 0)]),
-        queue.extend(ticket, lease_ms=True),
+        queue.extend(ticket, lease=True),
         queue.redrive("j", "has a space"),
-        queue.redrive("j", "note", ttl_ms=0),
+        queue.redrive("j", "note", ttl=0),
         queue.cancel("k", ""),
         queue.cancel("bad id", "note"),
         queue.get("bad id"),

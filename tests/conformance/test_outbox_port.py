@@ -19,12 +19,12 @@ from asyncq.store.port.outbox import (
     QUARANTINED,
     SENT,
     UNSENT,
-    AuditEntry,
     Failure,
     Figures,
     Item,
     Lease,
     NewItem,
+    OutboxAuditEntry,
     OutboxStore,
     Step,
 )
@@ -52,7 +52,7 @@ class State:
 
     items: dict[str, Item]
     lease: Lease
-    audit: list[AuditEntry]
+    audit: list[OutboxAuditEntry]
 
 
 async def read(store: OutboxStore, ids: Iterable[str] = IDS, now: int = T0) -> State:
@@ -95,7 +95,7 @@ def expect(
     after: State,
     items: Mapping[str, Item] | None = None,
     lease: Lease | None = None,
-    audit: Sequence[AuditEntry] = (),
+    audit: Sequence[OutboxAuditEntry] = (),
 ) -> None:
     """``after`` is ``before`` with exactly ``items`` changed (or added), the ``lease`` (if named) and ``audit``."""
     assert after.items == {**before.items, **(items or {})}
@@ -256,13 +256,13 @@ async def test_operator_moves_are_audited_with_the_ids_they_skip(outbox: OutboxS
     await outbox.record_failure(lease, T0, 60_000, a.seq, Failure("refused", T0 + 50, True, 3))
     before = await read(outbox)
     quarantined = await outbox.operate("a", "quarantine", T0 + 10, "poison", "the receiver refuses it")
-    assert quarantined == AuditEntry(
+    assert quarantined == OutboxAuditEntry(
         "a", T0 + 10, "quarantine", ALARM, "poison", "the receiver refuses it", 1, "refused", ["b", "c"], 2
     )
     await outbox.advance(lease, T0 + 20, 60_000, None, b.seq)
     await outbox.advance(lease, T0 + 20, 60_000, b.seq, None)
     requeued = await outbox.operate("a", "requeue", T0 + 30, "fixed", None)
-    assert requeued == AuditEntry("a", T0 + 30, "requeue", QUARANTINED, "fixed", None, 1, "refused", ["b"], 1)
+    assert requeued == OutboxAuditEntry("a", T0 + 30, "requeue", QUARANTINED, "fixed", None, 1, "refused", ["b"], 1)
     after = await read(outbox)
     moved = replace(before.items["a"], state=UNSENT, budget_from=1, next_attempt_at=T0 + 30)
     sent_b = replace(b, state=SENT, attempts=1, sent_at=T0 + 20)
@@ -286,7 +286,7 @@ async def test_retry_gives_a_fresh_budget_and_a_wrong_move_changes_nothing(outbo
             await outbox.operate(item_id, action, T0 + 5, "no", None)
     expect(before, await read(outbox))
     entry = await outbox.operate("a", "retry", T0 + 5, "try again", None)
-    assert entry == AuditEntry("a", T0 + 5, "retry", ALARM, "try again", None, 1, "down", [], 0)
+    assert entry == OutboxAuditEntry("a", T0 + 5, "retry", ALARM, "try again", None, 1, "down", [], 0)
     after = await read(outbox)
     retried = replace(before.items["a"], state=UNSENT, budget_from=1, next_attempt_at=T0 + 5)
     expect(before, after, {"a": retried}, audit=[entry])

@@ -90,7 +90,7 @@ async def test_a_cancelled_finish_is_reconciled_from_the_row(
     gate = Gate()
     async with await Queue.open(path, clock=lambda: clock[0]) as queue:
         await queue.enqueue("job", {})
-        [ticket] = await queue.claim("w1", lease_ms=10_000)
+        [ticket] = await queue.claim("w1", lease=10)
         assert await queue.reconcile(ticket) is None  # still held: no finish has landed
         gate.install(queue)
 

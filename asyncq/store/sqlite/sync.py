@@ -7,10 +7,10 @@ the caller's rows. On a connection with no open transaction it opens and commits
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BODY_BYTES, JobSpec, NewJob
+from asyncq.core.jsontext import JSONInput
 from asyncq.core.values import Duration, check_time
 from asyncq.store.sqlite import engine
 from asyncq.store.sqlite.connection import write_transaction
@@ -21,22 +21,20 @@ from asyncq.store.sqlite.schema import PRODUCT
 def enqueue_sync(
     con: sqlite3.Connection,
     job_id: str,
-    body: Any,
+    body: JSONInput,
     *,
     queue: str = DEFAULT_QUEUE,
     max_attempts: int = 3,
     ttl: Duration | None = None,
     delay: Duration | None = None,
     now_ms: int | None = None,
-    ttl_ms: int | None = None,
-    delay_ms: int | None = None,
 ) -> bool:
     """Add a job through the caller's connection: ``True`` if inserted, ``False`` if the same id and
     body exist, ``Conflict`` for another body. Creates asyncq's tables in that transaction if needed."""
     now = wall_clock_ms() if now_ms is None else check_time(now_ms)
     if not isinstance(con, sqlite3.Connection):
         raise TypeError(f"enqueue_sync takes a sqlite3.Connection, not {type(con).__name__}")
-    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, ttl_ms=ttl_ms, delay_ms=delay_ms)
+    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay)
     row = spec.to_row(now, MAX_BODY_BYTES)
     if con.in_transaction:
         return _enqueue(con, row)
