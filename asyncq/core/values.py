@@ -14,6 +14,8 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
+from asyncq.core.limits import MAX_NOTE_CHARS, MAX_PRIORITY, MIN_PRIORITY
+
 IDENTIFIER_MAX = 64
 TIME_MAX_MS = 10**15 - 60_000
 TOKEN_MAX = 10**15
@@ -27,6 +29,24 @@ def check_identifier(value: object, name: str) -> str:
     if type(value) is not str or _IDENTIFIER.fullmatch(value) is None:
         raise ValueError(f"{name} must be a str of 1-{IDENTIFIER_MAX} ASCII letters, digits, '_' or '-'")
     return value
+
+
+def check_note(value: object, name: str = "note") -> str:
+    """Return ``value`` if it is an operator's note: an exact ``str`` of 1-500 printable characters (any
+    script; no control characters, no line breaks), not starting or ending with whitespace."""
+    if type(value) is not str:
+        raise ValueError(f"{name} must be a str, not {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_NOTE_CHARS or not value.isprintable() or value.strip() != value:
+        raise ValueError(
+            f"{name} must be 1-{MAX_NOTE_CHARS} printable characters with no control characters"
+            " and no leading or trailing whitespace"
+        )
+    return value
+
+
+def check_priority(value: object, name: str = "priority") -> int:
+    """A job's priority: an exact ``int`` in -100 … 100 (higher is claimed first)."""
+    return check_int(value, name, MIN_PRIORITY, MAX_PRIORITY)
 
 
 def check_int(value: object, name: str, low: int, high: int) -> int:
