@@ -47,6 +47,7 @@ from asyncq.core.values import (
     check_duration,
     check_identifier,
     check_int,
+    check_note,
     duration_ms,
 )
 from asyncq.errors import StoreError
@@ -316,7 +317,7 @@ class Queue(StoreFacade[QueueStore]):
         """Re-arm a dead job with a fresh budget (a deadline ``ttl`` seconds away, default a day); its audit row.
         ``ValueError`` if it is not dead."""
         check_identifier(job_id, "job_id")
-        check_identifier(note, "note")
+        check_note(note)
         ttl_ms = duration_ms(ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         now = self.now()
         entry = await self.store.redrive(job_id, now, now + ttl_ms, note)
@@ -326,7 +327,7 @@ class Queue(StoreFacade[QueueStore]):
     async def cancel(self, job_id: str, note: str) -> AuditEntry:
         """Park a pending job as dead (reason ``cancelled``); its audit row. ``ValueError`` if not pending."""
         check_identifier(job_id, "job_id")
-        check_identifier(note, "note")
+        check_note(note)
         entry = await self.store.cancel(job_id, self.now(), note)
         log.info("job %s pending -> dead (cancelled: %s)", job_id, note)
         return entry

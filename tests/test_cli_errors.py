@@ -110,7 +110,7 @@ def test_a_backup_facing_a_held_lock_is_not_kept_waiting(locked: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["cancel", "p-1", "--note", "two words"], "argument --note: 'two words' is not 1-64 ASCII letters"),
+        (["cancel", "p-1", "--note", "two\nlines"], "argument --note: note must be 1-500 printable characters"),
         (["prune", "--older-than", "7 days"], "argument --older-than: '7 days' is not a duration"),
         (["enqueue", "bad id", "{}"], "argument ID: 'bad id' is not"),
         (["enqueue", "e-1", "{not json"], "argument BODY: not JSON"),

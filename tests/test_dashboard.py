@@ -166,9 +166,12 @@ async def test_the_token_redrives_the_job_with_exactly_one_audit_row(
     assert dump(path) == before
 
 
-async def test_a_note_or_job_that_is_not_an_identifier_is_refused(server: tuple[str, Dashboard], path: Path) -> None:
+async def test_a_bad_note_or_a_job_that_is_not_an_identifier_is_refused(
+    server: tuple[str, Dashboard], path: Path
+) -> None:
     before = dump(path)
-    for form in ({"job": "refused", "note": "two words"}, {"job": "refused", "note": ""}, {"job": "<b>", "note": "n"}):
+    bad_notes = ({"job": "refused", "note": "two\nlines"}, {"job": "refused", "note": ""})
+    for form in (*bad_notes, {"job": "refused", "note": "x" * 501}, {"job": "<b>", "note": "n"}):
         status, text, _headers = await post_redrive(server[0], form | {"token": TOKEN})
         assert status == 400, form
         assert "<b>" not in text

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncq.core.jsontext import loads_strict
-from asyncq.core.values import check_identifier
+from asyncq.core.values import check_identifier, check_note
 
 _DURATION = re.compile(r"([0-9]{1,9})(ms|s|m|h|d|w)")
 _WHOLE = re.compile(r"[0-9]{1,30}")
@@ -30,11 +30,19 @@ MISSING = Missing()
 
 
 def identifier(text: str) -> str:
-    """A job id, note, queue or owner name: 1-64 ASCII letters, digits, ``_`` or ``-``."""
+    """A job id, queue or owner name: 1-64 ASCII letters, digits, ``_`` or ``-``."""
     try:
         return check_identifier(text, "value")
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not 1-64 ASCII letters, digits, '_' or '-'") from None
+
+
+def note(text: str) -> str:
+    """An operator's note: 1-500 printable characters (``core.values.check_note``)."""
+    try:
+        return check_note(text, "note")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def shown_ms(ms: int) -> str:

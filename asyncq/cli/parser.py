@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from asyncq.cli.arguments import MISSING, duration, identifier, json_value, port, seconds, shown_ms, whole
+from asyncq.cli.arguments import MISSING, duration, identifier, json_value, note, port, seconds, shown_ms, whole
 from asyncq.cli.errors import UsageError
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
@@ -144,7 +144,7 @@ def _add_readers(add: Adder) -> None:
 def _add_operator(add: Adder) -> None:
     redrive = add("redrive", _command("operator", "redrive"), "Give dead jobs a fresh budget, with an audit row each.")
     redrive.add_argument("ids", type=identifier, nargs="*", metavar="ID", help="dead jobs to redrive now")
-    redrive.add_argument("--note", type=identifier, required=True, help="why (kept in the audit row)")
+    redrive.add_argument("--note", type=note, required=True, help="why (kept in the audit row)")
     reasons = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT)
     redrive.add_argument("--reason", choices=reasons, help="every dead job with this reason (a preview)")
     redrive.add_argument("--queue", type=identifier, help="with --reason: only this queue")
@@ -157,7 +157,7 @@ def _add_operator(add: Adder) -> None:
     )
     cancel = add("cancel", _command("operator", "cancel"), "Park a pending job as dead (reason cancelled), audited.")
     cancel.add_argument("id", type=identifier, metavar="ID")
-    cancel.add_argument("--note", type=identifier, required=True, help="why (kept in the audit row)")
+    cancel.add_argument("--note", type=note, required=True, help="why (kept in the audit row)")
     prune = add("prune", _command("operator", "prune"), "Delete done and dead jobs past a retention age (a preview).")
     prune.add_argument(
         "--older-than", type=duration(0, MAX_RETENTION_MS), required=True, help="retention age, such as 7d"

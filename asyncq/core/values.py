@@ -13,6 +13,8 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
+from asyncq.core.limits import MAX_NOTE_CHARS
+
 IDENTIFIER_MAX = 64
 TIME_MAX_MS = 10**15 - 60_000
 TOKEN_MAX = 10**15
@@ -25,6 +27,19 @@ def check_identifier(value: object, name: str) -> str:
     """Return ``value`` if it is an exact ``str`` of 1-64 ASCII letters, digits, ``_`` or ``-``."""
     if type(value) is not str or _IDENTIFIER.fullmatch(value) is None:
         raise ValueError(f"{name} must be a str of 1-{IDENTIFIER_MAX} ASCII letters, digits, '_' or '-'")
+    return value
+
+
+def check_note(value: object, name: str = "note") -> str:
+    """Return ``value`` if it is an operator's note: an exact ``str`` of 1-500 printable characters (any
+    script; no control characters, no line breaks), not starting or ending with whitespace."""
+    if type(value) is not str:
+        raise ValueError(f"{name} must be a str, not {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_NOTE_CHARS or not value.isprintable() or value.strip() != value:
+        raise ValueError(
+            f"{name} must be 1-{MAX_NOTE_CHARS} printable characters with no control characters"
+            " and no leading or trailing whitespace"
+        )
     return value
 
 

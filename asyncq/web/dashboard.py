@@ -30,7 +30,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from asyncq.core.clock import Clock, wall_clock_ms
-from asyncq.core.values import check_identifier
+from asyncq.core.values import check_identifier, check_note
 from asyncq.errors import StoreError
 from asyncq.queue import Queue
 from asyncq.web.page import Sample, Snapshot, render_message, render_page
@@ -162,7 +162,7 @@ class Dashboard:
             log.warning("dashboard: redrive refused: wrong or missing token")
             return html_response(render_message("Refused", "wrong or missing token: nothing changed"), 403)
         try:
-            job_id, note = check_identifier(form.get("job"), "job"), check_identifier(form.get("note"), "note")
+            job_id, note = check_identifier(form.get("job"), "job"), check_note(form.get("note"))
         except ValueError as error:
             return html_response(render_message("Not redriven", f"{error}: nothing changed"), 400)
         try:

@@ -132,8 +132,8 @@ def _redrive_form(job_id: str) -> str:
     return (
         '<form method="post" action="/redrive">'
         f'<input type="hidden" name="job" value="{escape(job_id)}">'
-        '<input name="note" placeholder="note" required pattern="[A-Za-z0-9_-]{1,64}" aria-label="note" '
-        'title="1-64 letters, digits, _ or -">'
+        '<input name="note" placeholder="note" required maxlength="500" aria-label="note" '
+        'title="why: 1-500 printable characters">'
         '<input name="token" type="password" placeholder="token" required autocomplete="off" aria-label="token">'
         "<button>Redrive</button></form>"
     )
