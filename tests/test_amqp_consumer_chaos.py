@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from postgres_support import execute, fresh_schema, postgres_database
-from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue, wait_until
+from rabbit_support import QUEUE_ARGUMENTS, amqp_url, queue_counts, unique_queue
 from ticket_desk_support import Child
+from waiting import eventually_sync
 
 from asyncq.delivery.amqp import AmqpTransport
 
@@ -123,8 +124,8 @@ async def test_a_sigkilled_consumer_leaves_exactly_one_ticket_per_key(
 
     drain = start(store, queue, amqp_url)
     try:
-        wait_until(lambda: len(tickets()) >= MESSAGES, 60 + MESSAGES // 10, "a ticket for every key")
-        wait_until(lambda: queue_counts(queue) == (0, 0), 30, "no ready or unacknowledged message")
+        eventually_sync(lambda: len(tickets()) >= MESSAGES, "a ticket for every key", timeout=60 + MESSAGES // 10)
+        eventually_sync(lambda: queue_counts(queue) == (0, 0), "no ready or unacknowledged message", timeout=30)
         drain.process.terminate()  # SIGTERM: a graceful stop
         assert drain.wait() == 0, drain.stderr()
     finally:
