@@ -76,7 +76,7 @@ class Run:
 
 
 class HeldGauge:
-    """The handler: yields once; samples how many leases its pool holds (``Pool._inflight``: running or buffered)."""
+    """The handler: yields once; samples how many leases its pool holds (``Pool._flights.jobs``: running, buffered)."""
 
     def __init__(self) -> None:
         self.pool: Pool | None = None
@@ -84,7 +84,7 @@ class HeldGauge:
 
     async def handle(self, body: Any, context: Any) -> None:
         assert self.pool is not None
-        self.most = max(self.most, len(self.pool._inflight))
+        self.most = max(self.most, len(self.pool._flights.jobs))
         await asyncio.sleep(0)
 
 
