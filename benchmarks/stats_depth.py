@@ -46,7 +46,7 @@ from typing import Any
 import _report
 
 from asyncq.core.jobs import Finish, Held, NewJob
-from asyncq.core.lifecycle import Fence
+from asyncq.core.lifecycle import STATUSES, Fence
 from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.queue import Queue
 from asyncq.store.sqlite import engine, stats
@@ -157,7 +157,7 @@ def v4_stats(con: sqlite3.Connection, now_ms: int) -> Stats:
         con.execute("COMMIT")
     return Stats(
         now_ms,
-        {status: by_status.get(status, 0) for status in stats.STATUSES},
+        {status: by_status.get(status, 0) for status in STATUSES},
         dead,
         None if oldest is None else now_ms - oldest,
         expired,

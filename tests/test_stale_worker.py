@@ -33,7 +33,7 @@ async def reclaim_and_deliver(db: Path, url: str) -> int:
     """The second worker: claim as soon as the frozen worker's lease has expired, deliver, finish."""
     async with await Queue.open(str(db)) as queue:
         # polled until the frozen worker's lease expires (real time: time itself is what is tested)
-        claim = functools.partial(queue.claim, "worker-b", lease_ms=5_000)
+        claim = functools.partial(queue.claim, "worker-b", lease=5)
         [ticket] = await eventually(claim, "the expired lease to be claimed again", interval=0.05)
         transport = HttpTransport(url)
         await transport.deliver(ticket.id, ticket.body, {"Asyncq-Token": str(ticket.token)})
