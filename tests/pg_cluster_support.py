@@ -71,6 +71,14 @@ class Cluster:
     def log(self) -> Path:
         return self.folder / "server.log"
 
+    def crash_restart(self) -> None:
+        """``pg_ctl restart -m immediate``: every backend killed without a checkpoint (as a crash), the server
+        recovering from its WAL on the way back up; returns once it accepts connections again."""
+        binaries = server_binaries()
+        assert binaries is not None
+        pg_ctl = [str(binaries / "pg_ctl"), "-D", str(self.folder / "data"), "-l", str(self.log)]
+        _run([*pg_ctl, "-m", "immediate", "-w", "-t", "60", "restart"], 90)
+
 
 def _as_server_user(command: Sequence[str]) -> list[str]:
     return ["runuser", "-u", SERVER_USER, "--", *command] if os.geteuid() == 0 else list(command)

@@ -26,6 +26,20 @@ TRANSIENT = (
     exceptions.QueryCanceledError,
 )
 LOST = (asyncpg.ConnectionDoesNotExistError, exceptions.ConnectionFailureError, OSError, TimeoutError)
+# What asyncpg raises on a connection a fault left unusable: closed under a transaction ("cannot call
+# Transaction.__aexit__(): the underlying connection is closed"), or left in the middle of an operation by a call
+# the server ended ("cannot switch to state 15; another operation (2) is in progress"). Both were seen escaping a
+# pool's task group while the server was crash-restarted and its backends ended (tests/test_postgres_faults.py).
+_UNUSABLE = ("connection is closed", "connection was closed", "another operation")
+
+
+def is_lost(error: BaseException) -> bool:
+    """Whether ``error`` means the connection or the server went away (the connection must not be used again)."""
+    if isinstance(error, LOST):
+        return True
+    if isinstance(error, asyncpg.InterfaceError | exceptions.InternalClientError):
+        return any(sign in str(error) for sign in _UNUSABLE)
+    return False
 
 
 class PostgresBusy(StoreBusy):
@@ -38,7 +52,7 @@ def as_busy(error: BaseException, location: str) -> BaseException:
         return error
     if isinstance(error, TRANSIENT):
         return PostgresBusy(f"{location}: {type(error).__name__}: {error} (nothing changed)")
-    if isinstance(error, LOST):
+    if is_lost(error):
         return PostgresBusy(
             f"{location}: connection lost ({type(error).__name__}: {error}); a commit in flight may have landed"
         )

@@ -4,14 +4,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from asyncq.store.postgres.connection import Connection, Migrations, Target, migrate, open_pool, parse_url
-from asyncq.store.postgres.failures import as_busy
+from asyncq.store.postgres.failures import as_busy, is_lost
 
 T = TypeVar("T")
 
@@ -32,6 +33,21 @@ def app_connection(connection: object) -> Connection:
     if not connection.is_in_transaction():
         raise ValueError("connection has no transaction open: call it inside `async with conn.transaction()`")
     return connection
+
+
+@contextlib.asynccontextmanager
+async def dropped_if_lost(conn: Connection) -> AsyncIterator[None]:
+    """Inside, a pooled connection that fails as lost (``failures.is_lost``) is terminated before the pool takes
+    it back: the pool opens a fresh one instead of handing out a connection a fault left closed or mid-operation."""
+    try:
+        yield
+    except Exception as error:
+        if is_lost(error):
+            # A connection the pool already took back (its loss seen first) refuses every call: nothing to drop.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                if not conn.is_closed():
+                    conn.terminate()
+        raise
 
 
 async def one_row(conn: Connection, statement: str, *args: Any) -> asyncpg.Record:
@@ -77,7 +93,7 @@ class PooledStore:
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(conn, schema, *args)`` in one transaction on a pooled connection."""
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._pool.acquire() as conn, dropped_if_lost(conn), conn.transaction():
                 return await fn(conn, self.schema, *args)
         except Exception as error:
             raise_translated(error, self.location)
@@ -86,7 +102,7 @@ class PooledStore:
         """``fn(conn, schema, *args)`` on a pooled connection outside a transaction: for a call that is one
         statement (its own transaction, one round trip)."""
         try:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire() as conn, dropped_if_lost(conn):
                 return await fn(conn, self.schema, *args)
         except Exception as error:
             raise_translated(error, self.location)

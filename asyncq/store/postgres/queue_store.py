@@ -36,6 +36,7 @@ from asyncq.store.postgres.connection import (
 )
 from asyncq.store.postgres.effects import execute_inside
 from asyncq.store.postgres.failures import as_busy
+from asyncq.store.postgres.pooled import dropped_if_lost
 from asyncq.store.postgres.schema import QUEUE, SCHEMA_VERSION
 from asyncq.store.postgres.statements import NOTIFY
 from asyncq.store.postgres.wakeups import Wakeups
@@ -330,7 +331,7 @@ class PostgresQueueStore:
         ``PostgresBusy``."""
         self._check_writable()
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._pool.acquire() as conn, dropped_if_lost(conn), conn.transaction():
                 return await fn(conn, self.schema, *args)
         except Exception as error:
             raise _translated(error, self.location) from None
@@ -338,7 +339,11 @@ class PostgresQueueStore:
     async def _read(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(conn, schema, *args)`` in one read-only ``REPEATABLE READ`` snapshot."""
         try:
-            async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            async with (
+                self._pool.acquire() as conn,
+                dropped_if_lost(conn),
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
                 return await fn(conn, self.schema, *args)
         except Exception as error:
             raise _translated(error, self.location) from None

@@ -1,0 +1,109 @@
+"""Faults of the PostgreSQL server under running workers, on a cluster the test owns (``pg_cluster_support``).
+
+Two worker processes (``pg_fault_worker.py``, a pool of 8 tasks each) drain 2,000 jobs while the test ends every
+client backend of the server every 0.4 s (``pg_terminate_backend``: the pools', the listeners') and crash-restarts
+the server twice (``pg_ctl restart -m immediate``). Before asyncq took asyncpg's own errors for a connection a
+fault left closed or mid-operation as a lost connection (``store/postgres/failures.py``: "cannot call
+Transaction.__aexit__(): the underlying connection is closed", "cannot switch to state 15; another operation is in
+progress"), both workers died of them within seconds. Asserted: every job done, none pending, leased or dead, every
+one started by a handler; both workers still running when the faults end and ending cleanly on SIGTERM; each
+counted the faults it met (``Pool.counters.store_busy``) and logged them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import asyncpg
+import pytest
+from pg_cluster_support import Cluster, cluster_problem, running_cluster
+from rabbit_support import unavailable
+from waiting import eventually
+
+from asyncq import JobSpec, Queue
+
+WORKER = Path(__file__).resolve().parent / "pg_fault_worker.py"
+JOBS = 2000
+WORKERS = 2
+FAULTS_S = 10.0
+TERMINATE_EVERY_S = 0.4
+RESTARTS_AT_S = (3.0, 7.0)
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+async def terminate_client_backends(cluster: Cluster) -> int:
+    """End every client backend but this one; how many were ended."""
+    conn = await asyncpg.connect(cluster.url(), timeout=5)
+    try:
+        ended: int = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return ended
+    finally:
+        await conn.close()
+
+
+async def statuses(cluster: Cluster) -> Counter[str]:
+    conn = await asyncpg.connect(cluster.url(), timeout=5)
+    try:
+        return Counter(dict(await conn.fetch("SELECT status, count(*) FROM asyncq.jobs GROUP BY status")))
+    finally:
+        await conn.close()
+
+
+async def test_workers_survive_ended_backends_and_crash_restarts_and_finish_every_job(tmp_path: Path) -> None:
+    problem = cluster_problem()
+    if problem is not None:
+        unavailable(problem)
+    with running_cluster("127.0.0.1") as cluster:
+        url = cluster.url()
+        async with await Queue.open(url) as queue:
+            for start in range(0, JOBS, 500):
+                await queue.enqueue_many([JobSpec(f"j-{n:05d}", {"n": n}) for n in range(start, start + 500)])
+        starts = tmp_path / "starts"
+        workers = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), "--db", url, "--starts", str(starts), "--status", f"{tmp_path}/s{i}"],
+                stderr=(tmp_path / f"err{i}").open("w"),
+            )
+            for i in range(WORKERS)
+        ]
+        try:
+            ended, restarts, began = 0, 0, time.monotonic()
+            while (elapsed := time.monotonic() - began) < FAULTS_S:
+                await asyncio.sleep(TERMINATE_EVERY_S)
+                if restarts < len(RESTARTS_AT_S) and elapsed >= RESTARTS_AT_S[restarts]:
+                    await asyncio.to_thread(cluster.crash_restart)
+                    restarts += 1
+                ended += await terminate_client_backends(cluster)
+            alive = [worker.poll() for worker in workers]
+            assert alive == [None] * WORKERS, [(tmp_path / f"err{i}").read_text()[-3000:] for i in range(WORKERS)]
+
+            async def all_done() -> Counter[str] | None:
+                found = await statuses(cluster)
+                return found if found["done"] == JOBS else None
+
+            found = await eventually(all_done, "every job done", timeout=90, interval=0.1)
+        finally:
+            for worker in workers:
+                worker.send_signal(signal.SIGTERM)
+            codes = [worker.wait(30) for worker in workers]
+        assert restarts == len(RESTARTS_AT_S) and ended > WORKERS  # the faults really hit the workers' backends
+        assert found == Counter(done=JOBS)  # nothing pending, leased or dead
+        started = {line.split()[0] for line in starts.read_text().splitlines()}
+        assert started == {f"j-{n:05d}" for n in range(JOBS)}
+        assert codes == [0] * WORKERS
+        counters = [json.loads((tmp_path / f"s{i}").read_text()) for i in range(WORKERS)]
+        assert sum(c["finished"]["done"] for c in counters) >= JOBS
+        assert sum(c["store_busy"] for c in counters) > 0  # the faults were met, counted ...
+        logs = "".join((tmp_path / f"err{i}").read_text() for i in range(WORKERS))
+        assert "store busy" in logs  # ... and logged
