@@ -71,12 +71,24 @@ class Cluster:
     def log(self) -> Path:
         return self.folder / "server.log"
 
+    def stop(self) -> None:
+        """Stop the server (fast shutdown); ``start`` brings it back on the same port."""
+        _stop(self._binaries(), self.folder / "data")
+
+    def start(self) -> None:
+        """Start the stopped server; returns once it accepts connections."""
+        _run([str(self._binaries() / "pg_ctl"), "-D", str(self.folder / "data"), "-l", str(self.log), "-w", "-t",
+              "60", "start"], 90)  # fmt: skip
+
+    def _binaries(self) -> Path:
+        binaries = server_binaries()
+        assert binaries is not None
+        return binaries
+
     def crash_restart(self) -> None:
         """``pg_ctl restart -m immediate``: every backend killed without a checkpoint (as a crash), the server
         recovering from its WAL on the way back up; returns once it accepts connections again."""
-        binaries = server_binaries()
-        assert binaries is not None
-        pg_ctl = [str(binaries / "pg_ctl"), "-D", str(self.folder / "data"), "-l", str(self.log)]
+        pg_ctl = [str(self._binaries() / "pg_ctl"), "-D", str(self.folder / "data"), "-l", str(self.log)]
         _run([*pg_ctl, "-m", "immediate", "-w", "-t", "60", "restart"], 90)
 
 

@@ -8,6 +8,9 @@ Transaction.__aexit__(): the underlying connection is closed", "cannot switch to
 progress"), both workers died of them within seconds. Asserted: every job done, none pending, leased or dead, every
 one started by a handler; both workers still running when the faults end and ending cleanly on SIGTERM; each
 counted the faults it met (``Pool.counters.store_busy``) and logged them.
+
+And a worker started while the server is down waits for it (a clear line in its log, with backoff) instead of
+exiting, then runs the jobs enqueued once the server is up.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ TERMINATE_EVERY_S = 0.4
 RESTARTS_AT_S = (3.0, 7.0)
 
 pytestmark = [pytest.mark.timeout(180)]
+
+
+def start_worker(url: str, folder: Path, index: int) -> subprocess.Popen[bytes]:
+    files = ["--starts", f"{folder}/starts", "--status", f"{folder}/s{index}"]
+    command = [sys.executable, str(WORKER), "--db", url, *files]
+    return subprocess.Popen(command, stderr=(folder / f"err{index}").open("w"))
 
 
 async def terminate_client_backends(cluster: Cluster) -> int:
@@ -70,13 +79,7 @@ async def test_workers_survive_ended_backends_and_crash_restarts_and_finish_ever
             for start in range(0, JOBS, 500):
                 await queue.enqueue_many([JobSpec(f"j-{n:05d}", {"n": n}) for n in range(start, start + 500)])
         starts = tmp_path / "starts"
-        workers = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER), "--db", url, "--starts", str(starts), "--status", f"{tmp_path}/s{i}"],
-                stderr=(tmp_path / f"err{i}").open("w"),
-            )
-            for i in range(WORKERS)
-        ]
+        workers = [start_worker(url, tmp_path, i) for i in range(WORKERS)]
         try:
             ended, restarts, began = 0, 0, time.monotonic()
             while (elapsed := time.monotonic() - began) < FAULTS_S:
@@ -107,3 +110,34 @@ async def test_workers_survive_ended_backends_and_crash_restarts_and_finish_ever
         assert sum(c["store_busy"] for c in counters) > 0  # the faults were met, counted ...
         logs = "".join((tmp_path / f"err{i}").read_text() for i in range(WORKERS))
         assert "store busy" in logs  # ... and logged
+
+
+async def test_a_worker_started_while_the_server_is_down_waits_for_it_then_runs(tmp_path: Path) -> None:
+    problem = cluster_problem()
+    if problem is not None:
+        unavailable(problem)
+    with running_cluster("127.0.0.1") as cluster:
+        url = cluster.url()
+        await asyncio.to_thread(cluster.stop)
+        worker = start_worker(url, tmp_path, 0)
+        try:
+            log = tmp_path / "err0"
+            waiting = await eventually(
+                lambda: "the queue is not open yet" in log.read_text(), "the worker logs its wait", timeout=30
+            )
+            assert waiting and worker.poll() is None  # waiting, not exited
+            await asyncio.to_thread(cluster.start)
+            async with await Queue.open(url) as queue:
+                await queue.enqueue_many([JobSpec(f"late-{n}", {"n": n}) for n in range(50)])
+
+            async def all_done() -> Counter[str] | None:
+                found = await statuses(cluster)
+                return found if found["done"] == 50 else None
+
+            assert await eventually(all_done, "the jobs enqueued after the start done", timeout=60, interval=0.1)
+            assert worker.poll() is None
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            code = worker.wait(30)
+        assert code == 0
+        assert "cannot open" in log.read_text() and "ConnectionRefusedError" in log.read_text()

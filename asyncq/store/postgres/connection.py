@@ -21,6 +21,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import is_store_url
+from asyncq.store.postgres.failures import TRANSIENT, PostgresBusy, is_lost
 
 DEFAULT_SCHEMA = "asyncq"
 #: How waiting workers learn of new rows: ``listen`` (LISTEN/NOTIFY, polling as the fallback) or ``poll`` only
@@ -133,6 +134,8 @@ async def open_pool(target: Target, *, size: int | None = None, read_only: bool 
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        if isinstance(error, TRANSIENT) or is_lost(error):  # not there yet, starting, full: a worker waits it out
+            raise PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}") from error
         raise StoreError(f"cannot open {target.location}: {error}") from error
     assert pool is not None
     return pool
@@ -153,6 +156,8 @@ async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connect
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        if isinstance(error, TRANSIENT) or is_lost(error):  # not there yet, starting, full: a worker waits it out
+            raise PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}") from error
         raise StoreError(f"cannot open {target.location}: {error}") from error
     try:
         await _check_durable(conn)
