@@ -31,6 +31,7 @@ from rabbit_support import unavailable
 from waiting import eventually
 
 from asyncq import JobSpec, Queue
+from asyncq.errors import StoreBusy
 
 WORKER = Path(__file__).resolve().parent / "pg_fault_worker.py"
 JOBS = 2000
@@ -141,3 +142,69 @@ async def test_a_worker_started_while_the_server_is_down_waits_for_it_then_runs(
             code = worker.wait(30)
         assert code == 0
         assert "cannot open" in log.read_text() and "ConnectionRefusedError" in log.read_text()
+
+
+async def set_read_only(cluster: Cluster, on: bool) -> None:
+    """``default_transaction_read_only`` for the whole server, as a failover to a standby leaves it."""
+    conn = await asyncpg.connect(cluster.url(), timeout=5)
+    try:
+        await conn.execute(f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+async def test_a_read_only_server_is_a_clear_error_and_workers_wait_until_it_is_writable(tmp_path: Path) -> None:
+    problem = cluster_problem()
+    if problem is not None:
+        unavailable(problem)
+    with running_cluster("127.0.0.1") as cluster:
+        url = cluster.url()
+        async with await Queue.open(url) as queue:
+            await queue.enqueue_many([JobSpec(f"before-{n}", {"n": n}) for n in range(20)])
+            worker = start_worker(url, tmp_path, 0)
+            try:
+                await eventually(lambda: statuses_done(cluster, 20), "the first jobs done", timeout=60, interval=0.05)
+                await set_read_only(cluster, True)
+
+                async def refused() -> str | None:
+                    try:
+                        await queue.enqueue("while-read-only", {})
+                    except StoreBusy as error:
+                        return str(error)
+                    return None  # the setting not picked up yet by this connection: try again
+
+                message = await eventually(refused, "an enqueue refused by the read-only server", timeout=10)
+                assert "read-only" in message and "nothing changed" in message
+                assert await queue.get("while-read-only") is None  # nothing of the refused call landed
+                assert await queue.get("before-0") is not None  # reads still work on a read-only server
+                log = tmp_path / "err0"
+                await eventually(lambda: "read-only" in log.read_text(), "the worker logs the refusal", timeout=30)
+                assert worker.poll() is None
+                await set_read_only(cluster, False)
+                await eventually(
+                    lambda: _enqueued(queue, [JobSpec(f"after-{n}", {"n": n}) for n in range(20)]),
+                    "enqueues accepted again",
+                    timeout=10,
+                )
+                await eventually(lambda: statuses_done(cluster, 40), "every job done", timeout=60, interval=0.05)
+                assert worker.poll() is None
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                code = worker.wait(30)
+            assert code == 0
+            counters = json.loads((tmp_path / "s0").read_text())
+            assert counters["store_busy"] > 0
+
+
+async def statuses_done(cluster: Cluster, jobs: int) -> bool:
+    found = await statuses(cluster)
+    return found["done"] == jobs and sum(found.values()) == jobs
+
+
+async def _enqueued(queue: Queue, specs: list[JobSpec]) -> bool:
+    try:
+        await queue.enqueue_many(specs)
+    except StoreBusy:
+        return False
+    return True

@@ -2,7 +2,8 @@
 can tell "try again" from every other failure without knowing asyncpg.
 
 Two kinds: the server refused or rolled back the transaction (a deadlock it broke, a serialisation failure, too
-many connections, a server starting or shutting down): nothing changed. Or the connection was lost: if that
+many connections, a server starting or shutting down, a server that is read-only after a failover): nothing
+changed. Or the connection was lost: if that
 happened while a commit was in flight, the commit may have landed; a retry is still safe, because every
 finish, extend and release is fenced (a finish that had landed is refused as stale the second time).
 """
@@ -24,6 +25,7 @@ TRANSIENT = (
     exceptions.CannotConnectNowError,
     exceptions.PostgresConnectionError,
     exceptions.QueryCanceledError,
+    exceptions.ReadOnlySQLTransactionError,  # a standby after a failover, or default_transaction_read_only=on
 )
 LOST = (asyncpg.ConnectionDoesNotExistError, exceptions.ConnectionFailureError, OSError, TimeoutError)
 # What asyncpg raises on a connection a fault left unusable: closed under a transaction ("cannot call
@@ -50,6 +52,11 @@ def as_busy(error: BaseException, location: str) -> BaseException:
     """``error`` as ``PostgresBusy`` if it is transient, else ``error`` itself."""
     if isinstance(error, PostgresBusy):
         return error
+    if isinstance(error, exceptions.ReadOnlySQLTransactionError):
+        return PostgresBusy(
+            f"{location}: the server is read-only ({error}): a standby after a failover, or"
+            " default_transaction_read_only=on; nothing changed, try again once it is writable"
+        )
     if isinstance(error, TRANSIENT):
         return PostgresBusy(f"{location}: {type(error).__name__}: {error} (nothing changed)")
     if is_lost(error):
