@@ -208,3 +208,53 @@ async def _enqueued(queue: Queue, specs: list[JobSpec]) -> bool:
     except StoreBusy:
         return False
     return True
+
+
+async def test_low_statement_and_idle_in_transaction_timeouts_fail_an_apps_long_transaction_cleanly(
+    tmp_path: Path,
+) -> None:
+    """``statement_timeout`` and ``idle_in_transaction_session_timeout`` set low on the role: an app transaction that
+    enqueues on its own connection and then idles past the timeout fails (the server ends it), and nothing of it
+    is left; a statement past the timeout is cancelled; the pool's own short transactions run every job."""
+    problem = cluster_problem()
+    if problem is not None:
+        unavailable(problem)
+    with running_cluster("127.0.0.1") as cluster:
+        url = cluster.url()
+        admin = await asyncpg.connect(url, timeout=5)
+        try:
+            await admin.execute("ALTER ROLE postgres SET statement_timeout = '300ms'")
+            await admin.execute("ALTER ROLE postgres SET idle_in_transaction_session_timeout = '300ms'")
+        finally:
+            await admin.close()
+        async with await Queue.open(url) as queue:
+            app = await asyncpg.connect(url, timeout=5)
+            try:
+                # The server ends the session; asyncpg then says so at the next statement or at the block's end.
+                ended = (asyncpg.IdleInTransactionSessionTimeoutError, asyncpg.ConnectionDoesNotExistError)
+                with pytest.raises((*ended, asyncpg.InterfaceError)):
+                    async with app.transaction():
+                        await queue.enqueue("in-a-long-transaction", {}, connection=app)
+                        await asyncio.sleep(0.8)  # idle inside the transaction, past the server's timeout
+                        await app.execute("SELECT 1")
+            finally:
+                await app.close()
+            assert await queue.get("in-a-long-transaction") is None  # rolled back whole by the server
+            app = await asyncpg.connect(url, timeout=5)
+            try:
+                with pytest.raises(asyncpg.QueryCanceledError):
+                    async with app.transaction():
+                        await queue.enqueue("beside-a-slow-statement", {}, connection=app)
+                        await app.execute("SELECT pg_sleep(1)")
+            finally:
+                await app.close()
+            assert await queue.get("beside-a-slow-statement") is None
+            await queue.enqueue_many([JobSpec(f"t-{n}", {"n": n}) for n in range(100)])
+            worker = start_worker(url, tmp_path, 0)
+            try:
+                await eventually(lambda: statuses_done(cluster, 100), "every job done", timeout=60, interval=0.05)
+                assert worker.poll() is None
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                code = worker.wait(30)
+            assert code == 0
