@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SOURCES := asyncq tests examples benchmarks
 
-.PHONY: demo test lint typecheck unit bench browser clean
+.PHONY: demo test lint typecheck unit bench browser pgbouncer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict asyncq
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP) browser
+unit: $(STAMP) browser pgbouncer
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Debian's Chromium for the browser tests: installed when missing and we may (root); otherwise the tests
@@ -35,6 +35,16 @@ browser:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	      || echo "could not install chromium: browser tests will skip or fail under CI"; \
 	  else echo "chromium missing and not root: browser tests will skip"; fi; \
+	fi
+
+# Debian's PgBouncer for the postgresql-pgbouncer driver (tests/pgbouncer_support.py starts it itself; the
+# package's own service is never started): installed when missing and we may (root).
+pgbouncer:
+	@if [ ! -x /usr/sbin/pgbouncer ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null) \
+	      || echo "could not install pgbouncer: its tests will skip or fail under CI"; \
+	  else echo "pgbouncer missing and not root: its tests will skip"; fi; \
 	fi
 
 bench: $(STAMP)

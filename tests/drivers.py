@@ -19,13 +19,15 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from pgbouncer_support import running_bouncer
+from postgres_support import SERVER_URL, fresh_schema, run_in_thread
 from postgres_support import execute as pg_execute
-from postgres_support import fresh_schema, run_in_thread
 
 from asyncq.store.opening import open_inbox_store, open_outbox_store, open_queue_store
 from asyncq.store.port.inbox import InboxStore
@@ -227,8 +229,39 @@ SQLITE = Driver(
     kind="sqlite",
 )
 POSTGRESQL = _postgres("postgresql")
-#: Behind PgBouncer in transaction mode: no LISTEN (woken by polling) and no prepared-statement cache.
-POSTGRESQL_PGBOUNCER = _postgres("postgresql-pgbouncer", wakeups="poll")
+
+
+def _bouncer_target(folder: Path, name: str) -> AbstractAsyncContextManager[str]:
+    @asynccontextmanager
+    async def target() -> AsyncIterator[str]:
+        async with fresh_schema() as (url, schema):
+            database, role = urlsplit(url).path.lstrip("/"), f"asyncq_{schema}"
+            server = url.split("?")[0]
+            await pg_execute(server, f"CREATE ROLE {role} LOGIN")
+            try:
+                await pg_execute(server, f"GRANT CREATE, CONNECT ON DATABASE {database} TO {role}")
+                await pg_execute(server, f"ALTER ROLE {role} SET search_path = {schema}")
+                bouncer = running_bouncer(SERVER_URL)
+                alias = bouncer.alias(database, schema, role)
+                try:
+                    yield bouncer.url(alias, schema=schema, wakeups="poll")
+                finally:
+                    bouncer.drop(alias)
+                    await pg_execute(server, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            finally:
+                await pg_execute(server, f"DROP OWNED BY {role}")
+                await pg_execute(server, f"DROP ROLE {role}")
+
+    return target()
+
+
+#: Through a real PgBouncer in transaction mode (``pgbouncer_support``), with the URL asyncq documents for it: no
+#: LISTEN (woken by polling) and no prepared-statement cache.
+POSTGRESQL_PGBOUNCER = replace(
+    _postgres("postgresql-pgbouncer"),
+    target=_bouncer_target,
+    fixtures=("postgres_database", "pgbouncer"),
+)
 
 
 def external(spec: str) -> list[Driver]:

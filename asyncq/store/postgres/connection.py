@@ -114,7 +114,14 @@ def redact(url: str) -> str:
 # -- the pool -----------------------------------------------------------------------------------------------
 
 
-def _server_settings(read_only: bool) -> dict[str, str]:
+def _server_settings(target: Target, read_only: bool) -> dict[str, str]:
+    """The settings a connection starts with. Behind a pooler (``?wakeups=poll``) only ``application_name``: PgBouncer
+    refuses any other startup parameter ("unsupported startup parameter"), and a session setting would not
+    follow a client from one server connection to the next anyway; ``synchronous_commit`` is still read back on
+    every connection (``_check_durable``), and a read-only handle refuses writes before any statement and reads in
+    read-only transactions."""
+    if target.wakeups == "poll":
+        return {"application_name": "asyncq"}
     settings = {"synchronous_commit": "on", "application_name": "asyncq"}
     return settings | {"default_transaction_read_only": "on"} if read_only else settings
 
@@ -128,7 +135,7 @@ async def open_pool(target: Target, *, size: int | None = None, read_only: bool 
             target.dsn,
             min_size=1,
             max_size=size or target.pool_size,
-            server_settings=_server_settings(read_only),
+            server_settings=_server_settings(target, read_only),
             init=_check_durable,
             # Statements are prepared and cached per connection; none survives a PgBouncer in transaction mode.
             statement_cache_size=0 if target.wakeups == "poll" else 100,
@@ -152,7 +159,7 @@ async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connect
     try:
         conn = await asyncpg.connect(
             target.dsn,
-            server_settings=_server_settings(read_only),
+            server_settings=_server_settings(target, read_only),
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:

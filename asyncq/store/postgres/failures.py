@@ -50,7 +50,7 @@ class PostgresBusy(StoreBusy):
 
 def as_busy(error: BaseException, location: str) -> BaseException:
     """``error`` as ``PostgresBusy`` if it is transient, else ``error`` itself."""
-    if isinstance(error, PostgresBusy):
+    if isinstance(error, PostgresBusy | exceptions.ProtocolViolationError):  # a refused startup packet stays refused
         return error
     if isinstance(error, exceptions.ReadOnlySQLTransactionError):
         return PostgresBusy(
