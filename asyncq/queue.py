@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from typing import Any, TypedDict, Unpack
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.failures import ErrorText, error_text
@@ -69,13 +69,30 @@ class QueueOptions(TypedDict, total=False):
     read_only: bool
 
 
-#: A finished attempt: ``(ticket, outcome, delay_ms)``, or with the attempt's error as a fourth member, and what a
-#: task returned (kept if the finish lands as ``done``) as a fifth.
-Result = (
-    tuple[Ticket, str, int]
-    | tuple[Ticket, str, int, BaseException | ErrorText | None]
-    | tuple[Ticket, str, int, BaseException | ErrorText | None, StoredResult | None]
-)
+class Attempt(NamedTuple):
+    """A finished attempt as ``finish_many`` and the group commit take it (a plain tuple in this order is accepted
+    too): its ticket, its outcome, the wait before a retry in ms, the attempt's error kept with the job, and what a
+    task returned (kept if the finish lands as ``done``)."""
+
+    ticket: Ticket
+    outcome: Outcome | OutcomeName
+    delay_ms: int = 0
+    error: BaseException | ErrorText | None = None
+    result: StoredResult | None = None
+
+
+class Claimed(NamedTuple):
+    """What ``settle_and_claim`` did: the new status of each finish (``None``: stale) and the tickets claimed."""
+
+    statuses: list[str | None]
+    tickets: list[Ticket]
+
+
+class Prunable(NamedTuple):
+    """What ``prune`` would delete now: counts by status, and the first ids."""
+
+    by_status: dict[str, int]
+    ids: list[str]
 
 
 class Transaction:
@@ -206,10 +223,10 @@ class Queue(StoreFacade[QueueStore]):
         (seconds) is the wait before a retry; ``error`` (a failed attempt's exception) is kept with the job.
         Durations are keyword-only, so that a call written for the older milliseconds fails loudly."""
         delay_ms = duration_ms(delay, "delay", 0, 0, MAX_TTL_MS)
-        return (await self.finish_many([(ticket, outcome, delay_ms, error)]))[0]
+        return (await self.finish_many([Attempt(ticket, outcome, delay_ms, error)]))[0]
 
-    async def finish_many(self, results: Sequence[Result]) -> list[str | None]:
-        """Record several outcomes (``(ticket, outcome, delay_ms)``, and optionally the attempt's error) in one
+    async def finish_many(self, results: Sequence[Attempt]) -> list[str | None]:
+        """Record several outcomes (``Attempt(ticket, outcome, delay_ms)``, optionally the attempt's error) in one
         commit, each fenced on its own (stale ones change nothing). The batch API takes the store's unit,
         milliseconds, like ``settle_and_claim``: it is what a worker pool sends."""
         items = [_finish_item(*result) for result in _results(results)]
@@ -219,20 +236,20 @@ class Queue(StoreFacade[QueueStore]):
 
     async def settle_and_claim(
         self,
-        results: Sequence[Result],
+        results: Sequence[Attempt],
         owner: str,
         wants: Sequence[tuple[str, int]],
         lease_ms: int = DEFAULT_LEASE_MS,
         total: int | None = None,
-    ) -> tuple[list[str | None], list[Ticket]]:
+    ) -> Claimed:
         """Finish ``results`` and claim up to ``n`` jobs for each ``(queue, n)`` of ``wants`` (and at most
         ``total`` over all of them, if given) in one commit, every claimed job's attempt counted."""
         settled = await self.commit_cycle(results, owner, wants, lease_ms, total)
-        return settled.statuses, settled.tickets
+        return Claimed(settled.statuses, settled.tickets)
 
     async def commit_cycle(
         self,
-        results: Sequence[Result],
+        results: Sequence[Attempt],
         owner: str,
         wants: Sequence[tuple[str, int]],
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -376,10 +393,10 @@ class Queue(StoreFacade[QueueStore]):
 
     async def prunable(
         self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), limit: int = -1
-    ) -> tuple[dict[str, int], list[str]]:
+    ) -> Prunable:
         """What ``prune`` would delete now: counts by status, and the first ``limit`` ids (``-1``: all)."""
         check_int(limit, "limit", -1, 2**31)
-        return await self.store.prunable(self._cutoff(older_than), _prune_statuses(statuses), limit)
+        return Prunable(*await self.store.prunable(self._cutoff(older_than), _prune_statuses(statuses), limit))
 
     async def prune(
         self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
@@ -453,9 +470,9 @@ def _ticket(ticket: object) -> Ticket:
     return ticket
 
 
-def _results(results: Sequence[Result]) -> Sequence[Result]:
+def _results(results: Sequence[Attempt]) -> Sequence[Attempt]:
     for result in results:
-        if type(result) is not tuple or len(result) not in (3, 4, 5):
+        if not isinstance(result, tuple) or len(result) not in (3, 4, 5):
             raise TypeError("results must be (ticket, outcome, delay_ms[, error[, result]]) tuples")
     return results
 

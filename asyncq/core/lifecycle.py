@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 
 class Status(StrEnum):
@@ -49,7 +49,9 @@ class Reason(StrEnum):
 # looking for an adapter (0.7 µs a parameter, measured; a group commit binds two a job).
 PENDING, LEASED, DONE, DEAD = (status.value for status in Status)
 STATUSES = tuple(Status)
-OK, RETRY, PERMANENT = (outcome.value for outcome in Outcome)
+OK: Final[OutcomeName] = "ok"
+RETRY: Final[OutcomeName] = "retry"
+PERMANENT: Final[OutcomeName] = "permanent"
 OUTCOMES = tuple(Outcome)
 REASON_RETRY, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED = (r.value for r in Reason)
 DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED)

@@ -8,14 +8,15 @@ from collections import deque
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.jobs import StoredResult, Ticket
-from asyncq.core.lifecycle import RETRY
+from asyncq.core.lifecycle import RETRY, OutcomeName
 from asyncq.core.limits import DEFAULT_RETRY_BASE_MS
+from asyncq.queue import Attempt
 
 #: A finished job waiting for its commit: the flight (its ticket may still be renewed until then), the outcome,
 #: the retry delay in ms, the error kept with the job, a task's result.
-Result = tuple["InFlight", str, int, ErrorText | None, StoredResult | None]
+Result = tuple["InFlight", OutcomeName, int, ErrorText | None, StoredResult | None]
 #: The same as the store takes it, with the ticket read at the commit.
-Finish = tuple[Ticket, str, int, ErrorText | None, StoredResult | None]
+Finish = Attempt
 
 
 class InFlight:

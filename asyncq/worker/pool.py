@@ -31,11 +31,11 @@ import anyio
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, error_text
 from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BATCH, StoredResult, Ticket
-from asyncq.core.lifecycle import OK
+from asyncq.core.lifecycle import OK, OutcomeName
 from asyncq.core.values import check_identifier
 from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
-from asyncq.queue import Queue
+from asyncq.queue import Attempt, Queue
 from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with
 from asyncq.worker.flight import Flights, InFlight
 from asyncq.worker.leases import LeaseKeeper
@@ -238,7 +238,7 @@ class Pool:
         flights = self._flights
         async with self._fences:  # read each ticket after any renewal in flight has replaced it
             kept = flights.take_results()
-            results = [(flight.ticket, outcome, delay, error, value) for flight, outcome, delay, error, value in kept]
+            results = [Attempt(f.ticket, outcome, delay, error, value) for f, outcome, delay, error, value in kept]
             started = flights.take_started_ahead()
             wants = self._rotated_wants(capacity) if capacity > 0 else []
             if not results and not wants and not started:
@@ -328,7 +328,7 @@ class Pool:
         ticket = flight.ticket
         observed = self._observed
         started = time.perf_counter() if observed else 0.0  # only an observer is told a job's duration
-        outcome: str | None = None  # stays None when the job ends without a result
+        outcome: OutcomeName | None = None  # stays None when the job ends without a result
         delay_ms = 0
         failure: ErrorText | None = None
         value: object = None
