@@ -29,6 +29,7 @@ from asyncq.core.jobs import (
     MAX_LEASE_MS,
     MAX_TTL_MS,
     AuditEntry,
+    CancelOutcome,
     EnqueueOptions,
     Finish,
     Job,
@@ -38,7 +39,7 @@ from asyncq.core.jobs import (
     Ticket,
 )
 from asyncq.core.jsontext import JSONInput
-from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, Outcome, OutcomeName
+from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, CancelState, Outcome, OutcomeName
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats
 from asyncq.core.values import (
@@ -88,6 +89,13 @@ class Claimed(NamedTuple):
     tickets: list[Ticket]
 
 
+class Renewed(NamedTuple):
+    """A renewed lease: the ticket holding it now, and whether a cancel of its job was requested."""
+
+    ticket: Ticket
+    cancel_requested: bool
+
+
 class Prunable(NamedTuple):
     """What ``prune`` would delete now: counts by status, and the first ids."""
 
@@ -127,6 +135,7 @@ class Queue(StoreFacade[QueueStore]):
         super().__init__(store, clock)
         self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
         self._ended = asyncio.Event()  # set (and replaced) when a finish in this process ends a job
+        self._cancels = asyncio.Event()  # set (and replaced) when a cancel in this process stores a request
 
     @classmethod
     async def open(
@@ -297,13 +306,18 @@ class Queue(StoreFacade[QueueStore]):
 
     async def extend_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Ticket | None]:
         """Renew several held leases in one commit; ``None`` for each one that is lost (the batch API: ms)."""
+        return [None if renewed is None else renewed.ticket for renewed in await self.renew_many(tickets, lease_ms)]
+
+    async def renew_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Renewed | None]:
+        """``extend_many``, each renewed ticket with whether a cancel of its job was requested (``Queue.cancel``):
+        what a pool's renewal reads, in the renewal's own fenced statement; ``None`` for each lease lost."""
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         tickets = [_ticket(ticket) for ticket in tickets]
         leases = [(ticket.id, ticket.fence) for ticket in tickets]
-        fences = await self.store.extend(leases, self.now(), lease_ms)
+        renewals = await self.store.extend(leases, self.now(), lease_ms)
         return [
-            None if fence is None else replace(ticket, fence=fence)
-            for ticket, fence in zip(tickets, fences, strict=True)
+            None if renewal is None else Renewed(replace(ticket, fence=renewal.fence), renewal.cancel_requested)
+            for ticket, renewal in zip(tickets, renewals, strict=True)
         ]
 
     async def release_many(self, tickets: Sequence[Ticket]) -> list[bool]:
@@ -341,13 +355,30 @@ class Queue(StoreFacade[QueueStore]):
         log.info("job %s dead -> pending (redriven: %s)", job_id, note)
         return entry
 
-    async def cancel(self, job_id: str, note: str) -> AuditEntry:
-        """Park a pending job as dead (reason ``cancelled``); its audit row. ``ValueError`` if not pending."""
+    async def cancel(self, job_id: str, note: str) -> CancelOutcome:
+        """Cancel a job, whatever it is doing; ``.state`` says what happened. ``cancelled``: it was pending (or its
+        lease had expired) and is dead now (reason ``cancelled``). ``requested``: a worker holds it; a cancel
+        request is stored on its row, and the pool holding it cancels its handler at its next lease renewal (or
+        at once, in this process) and finishes it dead (``cancelled``); if its lease expires first, it is not run
+        again. ``too_late``: it had ended (done or dead). Audited (``cancel``, ``cancel_request``); ``ValueError``
+        if there is no such job."""
         check_identifier(job_id, "job_id")
         check_note(note)
-        entry = await self.store.cancel(job_id, self.now(), note)
-        log.info("job %s pending -> dead (cancelled: %s)", job_id, note)
-        return entry
+        outcome = await self.store.cancel(job_id, self.now(), note)
+        if outcome.state is CancelState.REQUESTED:  # a pool of this process holding the job looks at once
+            requested, self._cancels = self._cancels, asyncio.Event()
+            requested.set()
+        log.info("job %s: cancel %s (%s)", job_id, outcome.state, note)
+        return outcome
+
+    async def wait_for_cancel_request(self, timeout: float) -> bool:
+        """Wait until a cancel in this process asks a running job to stop (``True``), or ``timeout`` seconds
+        (``False``; a request from another process is read by the holder's next lease renewal)."""
+        requested = self._cancels
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await requested.wait()
+        return requested.is_set()
 
     async def get(self, job_id: str) -> Job | None:
         """One job's stored record, or ``None``."""

@@ -211,9 +211,18 @@ def render_redrive(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_CANCEL_STATES = {
+    "cancelled": "now dead, reason cancelled",
+    "requested": "it is running: its worker stops it at its next lease renewal, then it is dead, reason cancelled",
+    "too_late": "it had ended already: nothing changed",
+}
+
+
 def render_cancel(data: dict[str, Any]) -> str:
+    """The outcome's state first (``cancelled``, ``requested``, ``too_late``), then what it means."""
     audit = data["audit"]
-    return f"cancelled {data['id']} (now dead, reason cancelled); audit row {audit['seq']} note {audit['note']}"
+    written = f"; audit row {audit['seq']} note {audit['note']}" if audit is not None else ""
+    return f"{data['state']}: {data['id']} is {data['status']} ({_CANCEL_STATES[data['state']]}){written}"
 
 
 def render_prune(data: dict[str, Any]) -> str:
