@@ -85,12 +85,13 @@ async def redrive(args: argparse.Namespace) -> Report:
 
 
 async def cancel(args: argparse.Namespace) -> Report:
-    """Cancel one job (``Queue.cancel``) and say what happened: ``cancelled``, ``requested`` or ``too_late``."""
+    """Cancel one job (``Queue.cancel``) and say what happened: ``cancelled``, ``requested`` or ``too_late`` (exit
+    status 1: nothing was cancelled)."""
     async with await writing(args) as queue:
         outcome = await queue.cancel(args.id, args.note)
     audit = None if outcome.audit is None else audit_record(outcome.audit)
     data = {"path": args.db, "id": args.id, "state": str(outcome.state), "status": outcome.status, "audit": audit}
-    return report(data, out.render_cancel)
+    return report(data, out.render_cancel, 1 if outcome.state == "too_late" else 0)
 
 
 async def prune(args: argparse.Namespace) -> Report:

@@ -166,12 +166,14 @@ def render_dead(data: dict[str, Any]) -> str:
 
 def render_show(data: dict[str, Any]) -> str:
     job, now = data["job"], data["now_ms"]
-    times = {"available_at", "deadline", "lease_until"}
-    width = max(len(key) for key in job)
+    times = {"available_at", "deadline", "lease_until", "cancel_requested_at"}
+    shown = {key: value for key, value in job.items() if key not in ("body", "errors", "result")}
+    if shown.get("cancel_requested_at") is None:  # shown only for a job whose cancel was requested
+        shown.pop("cancel_requested_at", None)
+    width = max(len(key) for key in shown)
     lines = [
         f"{key.ljust(width)}  {moment(value, now) if key in times else '-' if value is None else value}"
-        for key, value in job.items()
-        if key not in ("body", "errors", "result")
+        for key, value in shown.items()
     ]
     lines += ["body:", json.dumps(job["body"], indent=2, sort_keys=True, ensure_ascii=False), ""]
     if "result" in job:
