@@ -139,6 +139,23 @@ async def main(queue: asyncq.Queue, app: asyncq.App, observer: PoolMetrics) -> N
     pool.register("default", counts)
     pool.register("default", as_bytes)  # MISUSE: handler-body-bytes
     pool.register("default", as_text)
+
+    async def compute() -> int:
+        return 1
+
+    async def careful(body: asyncq.JSON, job: asyncq.JobContext) -> None:
+        with asyncq.shield():
+            n: int = await asyncq.shield(compute())
+            text: str = await asyncq.shield(compute())  # MISUSE: shield-keeps-the-type
+            print(n, text)
+        await asyncq.shield(42)  # MISUSE: shield-not-awaitable
+
+    pool.register("default", careful)
+    asyncq.Pool(queue, cancel_grace="soon")  # MISUSE: cancel-grace-str
+    asyncq.Pool(queue, cancel_grace=2.5)
+    outcome = await queue.cancel("job-1", note="customer left")
+    print(outcome.state, outcome.audit)
+    print(outcome.stat)  # MISUSE: cancel-outcome-typo
     asyncq.Pool(queue, observer=1)  # MISUSE: observer-int
     app.pool(queue, concurrency=8, lease=30, owner="w1", observer=observer)
     await app.run_worker(queue, burst=True, concurrency=4, retry=asyncq.RetryPolicy(base=2))
