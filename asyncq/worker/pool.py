@@ -107,9 +107,8 @@ class Pool:
         self._handlers: dict[str, Handler] = {}
         self._flights = Flights()
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
-        self._leases = LeaseKeeper(
-            queue, self.lease_ms, self._flights, self._fences, report, settings.cancel_grace_seconds
-        )
+        grace = settings.cancel_grace_seconds  # before a handler is cancelled on a cancel request
+        self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._stopping = False
         self._workers: list[asyncio.Task[None]] = []
