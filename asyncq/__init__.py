@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.queue import Queue
     from asyncq.sqlite import enqueue_sync
     from asyncq.tasks import App, Task, TaskJob, open
+    from asyncq.worker.cancelling import shield
     from asyncq.worker.context import JobContext, deliver_with
     from asyncq.worker.pool import Pool
 
@@ -52,6 +53,7 @@ __all__ = [  # noqa: RUF022 (plain sorted order, as tests/test_exported_members.
     "deliver_with",
     "enqueue_sync",
     "open",
+    "shield",
 ]
 
 _WHERE = {
@@ -82,6 +84,7 @@ _WHERE = {
     "deliver_with": "asyncq.worker.context",
     "enqueue_sync": "asyncq.sqlite",
     "open": "asyncq.tasks",
+    "shield": "asyncq.worker.cancelling",
 }
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from typing import Any, TypedDict, Unpack
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.failures import ErrorText, error_text
@@ -29,6 +29,7 @@ from asyncq.core.jobs import (
     MAX_LEASE_MS,
     MAX_TTL_MS,
     AuditEntry,
+    CancelOutcome,
     EnqueueOptions,
     Finish,
     Job,
@@ -38,7 +39,7 @@ from asyncq.core.jobs import (
     Ticket,
 )
 from asyncq.core.jsontext import JSONInput
-from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, Outcome, OutcomeName
+from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, CancelState, Outcome, OutcomeName
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
 from asyncq.core.stats import Stats
 from asyncq.core.values import (
@@ -69,13 +70,37 @@ class QueueOptions(TypedDict, total=False):
     read_only: bool
 
 
-#: A finished attempt: ``(ticket, outcome, delay_ms)``, or with the attempt's error as a fourth member, and what a
-#: task returned (kept if the finish lands as ``done``) as a fifth.
-Result = (
-    tuple[Ticket, str, int]
-    | tuple[Ticket, str, int, BaseException | ErrorText | None]
-    | tuple[Ticket, str, int, BaseException | ErrorText | None, StoredResult | None]
-)
+class Attempt(NamedTuple):
+    """A finished attempt as ``finish_many`` and the group commit take it (a plain tuple in this order is accepted
+    too): its ticket, its outcome, the wait before a retry in ms, the attempt's error kept with the job, and what a
+    task returned (kept if the finish lands as ``done``)."""
+
+    ticket: Ticket
+    outcome: Outcome | OutcomeName
+    delay_ms: int = 0
+    error: BaseException | ErrorText | None = None
+    result: StoredResult | None = None
+
+
+class Claimed(NamedTuple):
+    """What ``settle_and_claim`` did: the new status of each finish (``None``: stale) and the tickets claimed."""
+
+    statuses: list[str | None]
+    tickets: list[Ticket]
+
+
+class Renewed(NamedTuple):
+    """A renewed lease: the ticket holding it now, and whether a cancel of its job was requested."""
+
+    ticket: Ticket
+    cancel_requested: bool
+
+
+class Prunable(NamedTuple):
+    """What ``prune`` would delete now: counts by status, and the first ids."""
+
+    by_status: dict[str, int]
+    ids: list[str]
 
 
 class Transaction:
@@ -110,6 +135,7 @@ class Queue(StoreFacade[QueueStore]):
         super().__init__(store, clock)
         self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
         self._ended = asyncio.Event()  # set (and replaced) when a finish in this process ends a job
+        self._cancels = asyncio.Event()  # set (and replaced) when a cancel in this process stores a request
 
     @classmethod
     async def open(
@@ -206,10 +232,10 @@ class Queue(StoreFacade[QueueStore]):
         (seconds) is the wait before a retry; ``error`` (a failed attempt's exception) is kept with the job.
         Durations are keyword-only, so that a call written for the older milliseconds fails loudly."""
         delay_ms = duration_ms(delay, "delay", 0, 0, MAX_TTL_MS)
-        return (await self.finish_many([(ticket, outcome, delay_ms, error)]))[0]
+        return (await self.finish_many([Attempt(ticket, outcome, delay_ms, error)]))[0]
 
-    async def finish_many(self, results: Sequence[Result]) -> list[str | None]:
-        """Record several outcomes (``(ticket, outcome, delay_ms)``, and optionally the attempt's error) in one
+    async def finish_many(self, results: Sequence[Attempt]) -> list[str | None]:
+        """Record several outcomes (``Attempt(ticket, outcome, delay_ms)``, optionally the attempt's error) in one
         commit, each fenced on its own (stale ones change nothing). The batch API takes the store's unit,
         milliseconds, like ``settle_and_claim``: it is what a worker pool sends."""
         items = [_finish_item(*result) for result in _results(results)]
@@ -219,20 +245,20 @@ class Queue(StoreFacade[QueueStore]):
 
     async def settle_and_claim(
         self,
-        results: Sequence[Result],
+        results: Sequence[Attempt],
         owner: str,
         wants: Sequence[tuple[str, int]],
         lease_ms: int = DEFAULT_LEASE_MS,
         total: int | None = None,
-    ) -> tuple[list[str | None], list[Ticket]]:
+    ) -> Claimed:
         """Finish ``results`` and claim up to ``n`` jobs for each ``(queue, n)`` of ``wants`` (and at most
         ``total`` over all of them, if given) in one commit, every claimed job's attempt counted."""
         settled = await self.commit_cycle(results, owner, wants, lease_ms, total)
-        return settled.statuses, settled.tickets
+        return Claimed(settled.statuses, settled.tickets)
 
     async def commit_cycle(
         self,
-        results: Sequence[Result],
+        results: Sequence[Attempt],
         owner: str,
         wants: Sequence[tuple[str, int]],
         lease_ms: int = DEFAULT_LEASE_MS,
@@ -280,13 +306,18 @@ class Queue(StoreFacade[QueueStore]):
 
     async def extend_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Ticket | None]:
         """Renew several held leases in one commit; ``None`` for each one that is lost (the batch API: ms)."""
+        return [None if renewed is None else renewed.ticket for renewed in await self.renew_many(tickets, lease_ms)]
+
+    async def renew_many(self, tickets: Sequence[Ticket], lease_ms: int = DEFAULT_LEASE_MS) -> list[Renewed | None]:
+        """``extend_many``, each renewed ticket with whether a cancel of its job was requested (``Queue.cancel``):
+        what a pool's renewal reads, in the renewal's own fenced statement; ``None`` for each lease lost."""
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         tickets = [_ticket(ticket) for ticket in tickets]
         leases = [(ticket.id, ticket.fence) for ticket in tickets]
-        fences = await self.store.extend(leases, self.now(), lease_ms)
+        renewals = await self.store.extend(leases, self.now(), lease_ms)
         return [
-            None if fence is None else replace(ticket, fence=fence)
-            for ticket, fence in zip(tickets, fences, strict=True)
+            None if renewal is None else Renewed(replace(ticket, fence=renewal.fence), renewal.cancel_requested)
+            for ticket, renewal in zip(tickets, renewals, strict=True)
         ]
 
     async def release_many(self, tickets: Sequence[Ticket]) -> list[bool]:
@@ -324,13 +355,30 @@ class Queue(StoreFacade[QueueStore]):
         log.info("job %s dead -> pending (redriven: %s)", job_id, note)
         return entry
 
-    async def cancel(self, job_id: str, note: str) -> AuditEntry:
-        """Park a pending job as dead (reason ``cancelled``); its audit row. ``ValueError`` if not pending."""
+    async def cancel(self, job_id: str, note: str) -> CancelOutcome:
+        """Cancel a job, whatever it is doing; ``.state`` says what happened. ``cancelled``: it was pending (or its
+        lease had expired) and is dead now (reason ``cancelled``). ``requested``: a worker holds it; a cancel
+        request is stored on its row, and the pool holding it cancels its handler at its next lease renewal (or
+        at once, in this process) and finishes it dead (``cancelled``); if its lease expires first, it is not run
+        again. ``too_late``: it had ended (done or dead). Audited (``cancel``, ``cancel_request``); ``ValueError``
+        if there is no such job."""
         check_identifier(job_id, "job_id")
         check_note(note)
-        entry = await self.store.cancel(job_id, self.now(), note)
-        log.info("job %s pending -> dead (cancelled: %s)", job_id, note)
-        return entry
+        outcome = await self.store.cancel(job_id, self.now(), note)
+        if outcome.state is CancelState.REQUESTED:  # a pool of this process holding the job looks at once
+            requested, self._cancels = self._cancels, asyncio.Event()
+            requested.set()
+        log.info("job %s: cancel %s (%s)", job_id, outcome.state, note)
+        return outcome
+
+    async def wait_for_cancel_request(self, timeout: float) -> bool:
+        """Wait until a cancel in this process asks a running job to stop (``True``), or ``timeout`` seconds
+        (``False``; a request from another process is read by the holder's next lease renewal)."""
+        requested = self._cancels
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await requested.wait()
+        return requested.is_set()
 
     async def get(self, job_id: str) -> Job | None:
         """One job's stored record, or ``None``."""
@@ -376,10 +424,10 @@ class Queue(StoreFacade[QueueStore]):
 
     async def prunable(
         self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), limit: int = -1
-    ) -> tuple[dict[str, int], list[str]]:
+    ) -> Prunable:
         """What ``prune`` would delete now: counts by status, and the first ``limit`` ids (``-1``: all)."""
         check_int(limit, "limit", -1, 2**31)
-        return await self.store.prunable(self._cutoff(older_than), _prune_statuses(statuses), limit)
+        return Prunable(*await self.store.prunable(self._cutoff(older_than), _prune_statuses(statuses), limit))
 
     async def prune(
         self, older_than: Duration, statuses: Sequence[str] = ("done", "dead"), *, vacuum: bool = False
@@ -453,9 +501,9 @@ def _ticket(ticket: object) -> Ticket:
     return ticket
 
 
-def _results(results: Sequence[Result]) -> Sequence[Result]:
+def _results(results: Sequence[Attempt]) -> Sequence[Attempt]:
     for result in results:
-        if type(result) is not tuple or len(result) not in (3, 4, 5):
+        if not isinstance(result, tuple) or len(result) not in (3, 4, 5):
             raise TypeError("results must be (ticket, outcome, delay_ms[, error[, result]]) tuples")
     return results
 

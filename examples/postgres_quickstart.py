@@ -11,7 +11,7 @@ import sys
 
 import asyncpg
 
-from asyncq import Pool, Queue
+from asyncq import JSON, JobContext, Pool, Queue
 
 
 async def main(url: str, app_url: str) -> None:
@@ -26,7 +26,7 @@ async def main(url: str, app_url: str) -> None:
         pool = Pool(queue, concurrency=4)
 
         @pool.handler()
-        async def ship(body: dict[str, object], job: object) -> None:
+        async def ship(body: JSON, job: JobContext) -> None:
             print("shipping", body)
 
         await pool.run(burst=True)  # drain, then return

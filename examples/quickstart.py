@@ -8,7 +8,7 @@ import asyncio
 import sys
 import tempfile
 
-from asyncq import Pool, Queue
+from asyncq import JSON, JobContext, Pool, Queue
 
 
 async def main(path: str) -> None:
@@ -21,7 +21,7 @@ async def main(path: str) -> None:
         pool = Pool(queue, concurrency=4)
 
         @pool.handler()
-        async def ship(body: dict[str, object], job: object) -> None:
+        async def ship(body: JSON, job: JobContext) -> None:
             print("shipping", body)  # raise asyncq.Retryable / asyncq.Permanent to steer
 
         await pool.run(burst=True)  # drain, then return

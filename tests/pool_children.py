@@ -106,6 +106,8 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
         "stale_finishes": counters.stale_finishes,
         "leases_lost": counters.leases_lost,
         "handler_errors": counters.handler_errors,
+        "cancels_requested": counters.cancels_requested,
+        "cancelled": counters.cancelled,
     }
 
 

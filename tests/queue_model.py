@@ -53,6 +53,7 @@ class Row:
     owner: str | None = None
     lease_until: int | None = None
     reason: str | None = None
+    cancel_requested_at: int | None = None  # a cancel requested while it was leased (version 7)
 
     def park(self, status: str, reason: str | None, available_at: int | None = None) -> None:
         """Leave the lease: ``status``/``reason``, no owner, no lease (and ``available_at`` if given)."""
@@ -123,6 +124,9 @@ class Model:
         for row in self.rows.values():
             if row.status in LIVE and row.attempts >= row.max_attempts and _lease_gone(row, now):
                 row.park("dead", "exhausted")
+        for row in self.rows.values():  # a cancel was requested and nobody holds the job any more
+            if row.status in LIVE and row.cancel_requested_at is not None and _lease_gone(row, now):
+                row.park("dead", "cancelled", now)
 
     def claim(self, owner: str, queue: str, limit: int, lease_ms: int, now: int) -> list[Row]:
         self.sweep(now)
@@ -195,16 +199,25 @@ class Model:
             raise ValueError(f"{job_id} is not dead")
         self.audit.append((len(self.audit) + 1, job_id, row.token, now, note, "redrive", None))
         row.park("pending", None, now)
-        row.attempts, row.deadline = 0, now + ttl_ms
+        row.attempts, row.deadline, row.cancel_requested_at = 0, now + ttl_ms, None
         return True
 
-    def cancel(self, job_id: str, note: str, now: int) -> bool:
+    def cancel(self, job_id: str, note: str, now: int) -> str:
+        """A pending job (or one whose lease expired) ends dead at once; a live lease gets a request on its row
+        (once); an ended job is too late."""
         row = self.rows.get(job_id)
-        if row is None or row.status != "pending":
-            raise ValueError(f"{job_id} is not pending")
+        if row is None:
+            raise ValueError(f"{job_id} is missing")
+        if row.status in ("done", "dead"):
+            return "too_late"
+        if row.status == "leased" and not _lease_gone(row, now):
+            if row.cancel_requested_at is None:
+                self.audit.append((len(self.audit) + 1, job_id, row.token, now, note, "cancel_request", "cancelled"))
+                row.cancel_requested_at = now
+            return "requested"
         self.audit.append((len(self.audit) + 1, job_id, row.token, now, note, "cancel", "cancelled"))
         row.park("dead", "cancelled", now)
-        return True
+        return "cancelled"
 
 
 def _seq(row: Row) -> int:

@@ -167,7 +167,6 @@ def test_state_errors_leave_the_file_as_it_was(tmp_path: Path, template: Path) -
     shutil.copyfile(template, db)
     before = fingerprint(db)
     expected = {
-        ("cancel", "x-perm-1"): "asyncq: error: job 'x-perm-1' is not pending\n",
         ("cancel", "nope"): "asyncq: error: job 'nope' is missing\n",
         ("redrive", "p-1"): "asyncq: error: job 'p-1' is pending, not dead: nothing redriven\n",
         ("redrive", "x-exh-1", "p-2"): "asyncq: error: job 'p-2' is pending, not dead: nothing redriven\n",
@@ -176,6 +175,9 @@ def test_state_errors_leave_the_file_as_it_was(tmp_path: Path, template: Path) -
     for done, message in zip(run_many(commands, cwd=tmp_path), expected.values(), strict=True):
         assert_one_line_error(done, 1, "")
         assert done.stderr == message
+    late = run_cli("cancel", "x-perm-1", "--note", "n", "--db", "q.db", cwd=tmp_path)  # an outcome, not an error
+    assert (late.returncode, late.stderr) == (1, "")
+    assert late.stdout.startswith("too_late: x-perm-1 is dead")
     assert fingerprint(db) == before
 
 

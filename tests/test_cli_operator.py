@@ -75,12 +75,14 @@ def test_redrive_named_jobs_at_once_with_their_history(db: Path) -> None:
 
 def test_cancel_parks_a_pending_job_with_an_audit_row(db: Path) -> None:
     data = run_json("cancel", "--db", "q.db", "p-1", "--note", "customer-left", cwd=db.parent)
-    assert data["id"] == "p-1" and data["cancelled"] is True
+    assert (data["id"], data["state"], data["status"]) == ("p-1", "cancelled", "dead")
     audit = data["audit"]
     assert (audit["id"], audit["action"], audit["note"], audit["token"]) == ("p-1", "cancel", "customer-left", 0)
     assert rows(db, "SELECT status, reason FROM asyncq_jobs WHERE id = 'p-1'") == [("dead", "cancelled")]
     text = run_cli("cancel", "--db", "q.db", "p-2", "--note", "dup", cwd=db.parent).stdout
-    assert text.startswith("cancelled p-2 (now dead, reason cancelled); audit row")
+    assert text.startswith("cancelled: p-2 is dead (now dead, reason cancelled); audit row")
+    again = run_cli("cancel", "--db", "q.db", "p-2", "--note", "dup", cwd=db.parent).stdout
+    assert again.startswith("too_late: p-2 is dead (it had ended already: nothing changed)")
 
 
 def test_prune_previews_then_deletes_old_finished_jobs_and_keeps_their_audit(db: Path) -> None:

@@ -36,6 +36,7 @@ EXPECTED = [
     "deliver_with",
     "enqueue_sync",
     "open",
+    "shield",
 ]
 
 

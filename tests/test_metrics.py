@@ -96,6 +96,7 @@ async def test_a_burst_counts_claims_finishes_by_status_retries_and_deliveries(
     assert value(samples, "asyncq_retries_total") == 2
     assert value(samples, "asyncq_stale_finishes_total") == 0
     assert value(samples, "asyncq_leases_lost_total") == 0
+    assert value(samples, "asyncq_cancels_total") == 0
     deliveries = {o: value(samples, "asyncq_delivery_seconds_count", outcome=o) for o in ("ok", "retry", "permanent")}
     assert deliveries == {"ok": 6, "retry": 3, "permanent": 1}
     assert value(samples, "asyncq_delivery_seconds_bucket", outcome="ok", le="+Inf") == 6
@@ -318,3 +319,29 @@ async def test_a_store_locked_elsewhere_is_counted_and_the_pool_goes_on(path: Pa
     samples = await scrape_registry(metrics.registry)
     assert value(samples, "asyncq_store_busy_total") == pool.counters.store_busy >= 2
     assert pool.counters.internal_errors == 0  # the observer had the method: nothing failed around it
+
+
+async def test_a_job_cancelled_while_running_is_counted(queue: Queue, path: Path) -> None:
+    metrics = PoolMetrics()
+    started = asyncio.Event()
+
+    async def forever(body: Any, context: JobContext) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    pool = Pool(queue, concurrency=1, lease=30.0, observer=metrics)
+    pool.register("default", forever)
+    running = asyncio.create_task(pool.run())
+    await queue.enqueue("long", {})
+    await asyncio.wait_for(started.wait(), 10)
+    assert (await queue.cancel("long", note="stop")).state == "requested"
+
+    async def counted() -> bool:
+        return value(await scrape_registry(metrics.registry), "asyncq_cancels_total") == 1
+
+    await eventually(counted, "the cancel is counted")
+    pool.stop()
+    await asyncio.wait_for(running, 10)
+    samples = await scrape_registry(metrics.registry)
+    assert value(samples, "asyncq_finishes_total", status="dead") == 1
+    assert value(samples, "asyncq_delivery_seconds_count", outcome="cancel") == 1

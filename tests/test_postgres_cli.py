@@ -27,7 +27,7 @@ def test_the_commands_work_on_a_postgresql_url(postgres_url: str, tmp_path: Path
     assert run_json("init", "--db", postgres_url, cwd=tmp_path)["action"] == "checked"
     lines = "".join(f'{{"id": "j{n}", "body": {{"n": {n}}}}}\n' for n in range(5))
     assert run_json("enqueue", "--db", postgres_url, cwd=tmp_path, stdin=lines)["added"] == 5
-    assert run_json("cancel", "--db", postgres_url, "j0", "--note", "ops", cwd=tmp_path)["cancelled"] is True
+    assert run_json("cancel", "--db", postgres_url, "j0", "--note", "ops", cwd=tmp_path)["state"] == "cancelled"
     status, jobs, show, dead = run_many(
         [
             ["status", "--db", postgres_url, "--json"],

@@ -138,9 +138,9 @@ async def run(h: History, step: tuple[Any, ...]) -> None:
         await store.finish([finish if ticket.counted else finish._replace(counted=False)], now)
     elif kind == "extend":
         ticket = h.pick(step[1], h.tickets)
-        [fence] = await store.extend([(ticket.id, ticket.fence)], now, 5_000)
-        if fence is not None:
-            h.tickets.append(replace(ticket, fence=fence))
+        [renewal] = await store.extend([(ticket.id, ticket.fence)], now, 5_000)
+        if renewal is not None:
+            h.tickets.append(replace(ticket, fence=renewal.fence))
     elif kind == "release":
         ticket = h.pick(step[1], h.tickets + h.ahead)
         await store.release([(ticket.id, ticket.fence)], now, [ticket in h.tickets])

@@ -71,6 +71,7 @@ async def main(con: sqlite3.Connection) -> None:
 EDGES_SCRIPT = """\
 import asyncq
 from asyncq import Outcome, Queue, Ticket
+from asyncq.queue import Attempt
 
 
 async def main(queue: Queue, ticket: Ticket) -> None:
@@ -97,6 +98,16 @@ async def main(queue: Queue, ticket: Ticket) -> None:
     if job is not None:
         total: int = job.body  # MISUSE: body-is-json
         print(total, job.result)
+    claimed = await queue.settle_and_claim([], "w1", [("default", 1)])
+    print(claimed.statuses, claimed.tickets[0].id)
+    print(claimed.ticketz)  # MISUSE: claimed-field-typo
+    first: Ticket = claimed.statuses[0]  # MISUSE: claimed-statuses-not-tickets
+    await queue.finish_many([Attempt(ticket, "ok"), Attempt(ticket, Outcome.RETRY, 1000)])
+    await queue.finish_many([Attempt(ticket, "okk")])  # MISUSE: attempt-outcome-typo
+    await queue.finish_many([Attempt(ticket, "ok", 1.5)])  # MISUSE: attempt-delay-float
+    pruning = await queue.prunable(60)
+    print(pruning.by_status["done"], pruning.ids[:1], first)
+    print(pruning.idz)  # MISUSE: prunable-field-typo
 """
 
 POOL_SCRIPT = """\
@@ -113,6 +124,38 @@ async def main(queue: asyncq.Queue, app: asyncq.App, observer: PoolMetrics) -> N
     asyncq.Pool(queue, owner=1)  # MISUSE: owner-int
     asyncq.Pool(queue, lease_ms=1000)  # MISUSE: lease-ms-gone
     PoolSettings(retry="fast")  # MISUSE: retry-str
+    pool = asyncq.Pool(queue)
+
+    async def counts(body: asyncq.JSON, job: asyncq.JobContext) -> None:
+        if isinstance(body, dict):
+            print(body.get("n"), job.id)
+
+    async def as_bytes(body: bytes, job: asyncq.JobContext) -> None:
+        print(body, job.id)
+
+    async def as_text(body: asyncq.JSON, job: asyncq.JobContext) -> None:
+        print(body.upper(), job.id)  # MISUSE: body-not-narrowed
+
+    pool.register("default", counts)
+    pool.register("default", as_bytes)  # MISUSE: handler-body-bytes
+    pool.register("default", as_text)
+
+    async def compute() -> int:
+        return 1
+
+    async def careful(body: asyncq.JSON, job: asyncq.JobContext) -> None:
+        with asyncq.shield():
+            n: int = await asyncq.shield(compute())
+            text: str = await asyncq.shield(compute())  # MISUSE: shield-keeps-the-type
+            print(n, text)
+        await asyncq.shield(42)  # MISUSE: shield-not-awaitable
+
+    pool.register("default", careful)
+    asyncq.Pool(queue, cancel_grace="soon")  # MISUSE: cancel-grace-str
+    asyncq.Pool(queue, cancel_grace=2.5)
+    outcome = await queue.cancel("job-1", note="customer left")
+    print(outcome.state, outcome.audit)
+    print(outcome.stat)  # MISUSE: cancel-outcome-typo
     asyncq.Pool(queue, observer=1)  # MISUSE: observer-int
     app.pool(queue, concurrency=8, lease=30, owner="w1", observer=observer)
     await app.run_worker(queue, burst=True, concurrency=4, retry=asyncq.RetryPolicy(base=2))

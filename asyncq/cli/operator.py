@@ -85,11 +85,13 @@ async def redrive(args: argparse.Namespace) -> Report:
 
 
 async def cancel(args: argparse.Namespace) -> Report:
-    """Park one pending job as dead (reason ``cancelled``), with an audit row."""
+    """Cancel one job (``Queue.cancel``) and say what happened: ``cancelled``, ``requested`` or ``too_late`` (exit
+    status 1: nothing was cancelled)."""
     async with await writing(args) as queue:
-        entry = await queue.cancel(args.id, args.note)
-    data = {"path": args.db, "id": args.id, "cancelled": True, "audit": audit_record(entry)}
-    return report(data, out.render_cancel)
+        outcome = await queue.cancel(args.id, args.note)
+    audit = None if outcome.audit is None else audit_record(outcome.audit)
+    data = {"path": args.db, "id": args.id, "state": str(outcome.state), "status": outcome.status, "audit": audit}
+    return report(data, out.render_cancel, 1 if outcome.state == "too_late" else 0)
 
 
 async def prune(args: argparse.Namespace) -> Report:

@@ -166,12 +166,14 @@ def render_dead(data: dict[str, Any]) -> str:
 
 def render_show(data: dict[str, Any]) -> str:
     job, now = data["job"], data["now_ms"]
-    times = {"available_at", "deadline", "lease_until"}
-    width = max(len(key) for key in job)
+    times = {"available_at", "deadline", "lease_until", "cancel_requested_at"}
+    shown = {key: value for key, value in job.items() if key not in ("body", "errors", "result")}
+    if shown.get("cancel_requested_at") is None:  # shown only for a job whose cancel was requested
+        shown.pop("cancel_requested_at", None)
+    width = max(len(key) for key in shown)
     lines = [
         f"{key.ljust(width)}  {moment(value, now) if key in times else '-' if value is None else value}"
-        for key, value in job.items()
-        if key not in ("body", "errors", "result")
+        for key, value in shown.items()
     ]
     lines += ["body:", json.dumps(job["body"], indent=2, sort_keys=True, ensure_ascii=False), ""]
     if "result" in job:
@@ -211,9 +213,18 @@ def render_redrive(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_CANCEL_STATES = {
+    "cancelled": "now dead, reason cancelled",
+    "requested": "it is running: its worker stops it at its next lease renewal, then it is dead, reason cancelled",
+    "too_late": "it had ended already: nothing changed",
+}
+
+
 def render_cancel(data: dict[str, Any]) -> str:
+    """The outcome's state first (``cancelled``, ``requested``, ``too_late``), then what it means."""
     audit = data["audit"]
-    return f"cancelled {data['id']} (now dead, reason cancelled); audit row {audit['seq']} note {audit['note']}"
+    written = f"; audit row {audit['seq']} note {audit['note']}" if audit is not None else ""
+    return f"{data['state']}: {data['id']} is {data['status']} ({_CANCEL_STATES[data['state']]}){written}"
 
 
 def render_prune(data: dict[str, Any]) -> str:

@@ -155,7 +155,11 @@ def _add_operator(add: Adder) -> None:
     redrive.add_argument(
         "--ttl", type=duration(1, MAX_TTL_MS), default=DEFAULT_TTL_MS, help="the fresh deadline (default 1d)"
     )
-    cancel = add("cancel", _command("operator", "cancel"), "Park a pending job as dead (reason cancelled), audited.")
+    cancel = add(
+        "cancel",
+        _command("operator", "cancel"),
+        "Cancel a job: a pending one ends dead at once, a running one when its worker sees the request; audited.",
+    )
     cancel.add_argument("id", type=identifier, metavar="ID")
     cancel.add_argument("--note", type=note, required=True, help="why (kept in the audit row)")
     prune = add("prune", _command("operator", "prune"), "Delete done and dead jobs past a retention age (a preview).")

@@ -10,12 +10,12 @@ from asyncq.core.jobs import AttemptError, AuditEntry, Job
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-    "lease_until", "reason", "redrives",
+    "lease_until", "reason", "redrives", "cancel_requested_at",
 )  # fmt: skip
 
 
 def job_record(job: Job, *, body: bool = False) -> dict[str, Any]:
-    """A job's columns and its redrive count; its body too if ``body``."""
+    """A job's columns, its redrive count and its cancel request's time; its body too if ``body``."""
     record = {name: getattr(job, name) for name in JOB_FIELDS}
     if body:
         record["body"] = job.body

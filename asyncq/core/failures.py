@@ -15,7 +15,7 @@ import traceback
 from typing import NamedTuple
 
 from asyncq.core.backoff import RetryPolicy
-from asyncq.core.lifecycle import PERMANENT, RETRY
+from asyncq.core.lifecycle import PERMANENT, RETRY, OutcomeName
 from asyncq.errors import Permanent
 
 #: How much of a traceback is kept with a failed attempt (the end of it: the frames nearest the failure).
@@ -26,7 +26,7 @@ MESSAGE_MAX_CHARS = 1024
 class Verdict(NamedTuple):
     """What a failed attempt leads to: ``outcome`` (``retry`` or ``permanent``) and ``delay_ms`` before the next."""
 
-    outcome: str
+    outcome: OutcomeName
     delay_ms: int
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.jsontext import JSON, JSONInput, canonical_json
-from asyncq.core.lifecycle import Fence
+from asyncq.core.lifecycle import CancelState, Fence
 from asyncq.core.limits import (
     DEFAULT_LEASE_MS,
     DEFAULT_MAX_ATTEMPTS,
@@ -310,6 +310,8 @@ class Job:
     errors: tuple[AttemptError, ...] = ()
     #: A task's stored result as JSON text (``Queue.get`` reads it), ``None`` if none is kept (or it was pruned).
     result_json: str | None = None
+    #: When a cancel was requested while it was leased (``Queue.cancel``), ``None`` if none was (or since a redrive).
+    cancel_requested_at: int | None = None
 
     @property
     def result(self) -> JSON:
@@ -323,10 +325,12 @@ class Job:
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
-        """A job from its fields in declaration order, the body as its stored JSON text."""
-        values = list(row)
+        """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
+        ``cancel_requested_at``), the body as its stored JSON text."""
+        *values, cancel_requested_at = row
         values[3] = json.loads(values[3])
-        return cls(*values)
+        job = cls(*values)
+        return job if cancel_requested_at is None else replace(job, cancel_requested_at=cancel_requested_at)
 
 
 @dataclass(frozen=True)
@@ -338,6 +342,18 @@ class AttemptError:
     type: str
     message: str
     traceback: str
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What ``Queue.cancel`` did: ``state`` is ``cancelled`` (ended dead at once), ``requested`` (its holder
+    ends it at its next renewal) or ``too_late`` (it had ended); ``audit`` is the audit row written (``None`` for
+    ``too_late``, or a request made again), ``status`` the job's status after the call."""
+
+    id: str
+    state: CancelState
+    status: str
+    audit: AuditEntry | None
 
 
 @dataclass(frozen=True)

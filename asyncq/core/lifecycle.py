@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 
 class Status(StrEnum):
@@ -28,10 +28,11 @@ class Outcome(StrEnum):
     OK = "ok"
     RETRY = "retry"
     PERMANENT = "permanent"
+    CANCEL = "cancel"  # the holder ends a job whose cancel was requested (or that it gives up on): dead, cancelled
 
 
 #: An outcome as its string, for callers that pass ``"ok"`` rather than ``Outcome.OK`` (mypy checks the spelling).
-OutcomeName = Literal["ok", "retry", "permanent"]
+OutcomeName = Literal["ok", "retry", "permanent", "cancel"]
 
 
 class Reason(StrEnum):
@@ -49,8 +50,13 @@ class Reason(StrEnum):
 # looking for an adapter (0.7 µs a parameter, measured; a group commit binds two a job).
 PENDING, LEASED, DONE, DEAD = (status.value for status in Status)
 STATUSES = tuple(Status)
-OK, RETRY, PERMANENT = (outcome.value for outcome in Outcome)
+OK: Final[OutcomeName] = "ok"
+RETRY: Final[OutcomeName] = "retry"
+PERMANENT: Final[OutcomeName] = "permanent"
+CANCEL: Final[OutcomeName] = "cancel"
 OUTCOMES = tuple(Outcome)
+#: The outcomes of an attempt the lease lab's contract knows (it has no cancel).
+LAB_OUTCOMES = (Outcome.OK, Outcome.RETRY, Outcome.PERMANENT)
 REASON_RETRY, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED = (r.value for r in Reason)
 DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED)
 
@@ -74,12 +80,17 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(LEASED, DEAD, REASON_EXHAUSTED, "finish"),
     Transition(LEASED, DEAD, REASON_DEADLINE, "finish"),
     Transition(LEASED, DEAD, REASON_PERMANENT, "finish"),
+    Transition(LEASED, DEAD, REASON_CANCELLED, "finish"),  # the holder ends a job whose cancel was requested
     Transition(PENDING, DEAD, REASON_DEADLINE, "sweep"),
     Transition(PENDING, DEAD, REASON_EXHAUSTED, "sweep"),
     Transition(LEASED, DEAD, REASON_DEADLINE, "sweep"),  # only once the lease has expired
     Transition(LEASED, DEAD, REASON_EXHAUSTED, "sweep"),  # only once the lease has expired
+    Transition(PENDING, DEAD, REASON_CANCELLED, "sweep"),  # a cancel was requested, then it was retried or released
+    Transition(LEASED, DEAD, REASON_CANCELLED, "sweep"),  # a cancel was requested, then the lease expired
     Transition(DEAD, PENDING, None, "redrive"),
     Transition(PENDING, DEAD, REASON_CANCELLED, "cancel"),  # product facade only, audited
+    Transition(LEASED, DEAD, REASON_CANCELLED, "cancel"),  # its lease had expired: nobody holds it
+    Transition(LEASED, LEASED, None, "cancel"),  # a live lease: a cancel request stored on the row for its holder
     Transition(LEASED, PENDING, None, "release"),  # product pool only: a claimed job it never started
 )
 
@@ -93,6 +104,13 @@ class Fence(NamedTuple):
     token: int
     attempt: int
     lease_until: int
+
+
+class Renewal(NamedTuple):
+    """A renewed lease: the new fence, and whether a cancel of the job was requested (its holder ends it)."""
+
+    fence: Fence
+    cancel_requested: bool
 
 
 class JobState(NamedTuple):
@@ -139,8 +157,38 @@ def decide_finish(job: JobState, fence: Fence, outcome: str, now_ms: int, delay_
         return Change(DONE, None, now_ms)
     if outcome == PERMANENT:
         return Change(DEAD, REASON_PERMANENT, now_ms)
+    if outcome == CANCEL:
+        return Change(DEAD, REASON_CANCELLED, now_ms)
     if job.attempts >= job.max_attempts:
         return Change(DEAD, REASON_EXHAUSTED, now_ms)
     if now_ms + delay_ms >= job.deadline:
         return Change(DEAD, REASON_DEADLINE, now_ms)
     return Change(PENDING, REASON_RETRY, now_ms + delay_ms)
+
+
+class CancelState(StrEnum):
+    """What ``Queue.cancel`` did (``decide_cancel``)."""
+
+    CANCELLED = "cancelled"  # ended dead (reason cancelled) at once: it was pending, or its lease had expired
+    REQUESTED = "requested"  # leased under a live lease: a cancel request is stored on its row for its holder
+    TOO_LATE = "too_late"  # it had ended already (done or dead): nothing changes
+
+
+def decide_cancel(job: JobState, now_ms: int) -> CancelState:
+    """What a cancel does to ``job`` as read in the cancel's own transaction: the one rule, every store runs it.
+
+    A request, once stored, is honoured by whoever moves the job next: its holder's renewal sees it and the holder
+    finishes the job with ``CANCEL``; if the holder finishes first, its finish stands (``ok`` is ``done``), except
+    that a job retried or released with a request on its row, or whose lease expires with one, is never run again:
+    the next claim's sweep ends it dead (``cancelled``). A redrive clears the request."""
+    if job.status == PENDING:
+        return CancelState.CANCELLED
+    if job.status == LEASED:
+        expired = job.lease_until is None or job.lease_until <= now_ms
+        return CancelState.CANCELLED if expired else CancelState.REQUESTED
+    return CancelState.TOO_LATE
+
+
+def status_after_cancel(decided: CancelState, status: str) -> str:
+    """The job's status once a cancel decided ``decided`` on a row in ``status`` has run."""
+    return {CancelState.CANCELLED: DEAD, CancelState.REQUESTED: LEASED}.get(decided, status)

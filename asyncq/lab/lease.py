@@ -14,7 +14,7 @@ from typing import Any
 
 from asyncq.core.backoff import retry_delay
 from asyncq.core.jobs import Finish, NewJob
-from asyncq.core.lifecycle import OK, OUTCOMES, PERMANENT, RETRY, Fence
+from asyncq.core.lifecycle import LAB_OUTCOMES, OK, PERMANENT, RETRY, Fence
 from asyncq.core.values import (
     TOKEN_MAX,
     check_choice,
@@ -121,7 +121,7 @@ def finish(
     """Record the outcome of a held lease and return the new status; ``False`` (nothing changes) when
     the ticket is stale: job missing or not leased, fields differ, lease or deadline passed."""
     held = _check_ticket(ticket)
-    check_choice(outcome, "outcome", OUTCOMES)
+    check_choice(outcome, "outcome", LAB_OUTCOMES)
     check_time(now_ms)
     check_int(delay_ms, "delay_ms", 0, 60_000)
     check_hook(fault)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from asyncq.core.jobs import DEFAULT_QUEUE
+from asyncq.core.jsontext import JSON
 from asyncq.core.limits import DEFAULT_MAX_ATTEMPTS
 from asyncq.core.values import Duration, check_identifier
 from asyncq.errors import InvalidArguments, Permanent
@@ -180,8 +181,8 @@ class Dispatcher:
         self.queue = queue
         self.ran = ran
 
-    async def __call__(self, body: Any, context: JobContext) -> Any:
-        task = self._task(body, context)
+    async def __call__(self, job_body: JSON, context: JobContext) -> Any:
+        task, body = self._task(job_body, context)
         token = _current.set(TaskContext(self.queue, context, task.name))
         try:
             with self.app.tracing.attempt(task.name, body, context.id, context.queue, context.attempt):
@@ -207,14 +208,15 @@ class Dispatcher:
         async with asyncio.timeout(task.timeout):
             return await task.function(*args, **kwargs)
 
-    def _task(self, body: Any, context: JobContext) -> Task[Any, Any]:
+    def _task(self, body: JSON, context: JobContext) -> tuple[Task[Any, Any], dict[str, JSON]]:
+        """The task a job's body names, and the body as the task's job (an object)."""
         name = body.get("task") if isinstance(body, dict) else None
         task = self.app.tasks.get(name) if isinstance(name, str) else None
-        if task is None:
+        if task is None or not isinstance(body, dict):
             error = Permanent(f"no task named {name!r} in this app (the body is not a task's job, or the task is gone)")
             self._record(context, str(name), error)
             raise error
-        return task
+        return task, body
 
     def _record(self, context: JobContext, task: str, error: Exception) -> None:
         if self.ran is not None:

@@ -11,7 +11,8 @@ metric                                      meaning
 ``asyncq_stale_finishes_total``             finishes refused because the ticket no longer held the lease
 ``asyncq_retries_total``                    failed attempts put back to pending for another try
 ``asyncq_leases_lost_total``                handlers cancelled because their lease renewal was refused
-``asyncq_delivery_seconds{outcome}``        handler (delivery) time by outcome: ok, retry, permanent
+``asyncq_cancels_total``                    jobs this pool ended dead on a cancel request (``Queue.cancel``)
+``asyncq_delivery_seconds{outcome}``        handler (delivery) time by outcome: ok, retry, permanent, cancel
 ``asyncq_jobs{status}``                     jobs in the queue file by status, read at scrape time
 ``asyncq_dead_jobs{reason}``                dead jobs by reason, read at scrape time
 ``asyncq_oldest_ready_age_seconds``         how long the oldest ready job has waited (0 when none waits)
@@ -55,7 +56,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
-from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, PENDING, RETRY
+from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.queue import Queue
@@ -104,6 +105,7 @@ class PoolMetrics:
         self.stale_finishes = Counter("asyncq_stale_finishes", "Finishes refused as stale (lease lost).", registry=into)
         self.retries = Counter("asyncq_retries", "Failed attempts put back to pending.", registry=into)
         self.leases_lost = Counter("asyncq_leases_lost", "Handlers cancelled after a refused renewal.", registry=into)
+        self.cancels = Counter("asyncq_cancels", "Jobs ended dead on a cancel request.", registry=into)
         self.store_busy = Counter(
             "asyncq_store_busy",
             "Store calls that found the lock held elsewhere past the busy timeout (retried).",
@@ -131,6 +133,8 @@ class PoolMetrics:
         self.finishes.labels(status).inc()
         if outcome == RETRY and status == PENDING:
             self.retries.inc()
+        elif outcome == CANCEL and status == DEAD:
+            self.cancels.inc()
 
     def on_delivery(self, seconds: float, outcome: str) -> None:
         """A handler returned ``outcome`` after ``seconds``."""

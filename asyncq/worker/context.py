@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncq.core.backoff import RetryPolicy
+from asyncq.core.jsontext import JSON
 from asyncq.delivery.base import Transport
 
 
@@ -23,7 +24,8 @@ class JobContext:
     lease_until: int
 
 
-Handler = Callable[[Any, JobContext], Awaitable[object]]
+#: A handler: an async function of a job's decoded body (``asyncq.JSON``) and its context.
+Handler = Callable[[JSON, JobContext], Awaitable[object]]
 
 
 def job_fields(job_id: str, queue: str, attempt: int, outcome: str | None) -> dict[str, Any]:
@@ -42,10 +44,10 @@ class TransportHandler:
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
 
-    def __call__(self, body: Any, context: JobContext) -> Awaitable[None]:
+    def __call__(self, body: JSON, context: JobContext) -> Awaitable[None]:
         return self.deliver(context.id, context.token, body)
 
-    def deliver(self, job_id: str, token: int, body: Any) -> Awaitable[None]:
+    def deliver(self, job_id: str, token: int, body: JSON) -> Awaitable[None]:
         """Deliver ``body`` (a decoded body, or a ``JsonText`` sent as it is) as job ``job_id`` under fencing
         token ``token``.
 

@@ -8,26 +8,29 @@ from collections import deque
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.jobs import StoredResult, Ticket
-from asyncq.core.lifecycle import RETRY
+from asyncq.core.lifecycle import RETRY, OutcomeName
 from asyncq.core.limits import DEFAULT_RETRY_BASE_MS
+from asyncq.queue import Attempt
 
 #: A finished job waiting for its commit: the flight (its ticket may still be renewed until then), the outcome,
 #: the retry delay in ms, the error kept with the job, a task's result.
-Result = tuple["InFlight", str, int, ErrorText | None, StoredResult | None]
+Result = tuple["InFlight", OutcomeName, int, ErrorText | None, StoredResult | None]
 #: The same as the store takes it, with the ticket read at the commit.
-Finish = tuple[Ticket, str, int, ErrorText | None, StoredResult | None]
+Finish = Attempt
 
 
 class InFlight:
     """A claimed job: waiting in the buffer (``task`` is None) or run by a worker."""
 
-    __slots__ = ("key", "lost", "task", "ticket")
+    __slots__ = ("cancel_requested", "cancelled", "key", "lost", "task", "ticket")
 
     def __init__(self, ticket: Ticket, key: tuple[str, int]) -> None:
         self.ticket = ticket
         self.key = key  # stays put while renewals replace the ticket
         self.task: asyncio.Task[None] | None = None
         self.lost = False
+        self.cancel_requested = False  # a renewal found a cancel request on the job
+        self.cancelled = False  # its handler was cancelled on that request
 
 
 class Flights:
@@ -99,6 +102,15 @@ class Flights:
             flight.lost = True
             flight.task.cancel()
         return False
+
+    def cancel(self, flight: InFlight) -> bool:
+        """Cancel a running job's handler on a cancel request (its worker then finishes it dead, ``cancelled``),
+        unless it has ended or was cancelled already; whether it was."""
+        if self.jobs.get(flight.key) is not flight or flight.task is None or flight.lost or flight.cancelled:
+            return False
+        flight.cancelled = True
+        flight.task.cancel()
+        return True
 
     def retry_now(self, flight: InFlight, error: ErrorText) -> None:
         """The pool's own machinery failed around a running job: never leave it leased for its lease to run out,

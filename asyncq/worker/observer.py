@@ -20,6 +20,10 @@ class PoolCounters:
     internal_errors: int = 0
     #: Store calls that found another process holding the lock past the busy timeout (retried).
     store_busy: int = 0
+    #: Cancel requests (``Queue.cancel``) this pool's renewals found on jobs it held.
+    cancels_requested: int = 0
+    #: Handlers this pool cancelled on such a request (their jobs finished dead, reason ``cancelled``).
+    cancelled: int = 0
 
     def count_status(self, status: str | None) -> None:
         if status is None:

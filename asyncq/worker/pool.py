@@ -31,11 +31,11 @@ import anyio
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, error_text
 from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BATCH, StoredResult, Ticket
-from asyncq.core.lifecycle import OK
+from asyncq.core.lifecycle import CANCEL, OK, OutcomeName
 from asyncq.core.values import check_identifier
 from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
-from asyncq.queue import Queue
+from asyncq.queue import Attempt, Queue
 from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with
 from asyncq.worker.flight import Flights, InFlight
 from asyncq.worker.leases import LeaseKeeper
@@ -107,7 +107,8 @@ class Pool:
         self._handlers: dict[str, Handler] = {}
         self._flights = Flights()
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
-        self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report)
+        grace = settings.cancel_grace_seconds  # before a handler is cancelled on a cancel request
+        self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._stopping = False
         self._workers: list[asyncio.Task[None]] = []
@@ -238,7 +239,7 @@ class Pool:
         flights = self._flights
         async with self._fences:  # read each ticket after any renewal in flight has replaced it
             kept = flights.take_results()
-            results = [(flight.ticket, outcome, delay, error, value) for flight, outcome, delay, error, value in kept]
+            results = [Attempt(f.ticket, outcome, delay, error, value) for f, outcome, delay, error, value in kept]
             started = flights.take_started_ahead()
             wants = self._rotated_wants(capacity) if capacity > 0 else []
             if not results and not wants and not started:
@@ -328,7 +329,7 @@ class Pool:
         ticket = flight.ticket
         observed = self._observed
         started = time.perf_counter() if observed else 0.0  # only an observer is told a job's duration
-        outcome: str | None = None  # stays None when the job ends without a result
+        outcome: OutcomeName | None = None  # stays None when the job ends without a result
         delay_ms = 0
         failure: ErrorText | None = None
         value: object = None
@@ -355,10 +356,11 @@ class Pool:
         except Exception as error:  # classified once for every worker of asyncq (asyncq.core.failures)
             outcome, delay_ms, failure = self._report.failed(ticket, error, self.retry)
         except asyncio.CancelledError:
-            # The lease keeper cancelled this job's worker because the lease was lost: the worker lives on,
-            # unless the pool itself is being cancelled too.
-            if not flight.lost or _uncancel() > 0:
+            # The lease keeper cancelled this job's worker because the lease was lost or a cancel was requested:
+            # the worker lives on (finishing a cancelled job dead), unless the pool itself is being cancelled too.
+            if not (flight.lost or flight.cancelled) or _uncancel() > 0:
                 raise
+            outcome = None if flight.lost else CANCEL
         finally:
             del self._flights.jobs[flight.key]
             if outcome is None and not flight.lost:  # raised out: the batcher may be waiting for this slot
@@ -368,6 +370,8 @@ class Pool:
                 _uncancel()
             self._report.lost(flight.ticket)
         elif outcome is not None:  # always, here: without a result the job raised out above
+            if flight.cancelled and outcome != CANCEL:  # the handler swallowed the cancellation: withdraw it
+                _uncancel()
             # the result is kept with the job by the same commit as its finish
             stored = value if type(value) is StoredResult else None
             self._flights.results.append((flight, outcome, delay_ms, failure, stored))

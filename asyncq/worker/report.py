@@ -10,7 +10,7 @@ from collections import Counter
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, classify, error_text
 from asyncq.core.jobs import Ticket
-from asyncq.core.lifecycle import DEAD, PERMANENT, RETRY
+from asyncq.core.lifecycle import DEAD, PERMANENT, RETRY, OutcomeName
 from asyncq.worker.context import job_fields
 from asyncq.worker.flight import Finish
 from asyncq.worker.observer import NoObserver, PoolCounters, PoolObserver
@@ -97,7 +97,7 @@ class PoolReport:
         elif debug:
             log.debug("job %s token %d -> %s", ticket.id, ticket.token, status)
 
-    def failed(self, ticket: Ticket, error: Exception, retry: RetryPolicy) -> tuple[str, int, ErrorText]:
+    def failed(self, ticket: Ticket, error: Exception, retry: RetryPolicy) -> tuple[OutcomeName, int, ErrorText]:
         """A handler's failure as an outcome, a delay and the error kept with the job. A policy that fails here
         (a jitter out of range) must not lose the job: its base delay is used, and the failure is logged."""
         try:

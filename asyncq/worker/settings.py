@@ -41,7 +41,9 @@ class PoolSettings:
         idle pool's poll interval) and ``linger`` (how long a result waits to share a commit) are seconds; ``owner``
         names the pool in leases (default: a random name per pool); ``prefetch`` is how many jobs are claimed ahead of
         the free slots; a handler's return value (not ``None``) is kept with its job ``result_ttl`` seconds (default a
-    week: ``asyncq.worker.results``). A bad value is ``TypeError``/``ValueError`` when the settings are built.
+    week: ``asyncq.worker.results``); ``cancel_grace`` is how long a handler whose job's cancel was requested
+    (``Queue.cancel``) may go on before it is cancelled (default 0: at once; ``asyncq.shield`` protects a critical
+    section). A bad value is ``TypeError``/``ValueError`` when the settings are built.
 
         The fields after ``linger`` are resolved from the others: what the pool runs with."""
 
@@ -55,6 +57,7 @@ class PoolSettings:
     prefetch: int | None = None
     linger: float | None = None
     result_ttl: Duration = DEFAULT_RESULT_TTL
+    cancel_grace: Duration = 0.0
     #: ``lease`` in milliseconds, as the store takes it.
     lease_ms: int = field(init=False)
     #: How many results a commit waits for (fewer when a slot starves or the oldest result has lingered).
@@ -68,6 +71,8 @@ class PoolSettings:
     job_timeout_seconds: float | None = field(init=False)
     #: ``result_ttl`` in milliseconds.
     result_keep_ms: int = field(init=False)
+    #: ``cancel_grace`` in seconds.
+    cancel_grace_seconds: float = field(init=False)
 
     def __post_init__(self) -> None:
         concurrency = check_int(self.concurrency, "concurrency", 1, MAX_CONCURRENCY)
@@ -94,6 +99,7 @@ class PoolSettings:
             "linger_seconds": linger,
             "job_timeout_seconds": timeout,
             "result_keep_ms": round(check_duration(self.result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL) * 1000),
+            "cancel_grace_seconds": check_duration(self.cancel_grace, "cancel_grace", 0.0, MAX_JOB_TIMEOUT_SECONDS),
         }
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -112,6 +118,7 @@ class PoolOptions(TypedDict, total=False):
     prefetch: int | None
     linger: float | None
     result_ttl: Duration
+    cancel_grace: Duration
 
 
 def settings_fields() -> list[str]:

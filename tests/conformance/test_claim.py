@@ -109,7 +109,7 @@ async def test_a_lease_is_capped_at_the_deadline(store: QueueStore) -> None:
     await enqueue(store, new("a", ttl_ms=1_000))
     [ticket] = await claim(store, "w1", T0 + 400, lease_ms=60_000)
     assert ticket.lease_until == T0 + 1_000 == ticket.deadline
-    assert (await store.extend([("a", ticket.fence)], T0 + 500, 60_000)) == [ticket.fence]  # still capped
+    assert (await store.extend([("a", ticket.fence)], T0 + 500, 60_000)) == [(ticket.fence, False)]  # still capped
 
 
 async def test_a_live_lease_is_never_taken_over_nor_swept(store: QueueStore) -> None:
@@ -162,7 +162,7 @@ async def test_an_extend_or_release_dated_before_the_claim_follows_the_rules(sto
     await enqueue(store, new("a"), new("b"))
     a, b = await claim(store, "w1", T0 + 1_000, n=2, lease_ms=1_000)
     before = await dump(store, T0 + 500)
-    assert await store.extend([("a", a.fence)], T0 + 500, 600) == [a.fence._replace(lease_until=T0 + 1_100)]
+    assert await store.extend([("a", a.fence)], T0 + 500, 600) == [(a.fence._replace(lease_until=T0 + 1_100), False)]
     assert await store.release([("b", b.fence)], T0 + 500) == [True]
     released = replace(
         before.jobs["b"], status="pending", attempts=0, available_at=T0 + 500, owner=None, lease_until=None

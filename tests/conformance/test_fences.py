@@ -36,7 +36,8 @@ async def call(store: QueueStore, how: str, job_id: str, ticket: Ticket, now: in
         finish = outcome(ticket, "ok", held=how == "finish-held")
         return (await store.finish([finish._replace(id=job_id)], now))[0]
     if how == "extend":
-        return (await store.extend([(job_id, ticket.fence)], now, 1_000))[0]
+        renewal = (await store.extend([(job_id, ticket.fence)], now, 1_000))[0]
+        return None if renewal is None else renewal.fence
     return (await store.release([(job_id, ticket.fence)], now))[0]
 
 
@@ -160,9 +161,9 @@ async def test_extend_and_release_batches_apply_each_lease_on_its_own(store: Que
     before = await dump(store, T0 + 500)
     leases = [(t.id, t.fence) for t in (a, b, c)]
     assert await store.extend(leases, T0 + 500, 2_000) == [
-        a.fence._replace(lease_until=T0 + 2_500),
+        (a.fence._replace(lease_until=T0 + 2_500), False),
         None,
-        c.fence._replace(lease_until=T0 + 2_500),
+        (c.fence._replace(lease_until=T0 + 2_500), False),
     ]
     middle = await dump(store, T0 + 500)
     jobs = before.jobs

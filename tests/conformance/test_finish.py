@@ -107,8 +107,9 @@ async def test_finishes_past_one_statements_worth_of_rows_each_land_on_their_own
 async def test_a_renewed_ticket_finishes_and_the_one_before_the_renewal_is_stale(store: QueueStore) -> None:
     await enqueue(store, new("a"))
     [ticket] = await claim(store, "w1", T0, lease_ms=1_000)
-    [fence] = await store.extend([("a", ticket.fence)], T0 + 500, 1_000)
-    assert fence is not None
+    [renewal] = await store.extend([("a", ticket.fence)], T0 + 500, 1_000)
+    assert renewal is not None
+    fence = renewal.fence
     before = await dump(store, T0 + 600)
     assert await store.finish([outcome(ticket, "ok"), outcome(ticket, "ok", held=False)], T0 + 600) == [None, None]
     expect(before, await dump(store, T0 + 600))

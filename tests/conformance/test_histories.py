@@ -105,7 +105,8 @@ async def run_port(h: History, step: tuple[Any, ...]) -> tuple[str, Any]:
         return await attempt(_redriven(store.redrive(job_id, now, now + ttl, "ops")))
     if kind == "extend":
         ticket = h.tickets[h.pick(step[1])]
-        [fence] = await store.extend([(ticket.id, ticket.fence)], now, step[2])
+        [renewal] = await store.extend([(ticket.id, ticket.fence)], now, step[2])
+        fence = None if renewal is None else renewal.fence
         if fence is not None:
             h.tickets.append(
                 Ticket(

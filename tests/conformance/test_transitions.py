@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from drivers import Driver
 
-from asyncq.core.jobs import AuditEntry
+from asyncq.core.jobs import AuditEntry, Ticket
 from asyncq.core.lifecycle import TRANSITIONS, Transition
 from asyncq.store.port.queue import QueueStore
 
@@ -80,7 +80,7 @@ async def extend_a_held_lease(store: QueueStore, driver: Driver) -> None:
     before = await dump(store)
     fences = await store.extend([("a", ticket.fence)], T0 + 600, 1_000)
     after = await dump(store)
-    assert fences == [ticket.fence._replace(lease_until=T0 + 1_600)]  # same owner, token and attempt
+    assert fences == [(ticket.fence._replace(lease_until=T0 + 1_600), False)]  # same owner, token and attempt
     expect(before, after, {"a": replace(before.jobs["a"], lease_until=T0 + 1_600)})
 
 
@@ -208,9 +208,11 @@ async def redrive_a_dead_job(store: QueueStore, driver: Driver) -> None:
 async def cancel_a_pending_job(store: QueueStore, driver: Driver) -> None:
     await enqueue(store, new("a", delay_ms=5_000))
     before = await dump(store)
-    entry = await store.cancel("a", T0 + 20, "customer-request")
+    cancelled = await store.cancel("a", T0 + 20, "customer-request")
     after = await dump(store)
-    assert entry == AuditEntry(entry.seq, "a", "cancel", 0, T0 + 20, "customer-request", "cancelled")
+    entry = cancelled.audit
+    assert entry == AuditEntry(entry.seq if entry else 0, "a", "cancel", 0, T0 + 20, "customer-request", "cancelled")
+    assert (cancelled.state, cancelled.status) == ("cancelled", "dead")
     expect(
         before,
         after,
@@ -232,3 +234,80 @@ async def release_a_job_never_started(store: QueueStore, driver: Driver) -> None
     expect(before, after, {"a": released})  # the attempt is returned, the token kept
     [again] = await claim(store, "w2", T0 + 20)
     assert (again.token, again.attempt) == (2, 1)
+
+
+# -- cancelling a leased job -------------------------------------------------------------------------------------
+
+
+async def leased_with_a_cancel_request(store: QueueStore, lease_ms: int = 1_000) -> Ticket:
+    """Job ``a`` claimed by ``w1`` at ``T0``, then a cancel requested at ``T0 + 10``."""
+    await enqueue(store, new("a"))
+    [ticket] = await claim(store, "w1", T0, lease_ms=lease_ms)
+    requested = await store.cancel("a", T0 + 10, "customer left")
+    assert (requested.state, requested.status) == ("requested", "leased")
+    return ticket
+
+
+@makes("leased", "leased", None, "cancel")
+async def request_the_cancel_of_a_held_job(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a"))
+    [ticket] = await claim(store, "w1", T0, lease_ms=1_000)
+    before = await dump(store)
+    requested = await store.cancel("a", T0 + 10, "customer left")
+    after = await dump(store)
+    entry = requested.audit
+    wanted = ("a", "cancel_request", 1, T0 + 10, "customer left", "cancelled")
+    assert entry == AuditEntry(entry.seq if entry else 0, *wanted)
+    expect(before, after, {"a": replace(before.jobs["a"], cancel_requested_at=T0 + 10)}, [entry])
+    again = await store.cancel("a", T0 + 20, "again")  # the first request stands; nothing more is written
+    assert (again.state, again.audit) == ("requested", None)
+    expect(after, await dump(store))
+    # the holder's renewal says so, fenced like itself
+    [renewal] = await store.extend([("a", ticket.fence)], T0 + 500, 1_000)
+    assert renewal == (ticket.fence._replace(lease_until=T0 + 1_500), True)
+
+
+@makes("leased", "dead", "cancelled", "cancel")
+async def cancel_a_job_whose_lease_expired(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a"))
+    [ticket] = await claim(store, "w1", T0, lease_ms=1_000)
+    before = await dump(store, T0 + 1_000)
+    cancelled = await store.cancel("a", T0 + 1_000, "worker gone")
+    after = await dump(store, T0 + 1_000)
+    entry = cancelled.audit
+    assert entry == AuditEntry(entry.seq if entry else 0, "a", "cancel", 1, T0 + 1_000, "worker gone", "cancelled")
+    gone = replace(before.jobs["a"], status="dead", reason="cancelled", available_at=T0 + 1_000)
+    expect(before, after, {"a": replace(gone, owner=None, lease_until=None)}, [entry])
+    assert await store.finish([outcome(ticket, "ok")], T0 + 1_001) == [None]  # its old holder is stale
+
+
+@makes("leased", "dead", "cancelled", "finish")
+async def the_holder_finishes_a_cancelled_job(store: QueueStore, driver: Driver) -> None:
+    ticket = await leased_with_a_cancel_request(store)
+    before = await dump(store)
+    assert await store.finish([outcome(ticket, "cancel")], T0 + 50) == ["dead"]
+    after = await dump(store)
+    ended = replace(before.jobs["a"], status="dead", reason="cancelled", available_at=T0 + 50)
+    expect(before, after, {"a": replace(ended, owner=None, lease_until=None)})
+    assert await store.finish([outcome(ticket, "ok", held=False)], T0 + 51) == [None]  # never overwritten
+
+
+@makes("pending", "dead", "cancelled", "sweep")
+async def sweep_a_job_retried_with_a_cancel_request(store: QueueStore, driver: Driver) -> None:
+    ticket = await leased_with_a_cancel_request(store)
+    assert await store.finish([outcome(ticket, "retry")], T0 + 50) == ["pending"]  # its handler failed first
+    before = await dump(store, T0 + 60)
+    assert await claim(store, "w2", T0 + 60) == []  # the sweep ends it: it is not run again
+    after = await dump(store, T0 + 60)
+    expect(before, after, {"a": replace(before.jobs["a"], status="dead", reason="cancelled", available_at=T0 + 60)})
+
+
+@makes("leased", "dead", "cancelled", "sweep")
+async def sweep_an_expired_lease_with_a_cancel_request(store: QueueStore, driver: Driver) -> None:
+    ticket = await leased_with_a_cancel_request(store)  # its holder stopped (SIGSTOP) and its lease ran out
+    before = await dump(store, T0 + 1_000)
+    assert await claim(store, "w2", T0 + 1_000) == []  # not taken over: ended
+    after = await dump(store, T0 + 1_000)
+    ended = replace(before.jobs["a"], status="dead", reason="cancelled", available_at=T0 + 1_000)
+    expect(before, after, {"a": replace(ended, owner=None, lease_until=None)})
+    assert await store.finish([outcome(ticket, "ok")], T0 + 1_001) == [None]  # the stale holder changes nothing

@@ -24,8 +24,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
-from asyncq.core.lifecycle import Fence
+from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.stats import Stats
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 
@@ -124,8 +124,9 @@ class QueueStore(Protocol):
         """Finish without claiming (``settle_and_claim`` with no wants)."""
         ...
 
-    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
-        """Renew held leases to ``min(now + lease_ms, deadline)``; ``None`` for each lease no longer held."""
+    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Renewal | None]:
+        """Renew held leases to ``min(now + lease_ms, deadline)``, each with whether a cancel of its job was
+        requested (read by the renewal's own fenced statement); ``None`` for each lease no longer held."""
         ...
 
     async def release(
@@ -146,9 +147,12 @@ class QueueStore(Protocol):
         returned; ``ValueError`` (nothing changes) if the job is missing or not dead."""
         ...
 
-    async def cancel(self, job_id: str, now_ms: int, note: str) -> AuditEntry:
-        """Park a pending job as dead (reason ``cancelled``) with an audit row, which is returned;
-        ``ValueError`` if it is missing or not pending."""
+    async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        """Cancel a job as ``core.lifecycle.decide_cancel`` decides on its row read in this transaction: end it
+        dead (``cancelled``) if nobody holds it, store a cancel request on its row if a live lease does (the
+        holder's renewal returns it; the sweep ends the row once nobody holds it), each with an audit row
+        (``cancel``, ``cancel_request``); ``too_late`` for a job that has ended (nothing changes). ``ValueError``
+        if it is missing."""
         ...
 
     async def get(self, job_id: str) -> Job | None:

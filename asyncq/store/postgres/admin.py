@@ -25,10 +25,12 @@ JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
 _REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
+#: What a job record has after its columns: its redrive count, and a cancel request not yet carried out.
+_EXTRAS = f"{_REDRIVES}, j.cancel_requested_at"
 _LISTED = (
-    f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
+    f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
 )
-GET_JOB = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {{schema}}.jobs j WHERE id = $1"
+GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j WHERE id = $1"
 ERRORS_OF = "SELECT attempt, at_ms, type, message, traceback FROM {schema}.errors WHERE job_seq = $1 ORDER BY seq"
 LAST_ERRORS = """
 SELECT DISTINCT ON (job_seq) job_seq, attempt, at_ms, type, message, traceback FROM {schema}.errors

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import asyncpg
 
 from asyncq.core.claim_plan import plan_claim
-from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
-from asyncq.core.lifecycle import PENDING, Fence
+from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
@@ -201,9 +201,9 @@ class PostgresQueueStore:
         if PENDING in statuses:
             await conn.execute(NOTIFY, self.wakeups.channel)
 
-    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
-        fences: list[Fence | None] = await self._write(transitions.extend, leases, now_ms, lease_ms)
-        return fences
+    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Renewal | None]:
+        renewed: list[Renewal | None] = await self._write(transitions.extend, leases, now_ms, lease_ms)
+        return renewed
 
     async def release(
         self, leases: Sequence[tuple[str, Fence]], now_ms: int, counted: Sequence[bool] | None = None
@@ -236,12 +236,14 @@ class PostgresQueueStore:
         self.wakeups.notify()
         return entry
 
-    async def cancel(self, job_id: str, now_ms: int, note: str) -> AuditEntry:
-        async def step(conn: Connection, schema: str) -> AuditEntry:
-            return AuditEntry(*await transitions.cancel(conn, schema, job_id, now_ms, note))
+    async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        async def step(conn: Connection, schema: str) -> CancelOutcome:
+            decided, entry, status = await transitions.cancel(conn, schema, job_id, now_ms, note)
+            audit = None if entry is None else AuditEntry(*entry)
+            return CancelOutcome(job_id, decided, status_after_cancel(decided, status), audit)
 
-        entry: AuditEntry = await self._write(step)
-        return entry
+        outcome: CancelOutcome = await self._write(step)
+        return outcome
 
     async def get(self, job_id: str) -> Job | None:
         job: Job | None = await self._read(admin.get_job, job_id)

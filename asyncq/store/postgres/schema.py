@@ -139,6 +139,18 @@ CREATE TABLE {schema}.results (
 )
 """
 
+# Version 4: a cancel requested while a job is leased (``Queue.cancel``), stored on its row in the cancel's
+# transaction and audited (``cancel_request``); the holder's renewal returns it, the sweep ends a row carrying one
+# once nobody holds it. The index holds only the rows with a request.
+CANCEL_REQUESTS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN cancel_requested_at bigint",
+    "CREATE INDEX jobs_cancel_requested ON {schema}.jobs (seq)"
+    " WHERE cancel_requested_at IS NOT NULL AND status IN ('pending', 'leased')",
+    "ALTER TABLE {schema}.audit DROP CONSTRAINT audit_action_check",
+    "ALTER TABLE {schema}.audit ADD CONSTRAINT audit_action_check"
+    " CHECK (action IN ('redrive', 'cancel', 'cancel_request'))",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -161,6 +173,7 @@ QUEUE = Migrations(
             # Dead jobs listed newest first without walking the done history.
             "CREATE INDEX jobs_dead ON {schema}.jobs (seq) WHERE status = 'dead'",
         ),
+        CANCEL_REQUESTS,  # version 4: a cancel requested while a job is leased
     ),
 )
 SCHEMA_VERSION = QUEUE.version

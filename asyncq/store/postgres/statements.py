@@ -30,18 +30,31 @@ WHERE seq IN (
   FOR UPDATE SKIP LOCKED)
 """
 
+# A row with a cancel request that nobody holds any more (retried or released with it, or its lease expired) ends
+# dead, never run again (``core.lifecycle.decide_cancel``).
+SWEEP_CANCELLED = """
+UPDATE {schema}.jobs SET status = 'dead', reason = 'cancelled', available_at = $1, owner = NULL, lease_until = NULL
+WHERE seq IN (
+  SELECT seq FROM {schema}.jobs
+  WHERE cancel_requested_at IS NOT NULL AND status IN ('pending', 'leased')
+    AND (status = 'pending' OR lease_until <= $1)
+  FOR UPDATE SKIP LOCKED)
+"""
+
 # $1 queue, $2 now, $3 limit, $4 owner, $5 lease_ms, $6 count (1: the claim counts an attempt; 0: claimed ahead,
 # counted when a handler starts it). Oldest seq first among ready rows: pending and available, or leased with an
-# expired lease. A row the sweep skipped (another transaction held it) is never leased past its budget: the
-# selection repeats the sweep's conditions.
+# expired lease. A row the sweep skipped (another transaction held it) is never leased past its budget, nor with a
+# cancel request: the selection repeats the sweep's conditions.
 CLAIM = """
 WITH pending AS MATERIALIZED (
   SELECT seq FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= $2 AND deadline > $2 AND attempts < max_attempts
+    AND cancel_requested_at IS NULL
   ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
 ), expired AS MATERIALIZED (
   SELECT seq FROM {schema}.jobs
   WHERE status = 'leased' AND queue = $1 AND lease_until <= $2 AND deadline > $2 AND attempts < max_attempts
+    AND cancel_requested_at IS NULL
   ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
 ), chosen AS MATERIALIZED (
   SELECT seq FROM (SELECT seq FROM pending UNION ALL SELECT seq FROM expired) c ORDER BY seq LIMIT $3
@@ -84,15 +97,15 @@ WHERE j.seq = v.seq AND j.id = v.id AND j.token = v.token AND j.owner = v.owner
 RETURNING j.seq
 """
 
-# Leases named by (position, id, owner, token, attempt, lease_until); RETURNING names the positions that landed.
-# $1 now, $2 lease_ms.
+# Leases named by (position, id, owner, token, attempt, lease_until); RETURNING names the positions that landed,
+# each with whether a cancel of its job was requested (read under the renewal's own fence). $1 now, $2 lease_ms.
 EXTEND_ROWS = """
 UPDATE {schema}.jobs j SET lease_until = least($1 + $2, j.deadline)
 FROM unnest($3::integer[], $4::text[], $5::text[], $6::bigint[], $7::integer[], $8::bigint[])
   AS v(n, id, owner, token, attempts, lease_until)
 WHERE j.id = v.id AND j.status = 'leased' AND j.owner = v.owner AND j.token = v.token AND j.attempts = v.attempts
   AND j.lease_until = v.lease_until AND $1 < j.lease_until AND $1 < j.deadline
-RETURNING v.n, j.lease_until
+RETURNING v.n, j.lease_until, j.cancel_requested_at IS NOT NULL
 """
 
 # A pool gives back a job it claimed but never started: fenced like a finish; the attempt counted at claim
@@ -134,13 +147,24 @@ RETURNING seq, id, action, token, at_ms, note, reason
 
 REDRIVE = """
 UPDATE {schema}.jobs SET status = 'pending', attempts = 0, available_at = $2, deadline = $3, owner = NULL,
-    lease_until = NULL, reason = NULL
+    lease_until = NULL, reason = NULL, cancel_requested_at = NULL
 WHERE seq = $1 AND status = 'dead'
 """
 
+# A cancel ends a job nobody holds (pending, or leased under an expired lease), as ``decide_cancel`` decided on
+# the row locked by ``LOCK_FOR_CANCEL``; a live lease gets a request for its holder (a second one keeps the first).
+LOCK_FOR_CANCEL = (
+    "SELECT seq, status, attempts, max_attempts, token, owner, lease_until, deadline, cancel_requested_at"
+    " FROM {schema}.jobs WHERE id = $1 FOR UPDATE"
+)
+
 CANCEL = """
 UPDATE {schema}.jobs SET status = 'dead', reason = 'cancelled', available_at = $2, owner = NULL, lease_until = NULL
-WHERE seq = $1 AND status = 'pending'
+WHERE seq = $1 AND status IN ('pending', 'leased')
+"""
+
+REQUEST_CANCEL = """
+UPDATE {schema}.jobs SET cancel_requested_at = $2 WHERE seq = $1 AND status = 'leased' AND cancel_requested_at IS NULL
 """
 
 KEEP_ERRORS = """
@@ -173,6 +197,9 @@ NAMES = {
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
     "CANCEL": CANCEL,
+    "LOCK_FOR_CANCEL": LOCK_FOR_CANCEL,
+    "REQUEST_CANCEL": REQUEST_CANCEL,
+    "SWEEP_CANCELLED": SWEEP_CANCELLED,
     "KEEP_ERRORS": KEEP_ERRORS,
     "KEEP_RESULTS": KEEP_RESULTS,
 }

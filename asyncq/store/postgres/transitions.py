@@ -21,7 +21,7 @@ from asyncq.core.finish_plan import (
     statuses_after,
 )
 from asyncq.core.jobs import Finish, NewJob, StoredResult
-from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres.connection import Connection
@@ -160,9 +160,10 @@ async def _keep_errors(
 
 
 async def sweep(conn: Connection, schema: str, now_ms: int) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up) as dead, in every queue."""
+    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested) as dead, in every queue."""
     await conn.execute(sql(schema, "SWEEP_DEADLINE"), now_ms)
     await conn.execute(sql(schema, "SWEEP_EXHAUSTED"), now_ms)
+    await conn.execute(sql(schema, "SWEEP_CANCELLED"), now_ms)
 
 
 async def claim(
@@ -228,15 +229,17 @@ def _distinct(leases: Sequence[tuple[str, Fence]]) -> bool:
 
 async def extend(
     conn: Connection, schema: str, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int
-) -> list[Fence | None]:
-    """Renew held leases to ``min(now + lease_ms, deadline)``; ``None`` for each lease no longer held. Leases of
-    distinct jobs go as one statement; a job named twice goes lease by lease (the second sees the first's)."""
+) -> list[Renewal | None]:
+    """Renew held leases to ``min(now + lease_ms, deadline)``, each with whether a cancel was requested; ``None``
+    for each lease no longer held. Leases of distinct jobs go as one statement; a job named twice goes lease by
+    lease (the second sees the first's)."""
     if not _distinct(leases):
-        return [fence for lease in leases for fence in await extend(conn, schema, [lease], now_ms, lease_ms)]
+        return [renewal for lease in leases for renewal in await extend(conn, schema, [lease], now_ms, lease_ms)]
     rows = await conn.fetch(sql(schema, "EXTEND_ROWS"), now_ms, lease_ms, *_lease_columns(leases)) if leases else []
-    renewed = {row[0]: row[1] for row in rows}
+    renewed = {row[0]: (row[1], row[2]) for row in rows}
     return [
-        None if n not in renewed else fence._replace(lease_until=renewed[n]) for n, (_id, fence) in enumerate(leases)
+        None if n not in renewed else Renewal(fence._replace(lease_until=renewed[n][0]), renewed[n][1])
+        for n, (_id, fence) in enumerate(leases)
     ]
 
 
@@ -270,13 +273,23 @@ async def redrive(conn: Connection, schema: str, job_id: str, now_ms: int, deadl
     return entry
 
 
-async def cancel(conn: Connection, schema: str, job_id: str, now_ms: int, note: str) -> Any:
-    """Park a pending job as dead (reason ``cancelled``) with an audit row, which is returned; ``ValueError`` if
-    it is missing or not pending."""
-    seq, token = await _locked(conn, schema, job_id, PENDING)
-    entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, "cancel", REASON_CANCELLED)
-    await conn.execute(sql(schema, "CANCEL"), seq, now_ms)
-    return entry
+async def cancel(conn: Connection, schema: str, job_id: str, now_ms: int, note: str) -> tuple[CancelState, Any, str]:
+    """Cancel a job as ``core.lifecycle.decide_cancel`` decides on its row, locked: end it dead (``cancelled``) or
+    store a request for its holder, each with an audit row; ``too_late`` changes nothing. The decision, the audit
+    row written (``None``: none, also for a request made again) and the status it had; ``ValueError`` if missing."""
+    row = await conn.fetchrow(sql(schema, "LOCK_FOR_CANCEL"), job_id)
+    if row is None:
+        raise ValueError(f"job {job_id!r} is missing")
+    seq, status, token = int(row["seq"]), str(row["status"]), int(row["token"])
+    decided = decide_cancel(JobState(*tuple(row)[1:8]), now_ms)
+    if decided is CancelState.TOO_LATE:
+        return decided, None, status
+    statement = "CANCEL" if decided is CancelState.CANCELLED else "REQUEST_CANCEL"
+    if await conn.execute(sql(schema, statement), seq, now_ms) == "UPDATE 0":
+        return decided, None, status  # a request stored already
+    action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
+    entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, action, REASON_CANCELLED)
+    return decided, entry, status
 
 
 async def _locked(conn: Connection, schema: str, job_id: str, status: str) -> tuple[int, int]:

@@ -29,26 +29,28 @@ JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
+#: What a job record has after its columns: its redrive count, and a cancel request not yet carried out.
+_EXTRAS = f"{_REDRIVES}, j.cancel_requested_at"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"
 )
 LIST_OLDEST = (
-    f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j WHERE seq > :after AND {_FILTERS} ORDER BY seq LIMIT :limit"
+    f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE seq > :after AND {_FILTERS} ORDER BY seq LIMIT :limit"
 )
-LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j WHERE {_FILTERS} ORDER BY seq DESC LIMIT :limit"
+LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE {_FILTERS} ORDER BY seq DESC LIMIT :limit"
 # Leased and dead jobs are listed from their status's partial index (O(leased), and O(limit) newest first for dead),
 # not by walking the table: a dashboard lists both on every refresh, and a deep queue holds millions of pending rows
 # before the first of them. ``INDEXED BY`` names the index (the planner prefers the rowid walk of ``seq > :after``).
 # Pending, done and any-status listings walk the table in ``seq`` order: at depth, most rows are their answer.
 _BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead"}
 LIST_INDEXED = {
-    (status, newest): f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
+    (status, newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
     f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
     for status, index in _BY_INDEX.items()
     for newest in (False, True)
 }
-GET_JOB = f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {_JOBS} j WHERE id = :id"
+GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE id = :id"
 AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
 HISTORY = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} WHERE id = :id ORDER BY seq"
 AUDIT_LOG = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} ORDER BY seq DESC LIMIT :limit"

@@ -26,7 +26,7 @@ from asyncq.core.finish_plan import (
     statuses_after,
 )
 from asyncq.core.jobs import Claimed, Finish, NewJob
-from asyncq.core.lifecycle import DEAD, PENDING, REASON_CANCELLED, Fence, JobState
+from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
@@ -146,8 +146,7 @@ def claim_rows_in_transaction(
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
     params |= scope or {}
     if sweep:
-        con.execute(sql(layout, "SWEEP_DEADLINE"), params)
-        con.execute(sql(layout, "SWEEP_EXHAUSTED"), params)
+        _sweep(con, layout, now_ms)
     return sorted(con.execute(sql(layout, "CLAIM"), params).fetchall())
 
 
@@ -288,16 +287,19 @@ def _finish_one(
 
 def extend(
     con: sqlite3.Connection, layout: Layout, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int
-) -> list[Fence | None]:
-    """Renew held leases to ``min(now + lease_ms, deadline)`` in one transaction; ``None`` for each
-    lease that is no longer held (expired, re-claimed or finished)."""
-    renewed: list[Fence | None] = []
+) -> list[Renewal | None]:
+    """Renew held leases to ``min(now + lease_ms, deadline)`` in one transaction, each with whether a cancel of
+    its job was requested; ``None`` for each lease that is no longer held (expired, re-claimed or finished)."""
+    renewed: list[Renewal | None] = []
     with write_transaction(con):
         for job_id, fence in leases:
             params = {"id": job_id, "now": now_ms, "lease_ms": lease_ms, "owner": fence.owner}
             params |= {"token": fence.token, "attempt": fence.attempt, "lease_until": fence.lease_until}
             row = con.execute(sql(layout, "EXTEND"), params).fetchone()
-            renewed.append(None if row is None else Fence(fence.owner, fence.token, fence.attempt, row[0]))
+            if row is None:
+                renewed.append(None)
+            else:
+                renewed.append(Renewal(Fence(fence.owner, fence.token, fence.attempt, row[0]), bool(row[1])))
     return renewed
 
 
@@ -346,17 +348,29 @@ def redrive(
     return True
 
 
-def cancel(con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str) -> bool:
-    """Park a pending job as dead with reason ``cancelled``, audited; ``ValueError`` if it is not pending."""
+def cancel(
+    con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str
+) -> tuple[CancelState, bool, str]:
+    """Cancel a job as ``core.lifecycle.decide_cancel`` decides on its row: end it dead (``cancelled``), or store
+    a request for its holder, each audited in the same transaction; ``too_late`` changes nothing. With whether an
+    audit row was written (a request made again writes none) and its status before; ``ValueError`` if the job is
+    missing."""
     with write_transaction(con):
         found = read_state(con, layout, job_id)
-        if found is None or found[2].status != PENDING:
-            raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not pending'}")
+        if found is None:
+            raise ValueError(f"job {job_id!r} is missing")
         seq, _payload, state = found
-        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": "cancel", "seq": seq}
+        decided = decide_cancel(state, now_ms)
+        if decided is CancelState.TOO_LATE:
+            return decided, False, state.status
+        params = {"seq": seq, "now": now_ms}
+        statement = "CANCEL" if decided is CancelState.CANCELLED else "REQUEST_CANCEL"
+        if con.execute(sql(layout, statement), params).rowcount == 0:
+            return decided, False, state.status  # a request stored already
+        action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
+        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": action, "seq": seq}
         con.execute(sql(layout, "AUDIT_ACTION"), audit | {"reason": REASON_CANCELLED})
-        con.execute(sql(layout, "CANCEL"), {"seq": seq, "now": now_ms})
-    return True
+    return decided, True, state.status
 
 
 def settle_and_claim_in_transaction(
@@ -407,9 +421,12 @@ def settle_and_claim_in_transaction(
 
 
 def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up) as dead, in every queue: once a claim."""
+    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested) as dead, in every queue:
+    once a claim."""
     con.execute(sql(layout, "SWEEP_DEADLINE"), {"now": now_ms})
     con.execute(sql(layout, "SWEEP_EXHAUSTED"), {"now": now_ms})
+    if layout.cancels:
+        con.execute(sql(layout, "SWEEP_CANCELLED"), {"now": now_ms})
 
 
 def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

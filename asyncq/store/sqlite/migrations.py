@@ -7,6 +7,7 @@ import sqlite3
 
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
+    CANCEL_REQUESTS,
     ERROR_TABLES,
     JOB_COUNTS,
     PRODUCT,
@@ -38,6 +39,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     AUDIT_JOB_SEQ,  # version 4: audit rows name their job's seq
     (*JOB_COUNTS, *RECOUNT),  # version 5: the job counts kept by triggers, counted once from the rows
     RESULT_TABLES,  # version 6: tasks' results
+    CANCEL_REQUESTS,  # version 7: a cancel requested while a job is leased
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

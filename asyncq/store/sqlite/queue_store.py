@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from asyncq.core.jobs import AuditEntry, Finish, Job, NewJob, Settled, Ticket
-from asyncq.core.lifecycle import PENDING, Fence
+from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
@@ -184,9 +184,9 @@ class SqliteQueueStore:
         if PENDING in statuses:
             self._file.notify()
 
-    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Fence | None]:
-        fences: list[Fence | None] = await self._write(engine.extend, PRODUCT, leases, now_ms, lease_ms)
-        return fences
+    async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Renewal | None]:
+        renewed: list[Renewal | None] = await self._write(engine.extend, PRODUCT, leases, now_ms, lease_ms)
+        return renewed
 
     async def release(
         self, leases: Sequence[tuple[str, Fence]], now_ms: int, counted: Sequence[bool] | None = None
@@ -210,13 +210,14 @@ class SqliteQueueStore:
         self._file.notify()
         return entry
 
-    async def cancel(self, job_id: str, now_ms: int, note: str) -> AuditEntry:
-        def cancel(con: sqlite3.Connection) -> AuditEntry:
-            engine.cancel(con, PRODUCT, job_id, now_ms, note)
-            return admin.last_audit_of(con, job_id)
+    async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        def cancel(con: sqlite3.Connection) -> CancelOutcome:
+            decided, audited, status = engine.cancel(con, PRODUCT, job_id, now_ms, note)
+            entry = admin.last_audit_of(con, job_id) if audited else None
+            return CancelOutcome(job_id, decided, status_after_cancel(decided, status), entry)
 
-        entry: AuditEntry = await self._write(cancel)
-        return entry
+        outcome: CancelOutcome = await self._write(cancel)
+        return outcome
 
     async def get(self, job_id: str) -> Job | None:
         job: Job | None = await self._file.run(admin.get_job, job_id)

@@ -65,6 +65,8 @@ class Layout:
     counts: str | None = None
     #: The table of tasks' results (the product's, ``RESULT_TABLES``); ``None`` keeps none (the lab's).
     results: str | None = None
+    #: Whether the jobs table has ``cancel_requested_at`` (the product's, ``CANCEL_REQUESTS``; the lab's has not).
+    cancels: bool = False
 
 
 LAB = Layout(
@@ -81,6 +83,7 @@ PRODUCT = Layout(
     errors="asyncq_errors",
     counts="asyncq_counts",
     results="asyncq_results",
+    cancels=True,
     payload=("queue", "body"),
     scope="AND queue = :queue",
     ddl=(
@@ -159,6 +162,15 @@ RESULT_TABLES = (
     """CREATE TABLE IF NOT EXISTS asyncq_results (job_seq INTEGER PRIMARY KEY, value TEXT NOT NULL,
   at_ms INTEGER NOT NULL, expires_at INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS asyncq_results_expiry ON asyncq_results(expires_at)",
+)
+
+# Version 7: a cancel requested while a job is leased (``Queue.cancel``), stored on its row in the cancel's
+# transaction (the note is in its audit row). The holder's renewal returns it; the sweep ends a row that carries one
+# once nobody holds it (pending again, or its lease expired). The index holds only rows with a request.
+CANCEL_REQUESTS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN cancel_requested_at INTEGER",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_cancel_requested ON asyncq_jobs(status)"
+    " WHERE cancel_requested_at IS NOT NULL AND status IN ('pending', 'leased')",
 )
 
 # The transactional outbox (``asyncq.outbox``): items in ``seq`` order, the operators' audit, and the relay's one

@@ -91,11 +91,13 @@ LAST_SEQ = """
 SELECT coalesce(max(seq), 0) FROM {jobs}
 """
 
+# The renewal returns, fenced like itself, whether a cancel was requested (``{cancel_requested}``: the product's
+# ``cancel_requested_at IS NOT NULL``; the lab's tables have no such column).
 EXTEND = """
 UPDATE {jobs} SET lease_until = min(:now + :lease_ms, deadline)
 WHERE id = :id AND status = 'leased' AND owner = :owner AND token = :token AND attempts = :attempt
   AND lease_until = :lease_until AND :now < lease_until AND :now < deadline
-RETURNING lease_until
+RETURNING lease_until, {cancel_requested}
 """
 
 # ``{audit_seq}``/``{audit_seq_value}``: the product's audit rows also name the job's ``seq`` (an id pruned and
@@ -106,7 +108,7 @@ INSERT INTO {audit} (id, token, at_ms, note{audit_seq}) VALUES (:id, :token, :no
 
 REDRIVE = """
 UPDATE {jobs} SET status = 'pending', attempts = 0, available_at = :now, deadline = :deadline,
-    owner = NULL, lease_until = NULL, reason = NULL
+    owner = NULL, lease_until = NULL, reason = NULL{clear_cancel}
 WHERE seq = :seq AND status = 'dead'
 """
 
@@ -134,6 +136,8 @@ def sql(layout: Layout, name: str) -> str:
         results=layout.results,
         audit_seq=", job_seq" if layout.errors is not None else "",
         audit_seq_value=", :seq" if layout.errors is not None else "",
+        cancel_requested="cancel_requested_at IS NOT NULL" if layout.cancels else "0",
+        clear_cancel=", cancel_requested_at = NULL" if layout.cancels else "",
     )
 
 
@@ -212,10 +216,25 @@ def _in_list_size(count: int) -> int:
     return 1 << (count - 1).bit_length()
 
 
-# Product-only statements (the lab has no cancel and no operator queries).
+# Product-only statements (the lab has no cancel and no operator queries). A cancel ends a job nobody holds (pending,
+# or leased under an expired lease: ``core.lifecycle.decide_cancel`` decided it on the row read in this transaction).
 CANCEL = """
 UPDATE {jobs} SET status = 'dead', reason = 'cancelled', available_at = :now, owner = NULL, lease_until = NULL
-WHERE seq = :seq AND status = 'pending'
+WHERE seq = :seq AND status IN ('pending', 'leased')
+"""
+
+# A cancel of a job held under a live lease: the request, kept on the row for its holder (a second one keeps the first).
+REQUEST_CANCEL = """
+UPDATE {jobs} SET cancel_requested_at = :now
+WHERE seq = :seq AND status = 'leased' AND cancel_requested_at IS NULL
+"""
+
+# The sweep's third statement (the product's): a row with a cancel request that nobody holds any more (retried or
+# released with it, or its lease expired) ends dead, never run again. Its WHERE is the partial index's.
+SWEEP_CANCELLED = """
+UPDATE {jobs} SET status = 'dead', reason = 'cancelled', available_at = :now, owner = NULL, lease_until = NULL
+WHERE cancel_requested_at IS NOT NULL AND status IN ('pending', 'leased')
+  AND (status = 'pending' OR lease_until <= :now)
 """
 
 AUDIT_ACTION = """
@@ -254,4 +273,4 @@ INSERT OR REPLACE INTO {results} (job_seq, value, at_ms, expires_at) VALUES (?, 
 """
 
 NAMES |= {"CANCEL": CANCEL, "AUDIT_ACTION": AUDIT_ACTION, "RELEASE": RELEASE, "KEEP_ERROR": KEEP_ERROR}
-NAMES |= {"KEEP_RESULT": KEEP_RESULT}
+NAMES |= {"KEEP_RESULT": KEEP_RESULT, "REQUEST_CANCEL": REQUEST_CANCEL, "SWEEP_CANCELLED": SWEEP_CANCELLED}
