@@ -25,6 +25,7 @@ JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
 _REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
+_REDRIVES += ", j.priority"  # Job.from_row: the redrive count, then the priority
 _LISTED = (
     f"SELECT {JOB_COLUMNS}, {_REDRIVES} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
 )

@@ -29,6 +29,7 @@ JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
+_REDRIVES += ", j.priority"  # Job.from_row: the redrive count, then the priority
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"

@@ -8,6 +8,7 @@ import sqlite3
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     ERROR_TABLES,
+    FLOW_CONTROL,
     JOB_COUNTS,
     PRODUCT,
     PRODUCT_TABLES,
@@ -38,6 +39,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     AUDIT_JOB_SEQ,  # version 4: audit rows name their job's seq
     (*JOB_COUNTS, *RECOUNT),  # version 5: the job counts kept by triggers, counted once from the rows
     RESULT_TABLES,  # version 6: tasks' results
+    FLOW_CONTROL,  # version 7: priorities, the queues' stored settings (pause, max_wait) and their audit
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

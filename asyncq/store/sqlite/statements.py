@@ -48,6 +48,38 @@ WHERE seq IN (
 RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts
 """
 
+# The product's claim, in ``core.claim_plan``'s order (``claim_rank``): a job ready for longer than its queue's
+# ``max_wait`` first (``late``, oldest first; none when the queue has no ``max_wait``), then higher priority, then
+# the earlier ``available_at``, then ``seq``. Each branch seeks its own index and stops at ``:limit`` (``late``:
+# ``asyncq_jobs_waiting``; ready: ``asyncq_jobs_ranked``, whose order is the branch's, so no sort; the
+# ``+available_at`` keeps the planner off the waiting index there; expired leases: few, from ``asyncq_jobs_leased``);
+# a row found by two branches has the same values in both, so ``UNION`` keeps it once. ``flow`` is the queue's stored
+# settings row: while it says paused, nothing is claimed. RETURNING adds the rank's columns after the ticket's.
+CLAIM_RANKED = """
+WITH flow AS (SELECT paused_at, :now - max_wait_ms AS late_at FROM {settings} WHERE queue = :queue),
+ready AS (
+  SELECT * FROM (SELECT seq, 1 AS late, priority, available_at FROM {jobs}
+                 WHERE status = 'pending' AND queue = :queue AND available_at <= (SELECT late_at FROM flow)
+                 ORDER BY available_at, seq LIMIT :limit)
+  UNION
+  SELECT * FROM (SELECT seq, available_at <= ifnull((SELECT late_at FROM flow), -1), priority, available_at
+                 FROM {jobs} WHERE status = 'pending' AND queue = :queue AND +available_at <= :now
+                 ORDER BY priority DESC, available_at, seq LIMIT :limit)
+  UNION
+  SELECT * FROM (SELECT seq, available_at <= ifnull((SELECT late_at FROM flow), -1), priority, available_at
+                 FROM {jobs} WHERE status = 'leased' AND lease_until <= :now AND queue = :queue
+                 ORDER BY priority DESC, available_at, seq LIMIT :limit)
+)
+UPDATE {jobs}
+SET status = 'leased', attempts = attempts + :count, token = token + 1, owner = :owner,
+    lease_until = min(:now + :lease_ms, deadline), reason = NULL
+WHERE seq IN (
+  SELECT seq FROM ready WHERE NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+  ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT :limit)
+RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts, available_at,
+  available_at <= ifnull((SELECT :now - s.max_wait_ms FROM {settings} s WHERE s.queue = {jobs}.queue), -1)
+"""
+
 # The finish: a compare-and-set that lands only on the row version each decision was made on (every column
 # it read), for one row or many in one statement. The rows of one statement share their change and their owner
 # (``?1`` … ``?5``, a ``FinishChange``); ``{rows}`` lists the rows, each a ``FinishRow`` (see ``finish_rows``).
@@ -114,6 +146,7 @@ NAMES = {
     "SWEEP_DEADLINE": SWEEP_DEADLINE,
     "SWEEP_EXHAUSTED": SWEEP_EXHAUSTED,
     "CLAIM": CLAIM,
+    "CLAIM_RANKED": CLAIM_RANKED,
     "EXTEND": EXTEND,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
@@ -132,6 +165,7 @@ def sql(layout: Layout, name: str) -> str:
         scope=layout.scope,
         errors=layout.errors,
         results=layout.results,
+        settings=layout.settings,
         audit_seq=", job_seq" if layout.errors is not None else "",
         audit_seq_value=", :seq" if layout.errors is not None else "",
     )
