@@ -338,8 +338,7 @@ class Job:
         its ``priority``."""
         values = list(row)
         values[3] = json.loads(values[3])
-        *fields, redrives, priority = values
-        return cls(*fields, redrives=redrives, priority=priority)
+        return cls(*values[:-2], redrives=values[-2], priority=values[-1])  # type: ignore[misc]
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,8 @@ def claim_rows_in_transaction(
 ) -> list[tuple[Any, ...]]:
     """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the layout's claim
     statement returns them (``seq, id, payload…, owner, token, attempts, lease_until, deadline, max_attempts``,
-    then the product's rank columns), in the claim order (the lab's: ``seq``; the product's: ``claim_rank``). ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
+    then the product's rank columns), in the claim order (the lab's: ``seq``; the product's: ``claim_rank``).
+    ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
     ``sweep=False`` skips the sweep, already run in this transaction (the sweeps cover every queue)."""
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
     params |= scope or {}
