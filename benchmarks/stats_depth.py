@@ -198,7 +198,7 @@ async def measure_depth(path: Path, con: sqlite3.Connection, depth: int, setting
 def plans(con: sqlite3.Connection) -> list[tuple[str, str, str]]:
     """``(side, statement, plan)`` for every statement, and the claim's plan."""
     found = []
-    claim = sql(PRODUCT, "CLAIM")
+    claim = sql(PRODUCT, PRODUCT.claim)
     claim_params = {"now": T0, "owner": "o", "lease_ms": 1, "limit": BATCH, "count": 1, "queue": "default"}
     listings = {f"LIST {status}{' newest' if newest else ''}": text for (status, newest), text in LIST_INDEXED.items()}
     listing_params = {"status": None, "queue": None, "reason": None, "after": 0, "limit": 100}

@@ -77,7 +77,7 @@ WHERE seq IN (
   SELECT seq FROM ready WHERE NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
   ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT :limit)
 RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts, available_at,
-  available_at <= ifnull((SELECT :now - s.max_wait_ms FROM {settings} s WHERE s.queue = {jobs}.queue), -1)
+  available_at <= ifnull((SELECT :now - max_wait_ms FROM {settings} WHERE queue = :queue), -1)
 """
 
 # The finish: a compare-and-set that lands only on the row version each decision was made on (every column
