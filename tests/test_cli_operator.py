@@ -83,6 +83,28 @@ def test_cancel_parks_a_pending_job_with_an_audit_row(db: Path) -> None:
     assert text.startswith("cancelled p-2 (now dead, reason cancelled); audit row")
 
 
+def test_pause_and_resume_are_stored_audited_and_shown_by_status(db: Path) -> None:
+    data = run_json("pause", "--db", "q.db", "mail", "--note", "provider outage", "--by", "ana", cwd=db.parent)
+    assert (data["queue"], data["audit"]["action"], data["audit"]["actor"]) == ("mail", "pause", "ana")
+    assert rows(db, "SELECT queue, paused_by, note FROM asyncq_queues") == [("mail", "ana", "provider outage")]
+    text = run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    assert "paused queues (no worker claims from them):" in text and "provider outage" in text and "ana" in text
+    again = run_cli("pause", "--db", "q.db", "mail", "--note", "twice", cwd=db.parent)
+    assert (
+        again.returncode == 1
+        and again.stderr == "asyncq: error: queue 'mail' is already paused (by ana: provider outage)\n"
+    )
+    usage = run_cli("pause", "--db", "q.db", "mail", cwd=db.parent)
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1 and "--note" in usage.stderr
+    bad = run_cli("resume", "--db", "q.db", "mail", "--note", "line\nbreak", cwd=db.parent)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    text = run_cli("resume", "--db", "q.db", "mail", "--note", "provider back", cwd=db.parent).stdout
+    assert text.startswith("resumed queue mail (by ") and "provider back" in text
+    moves = rows(db, "SELECT queue, action, note FROM asyncq_queue_audit ORDER BY seq")
+    assert moves == [("mail", "pause", "provider outage"), ("mail", "resume", "provider back")]
+    assert "paused queues: none" in run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+
+
 def test_prune_previews_then_deletes_old_finished_jobs_and_keeps_their_audit(db: Path) -> None:
     before = fingerprint(db)
     preview = run_json("prune", "--db", "q.db", "--older-than", "7d", cwd=db.parent)
