@@ -281,3 +281,46 @@ def test_a_job_that_kills_its_worker_every_time_still_ends_dead_after_its_attemp
 async def _enqueue_poison(db: Path) -> None:
     async with await Queue.open(db) as queue:
         await queue.enqueue("poison", {"poison": True}, max_attempts=3, ttl=600)
+
+
+# --- pause from another process ------------------------------------------------------------------------
+
+
+def test_a_pause_from_another_process_stops_the_pools_claims_and_resume_restarts_them(workers: Workers) -> None:
+    enqueue(workers.db, 60)
+    worker = workers.start("w1", concurrency=2, handler_seconds=0.05, grace=5, lease_ms=5_000, poll_max=0.05)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM started") >= 4, 15, "the pool working")
+
+    async def move(paused: bool) -> None:
+        async with await Queue.open(workers.db) as queue:  # this test's process, not the pool's
+            if paused:
+                await queue.pause("default", note="provider outage", by="test")
+            else:
+                await queue.resume("default", note="provider back", by="test")
+
+    asyncio.run(move(True))
+    # Everything the pool holds now was claimed before the pause: in flight, or claimed ahead into its buffer.
+    held = {job_id for (job_id,) in query(workers.db, "SELECT id FROM asyncq_jobs WHERE status = 'leased'")}
+    ended = {job_id for (job_id,) in query(workers.db, "SELECT id FROM asyncq_jobs WHERE status = 'done'")}
+    # The pool finishes what it holds (each finish is a group commit that also claims for the freed slot) ...
+    workers.wait_until(
+        lambda: count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'leased'") == 0,
+        15,
+        "the jobs held at the pause finished",
+    )
+    # ... and those claims found nothing: no job beyond those it held has started, or left pending.
+    started = {job_id for (job_id,) in query(workers.effects, "SELECT DISTINCT id FROM started")}
+    assert started <= held | ended, started - held - ended
+    done = count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'")
+    assert done == len(held | ended) < 60
+    assert count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'pending'") == 60 - done
+    asyncio.run(move(False))
+    workers.wait_until(
+        lambda: count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'") == 60,
+        20,
+        "every job done after the resume",
+    )
+    code, counters = workers.stop(worker, timeout=10)
+    assert code == 0 and counters["finished"] == {"done": 60}, workers.stderr()
+    moves = query(workers.db, "SELECT action, actor, note FROM asyncq_queue_audit ORDER BY seq")
+    assert moves == [("pause", "test", "provider outage"), ("resume", "test", "provider back")]
