@@ -35,7 +35,7 @@ WHERE seq IN (
 # longer than its queue's ``max_wait`` first (``late``, oldest first; none without a ``max_wait``), then higher
 # priority, then the earlier ``available_at``, then seq; pending and available, or leased with an expired lease.
 # Each branch seeks its own index in its own order (``jobs_waiting``, ``jobs_ranked``, ``jobs_leased``) and stops at
-# the limit; a row two branches found (locked by this transaction, so not skipped) is kept once by ``UNION``.
+# the limit; the branches are disjoint (the ready branch leaves the late jobs to theirs), so ``UNION ALL``.
 # ``flow`` is the queue's stored settings row: while it says paused, no branch returns a row. A row the sweep
 # skipped (another transaction held it) is never leased past its budget: each branch repeats the sweep's conditions.
 # RETURNING adds the rank's columns after the ticket's.
@@ -50,6 +50,7 @@ WITH flow AS MATERIALIZED (
 ), pending AS MATERIALIZED (
   SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= $2 AND deadline > $2 AND attempts < max_attempts
+    AND NOT coalesce(available_at <= (SELECT late_at FROM flow), false)
     AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
   ORDER BY priority DESC, available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
 ), expired AS MATERIALIZED (
@@ -60,7 +61,7 @@ WITH flow AS MATERIALIZED (
 ), chosen AS MATERIALIZED (
   SELECT seq, late FROM (
     SELECT seq, priority, available_at, coalesce(available_at <= (SELECT late_at FROM flow), false) AS late
-    FROM (SELECT * FROM late UNION SELECT * FROM pending UNION SELECT * FROM expired) c
+    FROM (SELECT * FROM late UNION ALL SELECT * FROM pending UNION ALL SELECT * FROM expired) c
   ) r ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT $3
 )
 UPDATE {schema}.jobs j
