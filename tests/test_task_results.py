@@ -223,7 +223,7 @@ def test_a_version_5_file_migrates_to_keep_results(tmp_path: Path) -> None:
             for statement in step:
                 con.execute(statement)
         con.execute("PRAGMA user_version = 5")
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
 
     async def use() -> str:
         async with asyncq.open(path) as queue:
@@ -233,7 +233,7 @@ def test_a_version_5_file_migrates_to_keep_results(tmp_path: Path) -> None:
 
     assert asyncio.run(use()) == "old@b.example"
     with sqlite3.connect(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone() == (6,)
+        assert con.execute("PRAGMA user_version").fetchone() == (7,)
 
 
 async def test_asyncq_show_prints_the_result(tmp_path: Path) -> None:
