@@ -105,6 +105,21 @@ def test_pause_and_resume_are_stored_audited_and_shown_by_status(db: Path) -> No
     assert "paused queues: none" in run_cli("status", "--db", "q.db", cwd=db.parent).stdout
 
 
+def test_max_wait_is_set_and_cleared_audited_and_priorities_take_a_sign(db: Path) -> None:
+    data = run_json("max-wait", "--db", "q.db", "mail", "10m", "--note", "bound the digest", cwd=db.parent)
+    assert (data["audit"]["action"], data["audit"]["max_wait_ms"]) == ("max_wait", 600_000)
+    assert "max_wait: mail 10m00s" in run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    run_json("max-wait", "--db", "q.db", "mail", "none", cwd=db.parent)
+    assert rows(db, "SELECT max_wait_ms FROM asyncq_queues WHERE queue = 'mail'") == [(None,)]
+    refused = run_cli("max-wait", "--db", "q.db", "mail", "0s", cwd=db.parent)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    added = run_json("enqueue", "--db", "q.db", "low-1", "{}", "--priority", "-100", cwd=db.parent)
+    assert added["added"] == 1 and rows(db, "SELECT priority FROM asyncq_jobs WHERE id = 'low-1'") == [(-100,)]
+    for bad in ("101", "+5", "1.5", "-"):
+        done = run_cli("enqueue", "--db", "q.db", "low-2", "{}", "--priority", bad, cwd=db.parent)
+        assert done.returncode == 2 and "--priority" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_prune_previews_then_deletes_old_finished_jobs_and_keeps_their_audit(db: Path) -> None:
     before = fingerprint(db)
     preview = run_json("prune", "--db", "q.db", "--older-than", "7d", cwd=db.parent)

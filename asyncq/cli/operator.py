@@ -113,6 +113,14 @@ async def resume(args: argparse.Namespace) -> Report:
     return report({"path": args.db, "queue": args.queue, "audit": queue_audit_record(entry)}, out.render_queue_move)
 
 
+async def max_wait(args: argparse.Namespace) -> Report:
+    """Set (``none``: clear) a queue's ``max_wait``."""
+    wait = None if args.wait is None else args.wait / 1000
+    async with await writing(args) as queue:
+        entry = await queue.set_max_wait(args.queue, wait, note=args.note, by=args.by or _operator())
+    return report({"path": args.db, "queue": args.queue, "audit": queue_audit_record(entry)}, out.render_queue_move)
+
+
 async def prune(args: argparse.Namespace) -> Report:
     """Preview (``--apply`` to delete) the done and dead jobs that ended longer ago than ``--older-than``; one
     ``now`` for the whole command, so the preview's figures are exactly what the delete meets."""

@@ -229,7 +229,10 @@ def queue_settings_text(queues: Sequence[dict[str, Any]], now_ms: int) -> str:
 
 def render_queue_move(data: dict[str, Any]) -> str:
     audit = data["audit"]
-    done = {"pause": "paused", "resume": "resumed"}[audit["action"]]
+    wait = audit["max_wait_ms"]
+    done = {"pause": "paused", "resume": "resumed"}.get(audit["action"])
+    if done is None:
+        done = f"set max_wait {'none' if wait is None else span(wait)} on"
     return f"{done} queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']} note {audit['note']}"
 
 
