@@ -47,8 +47,10 @@ def plan_claim(wants: Sequence[int], total: int | None, start_now: int | None) -
     """The plan for claiming up to ``wants[i]`` jobs of each queue, at most ``total`` in all (``None``: no bound),
     the first ``start_now`` of them counted (``None``: all, and nothing is claimed ahead).
 
-    This is the seam for the rules of a claim: a rule about a queue (a pause, a concurrency limit) lowers its
-    want here, a priority orders the wants here; the drivers run whatever plan comes out."""
+    This is the seam for the rules of a claim decided from values: a rule about a queue (a concurrency limit)
+    lowers its want here; the drivers run whatever plan comes out. Stored state that no process may act on stale
+    (a pause, a ``max_wait``) is read by the claim statement itself, and the order within a queue is
+    ``claim_rank``'s (below)."""
     sweep = (total is None or total > 0) and any(n > 0 for n in wants)
     first = start_now if start_now is not None else total
     phases: tuple[tuple[bool, int | None], ...] = ((True, first),)
