@@ -324,3 +324,36 @@ def test_a_pause_from_another_process_stops_the_pools_claims_and_resume_restarts
     assert code == 0 and counters["finished"] == {"done": 60}, workers.stderr()
     moves = query(workers.db, "SELECT action, actor, note FROM asyncq_queue_audit ORDER BY seq")
     assert moves == [("pause", "test", "provider outage"), ("resume", "test", "provider back")]
+
+
+def test_a_pause_from_another_process_stops_a_pool_on_postgresql(workers: Workers, postgres_url: str) -> None:
+    async def read(what: str) -> Any:
+        async with await Queue.open(postgres_url) as queue:
+            if what == "fill":
+                await queue.enqueue_many(JobSpec(f"job-{i:02d}", {"i": i}) for i in range(40))
+                return None
+            if what in ("pause", "resume"):
+                move = queue.pause if what == "pause" else queue.resume
+                return await move("default", note=f"{what} from the test", by="test")
+            return {job.id: job.status for job in await queue.list_jobs(limit=100, body=False)}
+
+    def statuses() -> dict[str, str]:
+        found: dict[str, str] = asyncio.run(read("statuses"))
+        return found
+
+    asyncio.run(read("fill"))
+    workers.db = postgres_url  # type: ignore[assignment]  (the worker opens a URL as it opens a path)
+    worker = workers.start("w1", concurrency=2, handler_seconds=0.05, grace=5, lease_ms=5_000, poll_max=0.05)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM started") >= 4, 15, "the pool working")
+    asyncio.run(read("pause"))
+    # A claim whose statement began before the pause committed may still land (docs/flow-control.md); after it,
+    # the pool finishes what it holds, and the claims of those finishing commits find nothing.
+    workers.wait_until(lambda: "leased" not in statuses().values(), 15, "the jobs held at the pause finished")
+    started = {job_id for (job_id,) in query(workers.effects, "SELECT DISTINCT id FROM started")}
+    after = statuses()
+    done = {job_id for job_id, status in after.items() if status == "done"}
+    assert started == done and len(done) < 40 and set(after.values()) == {"done", "pending"}
+    asyncio.run(read("resume"))
+    workers.wait_until(lambda: set(statuses().values()) == {"done"}, 20, "every job done after the resume")
+    code, counters = workers.stop(worker, timeout=10)
+    assert code == 0 and counters["finished"] == {"done": 40}, workers.stderr()
