@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     specs = [JobSpec(job_id, json.loads(body_of(job_id)), max_attempts=args.max_attempts) for job_id in ids]
     fleet, nemesis, drained_in, ends = exercise(args, folder, store, specs, started)
     report: dict[str, Any] = {"store": args.store, "seed": args.seed, "jobs": args.jobs, "workers": args.workers}
-    report |= check(store, fleet.inbox, fleet.options.events, set(ids))
+    report |= check(store, fleet.inbox, fleet.options.events, set(ids), nemesis.held_at_kills)
     report |= nemesis_figures(nemesis, fleet)
     report["final_exit_codes"] = dict(Counter(str(end.code) for end in ends))
     report["unclean_stops"] = [vars(end) for end in ends if end.code not in (0, -15)]

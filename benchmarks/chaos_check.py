@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from chaos_store import InboxRows, JobRow, integrity_check, read_inbox
+from chaos_store import Held, InboxRows, JobRow, integrity_check, read_inbox
 
 
 def body_of(job_id: str) -> str:
@@ -34,6 +34,7 @@ class WorkerEvents(NamedTuple):
     """What the workers' event log recorded (``chaos_worker``)."""
 
     starts: Counter[str]
+    started: set[tuple[str, int]]  # (job id, token) of every start
     failures: Counter[str]  # failed deliveries by job id
     failure_kinds: Counter[str]  # failed deliveries by error type
     stale_finishes: int
@@ -42,6 +43,7 @@ class WorkerEvents(NamedTuple):
 
 def read_events(path: Path) -> WorkerEvents:
     starts: Counter[str] = Counter()
+    started: set[tuple[str, int]] = set()
     failures: Counter[str] = Counter()
     failure_kinds: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
@@ -50,10 +52,11 @@ def read_events(path: Path) -> WorkerEvents:
         kinds[kind] += 1
         if kind == "S":
             starts[rest[0]] += 1
+            started.add((rest[0], int(rest[1])))
         elif kind == "F":
             failures[rest[0]] += 1
             failure_kinds[rest[3]] += 1
-    return WorkerEvents(starts, failures, failure_kinds, kinds["X"], kinds["L"])
+    return WorkerEvents(starts, started, failures, failure_kinds, kinds["X"], kinds["L"])
 
 
 def percentile(values: Sequence[float], percent: float) -> float | None:
@@ -104,8 +107,20 @@ def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, ev
     }
 
 
-def check(store: Any, inbox_path: Path, events_path: Path, expected: set[str]) -> dict[str, Any]:
-    """The checker's figures about the stores (the nemesis adds its own)."""
+def caught_before_start(held_at_kills: Iterable[tuple[str, Held]], started: set[tuple[str, int]]) -> int:
+    """Leases a kill found with an attempt counted and no start under their token. A pool counts the attempt of
+    a job it claims for a free slot in the claim's commit (a job claimed ahead, for its buffer, only once a
+    handler starts it), so a kill between that commit and the handler's first step spends the attempt. With one
+    attempt a job (no lease is taken again once counted) these are exactly the attempts spent without a start
+    that the design allows; any other is a bug."""
+    return sum(1 for job_id, (token, attempts) in held_at_kills if attempts > 0 and (job_id, token) not in started)
+
+
+def check(
+    store: Any, inbox_path: Path, events_path: Path, expected: set[str], held_at_kills: Iterable[tuple[str, Held]] = ()
+) -> dict[str, Any]:
+    """The checker's figures about the stores (the nemesis adds its own; ``held_at_kills`` is each lease a
+    killed worker held, as the kill left it)."""
     events = read_events(events_path)
     inbox = read_inbox(inbox_path)
     figures = job_figures(store.jobs(), expected, inbox, events)
@@ -126,6 +141,7 @@ def check(store: Any, inbox_path: Path, events_path: Path, expected: set[str]) -
         "dead_every_attempt_failed": figures["dead_every_attempt_failed"],
         "dead_but_applied": figures["dead_but_applied"],
         "attempts_without_start": figures["attempts_without_start"],
+        "counted_leases_killed_before_start": caught_before_start(held_at_kills, events.started),
         "redeliveries": sum(count - 1 for count in events.starts.values() if count > 1),
         "failed_deliveries": dict(events.failure_kinds.most_common()),
         "duplicates_absorbed": sum(duplicates for _id, _body, duplicates, _conflicts in inbox.events),

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chaos_fleet import Fleet, Slot, wait_stopped
+from chaos_store import Held
 
 TICK = 0.02  # how often the nemesis looks for exited processes and re-claimed jobs
 
@@ -36,7 +37,7 @@ TICK = 0.02  # how often the nemesis looks for exited processes and re-claimed j
 class Store(Protocol):
     """What the nemesis asks of a store (``chaos_store``)."""
 
-    def leases_of(self, owner: str) -> dict[str, int]: ...
+    def leases_of(self, owner: str) -> dict[str, Held]: ...
     def lease_owners(self) -> set[str]: ...
     def lease_states(self, ids: list[str]) -> dict[str, tuple[str, int]]: ...
     def write_lock_holder(self) -> int | None: ...
@@ -79,10 +80,10 @@ class RecoveryWatch:
             self._thread.join()
         self.poll()
 
-    def add(self, leases: dict[str, int], killed_at: float) -> None:
+    def add(self, leases: dict[str, Held], killed_at: float) -> None:
         with self._lock:
             self.orphaned += len(leases)
-            for job_id, token in leases.items():
+            for job_id, (token, _attempts) in leases.items():
                 if job_id in self.outstanding:  # re-claimed and orphaned again between two polls
                     self.recovery_ms.append((killed_at - self.outstanding[job_id][0]) * 1000)
                 self.outstanding[job_id] = (killed_at, token)
@@ -122,6 +123,7 @@ class Nemesis:
     stops: list[dict[str, Any]] = field(default_factory=list)
     probe: dict[str, Any] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
+    held_at_kills: list[tuple[str, Held]] = field(default_factory=list)  # each lease a killed worker held
 
     def run(self, plan: Plan, feed: Callable[[str], None], enqueue_probe: Callable[[], None]) -> None:
         """The four steps in order (a stop of 0 seconds is skipped). As each starts, ``feed(step)`` enqueues
@@ -192,7 +194,9 @@ class Nemesis:
         self.fleet.kill(slot)
         killed_at = time.monotonic()
         self.kills += 1
-        self.watch.add(self.store.leases_of(slot.owner), killed_at)
+        held = self.store.leases_of(slot.owner)  # final: the process is reaped, nothing renews or finishes them
+        self.held_at_kills += held.items()
+        self.watch.add(held, killed_at)
         self.fleet.start(slot)
 
     def kill_receiver(self, down_s: float) -> None:

@@ -25,6 +25,13 @@ from asyncq import JobSpec, Queue
 ENQUEUE_BATCH = 1000
 
 
+class Held(NamedTuple):
+    """A lease as a kill left it: its fencing token and the job's attempts counted so far."""
+
+    token: int
+    attempts: int
+
+
 class JobRow(NamedTuple):
     """A job as the checker reads it."""
 
@@ -75,11 +82,13 @@ class SqliteStore:
             rows = con.execute("SELECT status, count(*) FROM asyncq_jobs GROUP BY status").fetchall()
         return {"pending": 0, "leased": 0, "done": 0, "dead": 0} | dict(rows)
 
-    def leases_of(self, owner: str) -> dict[str, int]:
-        """``{job id: token}`` of the leases ``owner`` holds (expired or not)."""
+    def leases_of(self, owner: str) -> dict[str, Held]:
+        """``{job id: (token, attempts)}`` of the leases ``owner`` holds (expired or not)."""
         with fresh_connection(self.path) as con:
-            rows = con.execute("SELECT id, token FROM asyncq_jobs WHERE status = 'leased' AND owner = ?", (owner,))
-            return dict(rows.fetchall())
+            rows = con.execute(
+                "SELECT id, token, attempts FROM asyncq_jobs WHERE status = 'leased' AND owner = ?", (owner,)
+            )
+            return {job_id: Held(token, attempts) for job_id, token, attempts in rows.fetchall()}
 
     def lease_owners(self) -> set[str]:
         """The owners holding at least one lease (expired or not)."""

@@ -6,7 +6,8 @@ Two runs, each once for the module (``docs/reliability.md`` has their figures an
   (a worker holding leases every 200-300 ms, then the receiver too), a worker SIGSTOPped past its lease,
   another while it holds the write lock; then the quiet drain and the checker (40-80 s on 2 shared cores);
 - a short run with one attempt per job and no stops (8 s of kills, about 15 s): with a single attempt, any
-  attempt a kill spends on a job no handler started leaves that job dead, never sent.
+  attempt a kill spends on a job no handler started leaves that job dead, never sent; only a lease claimed for
+  a free slot (counted in the claim's commit) that a kill caught before its handler began may do so.
 
 Sizes and seed can be changed: ``ASYNCQ_CHAOS_JOBS``, ``ASYNCQ_CHAOS_DURATION``, ``ASYNCQ_CHAOS_SEED``.
 """
@@ -125,13 +126,14 @@ def test_the_one_attempt_run_is_correct_and_killed_workers_that_held_jobs(
     assert report["recovery_ms"]["swept_dead"] > 0  # one attempt: an orphaned job is not claimed again
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="KNOWN REGRESSION since the pool's split (issue 27 point 5): under SIGKILL a few claimed-ahead jobs have "
-    "an attempt counted without a handler start (6 of 5,000 in one CI-sized run; 4 of 30 chaos runs); cause not "
-    "found yet, the first thing to fix",
-)
-def test_a_sigkill_spends_no_attempt_of_a_job_no_handler_started(one_attempt_run: tuple[int, dict[str, Any]]) -> None:
+def test_a_sigkill_spends_no_attempt_of_a_job_claimed_ahead(one_attempt_run: tuple[int, dict[str, Any]]) -> None:
+    """A pool counts the attempt of a job claimed for a free slot in the claim's commit, so a kill between that
+    commit and the handler's first step spends it (the window is one turn of the event loop; on two busy cores
+    the nemesis lands in it now and then). A job claimed ahead into the buffer is counted only once a handler
+    starts it. With one attempt a job, every attempt spent without a start must be one of the counted leases a
+    kill caught unstarted, and each leaves its job dead, never sent: nothing else may spend one."""
     _code, report = one_attempt_run
-    assert report["attempts_without_start"] == 0
-    assert report["dead_never_started"] == 0
+    caught = report["counted_leases_killed_before_start"]
+    assert report["attempts_without_start"] == caught, report
+    assert report["dead_never_started"] == caught
+    assert caught <= report["kills"] * 8  # at most one claim's free slots (8 tasks a worker) a kill

@@ -34,7 +34,7 @@ def run(plan: ClaimPlan, ready: list[int]) -> tuple[list[Claim], list[int], list
     the jobs claimed counted and claimed ahead."""
     left, counted, ahead = list(ready), [0] * len(ready), [0] * len(ready)
     claims: list[Claim] = []
-    taken = 0
+    taken, dry = 0, set()
     claim = next_claim(plan, 0, 0)
     while claim is not None:
         claims.append(claim)
@@ -42,7 +42,9 @@ def run(plan: ClaimPlan, ready: list[int]) -> tuple[list[Claim], list[int], list
         left[claim.queue] -= got
         (counted if claim.counts else ahead)[claim.queue] += got
         taken += got
-        claim = next_claim(plan, claim.step + 1, taken)
+        if got < claim.limit:
+            dry.add(claim.queue)
+        claim = next_claim(plan, claim.step + 1, taken, dry)
     return claims, counted, ahead
 
 
@@ -72,6 +74,17 @@ def test_the_claim_plan_takes_each_queues_want_within_each_phases_budget(
     assert all(claim.limit > 0 for claim in claims)
     assert [claim.step for claim in claims] == sorted({claim.step for claim in claims})  # each step once, in order
     assert [claim.counts for claim in claims] == sorted((c.counts for c in claims), reverse=True)  # counted first
+
+
+def test_a_queue_whose_claim_came_back_short_is_not_asked_again_in_the_same_commit() -> None:
+    # One job ready, two free slots and room ahead: one statement (the counted claim finds it and runs dry).
+    claims, counted, ahead = run(plan_claim([6], 6, 2), [1])
+    assert (counted, ahead) == ([1], [0])
+    assert [(claim.queue, claim.counts) for claim in claims] == [(0, True)]
+    # The dry queue is passed over, the other queue still claims ahead; a full claim leaves its queue asked.
+    claims, counted, ahead = run(plan_claim([2, 2], 8, 2), [1, 9])
+    assert (counted, ahead) == ([1, 1], [0, 2])
+    assert [(claim.queue, claim.counts) for claim in claims] == [(0, True), (1, True), (1, False)]
 
 
 @pytest.mark.parametrize(

@@ -7,19 +7,24 @@ statement, asking ``next_claim`` what to claim after each claim statement::
 
     plan = plan_claim([n for _queue, n in wants], total, start_now)
     if plan.sweep: ...run the sweep...
-    claim, taken = next_claim(plan, 0, 0), 0
+    claim, taken, dry = next_claim(plan, 0, 0), 0, set()
     while claim is not None:
         rows = ...claim up to claim.limit jobs of wants[claim.queue], counting the attempt if claim.counts...
         taken += len(rows)
-        claim = next_claim(plan, claim.step + 1, taken)
+        if len(rows) < claim.limit:
+            dry.add(claim.queue)
+        claim = next_claim(plan, claim.step + 1, taken, dry)
 
 How many a claim may take depends on what the claims before it found (a queue with fewer ready jobs than it
-wants leaves room for the next), so the plan is a step function of the rows claimed so far, not a list.
+wants leaves room for the next), so the plan is a step function of the rows claimed so far, not a list. A queue
+whose claim came back short has no ready job left in this transaction (the write lock is held and ``now`` is
+fixed), so no later claim of the same commit asks it again: a pool's claim of one job for a free slot is one
+statement, not two (the empty claim ahead cost 20 µs of the 140 µs a one-job commit holds the lock).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 
@@ -59,12 +64,15 @@ def plan_claim(wants: Sequence[int], total: int | None, start_now: int | None) -
     return ClaimPlan(tuple(wants), phases, sweep)
 
 
-def next_claim(plan: ClaimPlan, step: int, taken: int) -> Claim | None:
+def next_claim(plan: ClaimPlan, step: int, taken: int, dry: Collection[int] = ()) -> Claim | None:
     """The first claim statement of ``plan`` from ``step`` on that may take a job, once the statements before
-    it claimed ``taken`` jobs in all; ``None`` when the plan is done. A claim takes at most its queue's want,
-    and no more than its phase's budget leaves."""
+    it claimed ``taken`` jobs in all and the queues in ``dry`` (their places in ``wants``) came back short;
+    ``None`` when the plan is done. A claim takes at most its queue's want, and no more than its phase's budget
+    leaves."""
     width = len(plan.wants)
     for at in range(step, width * len(plan.phases)):
+        if at % width in dry:
+            continue
         count, budget = plan.phases[at // width]
         want = plan.wants[at % width]
         limit = want if budget is None else min(want, budget - taken)

@@ -6,6 +6,8 @@ connection of the test's own; ``expect`` is the state before plus the named chan
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,3 +155,33 @@ async def test_the_effect_sees_its_own_rows_and_the_earlier_batches(inbox: Inbox
     await inbox.record([event("e-1")], T0, effect)
     await inbox.record([event("e-2"), event("e-3")], T0, looks)
     assert seen == [[("e-1",), ("e-2",)], [("e-1",), ("e-2",), ("e-3",)]]
+
+
+async def test_two_hosts_recording_the_same_ids_in_opposite_orders_each_apply_every_id_once(
+    driver: Driver, tmp_path: Path
+) -> None:
+    """Two stores on one inbox (two hosts), each recording the same batch of ids, one in the other's reverse
+    order, with an effect slow enough that the batches overlap. On PostgreSQL each batch's inserts wait for the
+    other's rows, so in opposite orders they would deadlock (the server then fails one batch); a batch takes its
+    ids' locks in one order first, so neither fails: every id applied once, every other answer a duplicate."""
+
+    def slow(tx: EffectTransaction, event_id: str, body: Any) -> None:
+        effect(tx, event_id, body)
+        time.sleep(0.01)
+
+    ids = [f"x-{n}" for n in range(8)]
+    async with driver.target(tmp_path, "inbox") as where:
+        first = await driver.open_inbox(where, [EFFECTS])
+        second = await driver.open_inbox(where, [EFFECTS])
+        try:
+            forward, backward = await asyncio.gather(
+                first.record([event(i) for i in ids], T0, slow),
+                second.record([event(i) for i in reversed(ids)], T0, slow),
+            )
+            answers = outcomes(forward) + outcomes(backward)
+            assert sorted(answers) == ["applied"] * len(ids) + ["duplicate"] * len(ids), answers
+            after = await read(first, driver)
+            assert after == State(InboxTotals(len(ids), len(ids), 0), [(i, 1) for i in ids])
+        finally:
+            await first.close()
+            await second.close()

@@ -9,15 +9,23 @@ as on SQLite; it runs in the store's effect thread and its statements run on the
 **Once per id across hosts.** A new id is claimed by ``INSERT … ON CONFLICT (id) DO NOTHING``: a receiver on
 another host inserting the same id waits for the first one's transaction, then finds the row (a duplicate) if it
 committed, or inserts it itself if it rolled back (a receiver killed mid-effect leaves nothing: the server rolls
-its transaction back when the connection drops). Two batches that insert the same ids in opposite orders can
-deadlock; the server breaks it, the losing batch fails whole (every event answered as failed, sent again).
+its transaction back when the connection drops).
+
+**No deadlock between crossing batches.** Two batches holding the same ids in opposite orders would each wait for
+the other's row. So a batch first takes a transaction-level advisory lock per id (``LOCK_IDS``), in the order of
+the lock keys, in one statement: a batch that meets another waits for it whole, and the effects still run in the
+batch's own order. An effect whose own rows cross another batch's can still deadlock (or meet a serialisation
+failure): the server breaks it and the batch, rolled back whole, is run again (``RETRIES`` times) before its
+events are answered as failed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import asyncpg
+from asyncpg import exceptions
 
 from asyncq.errors import StoreError
 from asyncq.store.port.inbox import InboxEffect, InboxEvent, InboxResult, InboxTotals
@@ -31,7 +39,12 @@ from asyncq.store.postgres.connection import (
     read_version,
 )
 from asyncq.store.postgres.effect_thread import EffectThread
+from asyncq.store.postgres.failures import PostgresBusy
 from asyncq.store.postgres.pooled import PooledStore, one_row, raise_translated
+
+log = logging.getLogger("asyncq.store.postgres.inbox")
+
+ROLLED_BACK = (exceptions.DeadlockDetectedError, exceptions.SerializationError)  # nothing of the batch is left
 
 INBOX = Migrations(
     component="inbox",
@@ -55,6 +68,11 @@ COUNT_REPEAT = """UPDATE {s}.inbox
 SET duplicates = duplicates + (body = $2)::int, conflicts = conflicts + (body <> $2)::int
 WHERE id = $1 RETURNING body = $2"""
 TOTALS = "SELECT count(*), coalesce(sum(duplicates), 0), coalesce(sum(conflicts), 0) FROM {s}.inbox"
+# One lock per distinct id, keyed in the schema's inbox, taken in key order (released at commit or rollback).
+LOCK_IDS = """SELECT count(pg_advisory_xact_lock(key)) FROM (
+  SELECT DISTINCT hashtextextended($2 || ':' || id, 0) AS key FROM unnest($1::text[]) AS id ORDER BY key
+) AS keys"""
+RETRIES = 3  # runs of a batch the server rolled back (a deadlock broken, a serialisation failure)
 RELEASE = "RELEASE inbox_event"
 ROLL_BACK = "ROLLBACK TO inbox_event; RELEASE inbox_event"
 
@@ -91,8 +109,17 @@ class PostgresInboxStore(PooledStore):
         return cls(*await cls.open_target(url, INBOX, run_ddl))
 
     async def record(self, events: Sequence[InboxEvent], now_ms: int, effect: InboxEffect | None) -> list[InboxResult]:
-        results: list[InboxResult] = await self._write(self._record_events, events, now_ms, effect)
-        return results
+        for run in range(1, RETRIES + 1):
+            try:
+                results: list[InboxResult] = await self._write(self._record_events, events, now_ms, effect)
+            except PostgresBusy as error:
+                if run == RETRIES or not isinstance(error.__cause__, ROLLED_BACK):
+                    raise
+                log.info("inbox batch of %d rolled back by the server (%s): run %d of %d", len(events), error, run + 1,
+                         RETRIES)  # fmt: skip
+                continue
+            return results
+        raise AssertionError("unreachable")
 
     async def _record_events(
         self, conn: Connection, schema: str, events: Sequence[InboxEvent], now_ms: int, effect: InboxEffect | None
@@ -100,6 +127,7 @@ class PostgresInboxStore(PooledStore):
         """Every event in the caller's transaction; with an effect, each in its savepoint (an event whose effect
         raises is rolled back alone and gets its exception; one that cannot be rolled back fails the batch)."""
         results: list[InboxResult] = []
+        await conn.fetchval(LOCK_IDS, [event.id for event in events], f"{schema}.inbox")
         for event in events:
             if effect is None:
                 results.append(await _record_event(conn, schema, event, now_ms) or "applied")

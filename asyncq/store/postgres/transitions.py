@@ -180,13 +180,16 @@ async def claim(
     columns), those counted first, and how many were."""
     claimed: list[tuple[Any, ...]] = []
     counted = 0
+    dry: set[int] = set()  # queues found with no ready job left
     step = next_claim(plan, 0, 0)
     while step is not None:
         queue = wants[step.queue][0]
         rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, step.limit, owner, lease_ms, int(step.counts))
         claimed += sorted((tuple(row) for row in rows), key=_rank)
         counted += len(rows) if step.counts else 0
-        step = next_claim(plan, step.step + 1, len(claimed))
+        if len(rows) < step.limit:
+            dry.add(step.queue)
+        step = next_claim(plan, step.step + 1, len(claimed), dry)
     return claimed, counted
 
 

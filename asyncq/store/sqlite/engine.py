@@ -394,6 +394,7 @@ def settle_and_claim_in_transaction(
         _sweep(con, layout, now_ms)
     claimed: list[tuple[Any, ...]] = []
     counted = 0
+    dry: set[int] = set()  # queues found with no ready job left
     claim = next_claim(plan, 0, 0)
     while claim is not None:
         rows = claim_rows_in_transaction(
@@ -409,7 +410,9 @@ def settle_and_claim_in_transaction(
         )
         claimed += rows
         counted += len(rows) if claim.counts else 0
-        claim = next_claim(plan, claim.step + 1, len(claimed))
+        if len(rows) < claim.limit:
+            dry.add(claim.queue)
+        claim = next_claim(plan, claim.step + 1, len(claimed), dry)
     return found, claimed, counted, activated
 
 
