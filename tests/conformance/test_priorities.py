@@ -154,3 +154,14 @@ async def test_the_same_id_with_another_priority_is_a_conflict(store: QueueStore
     with pytest.raises(Conflict):
         await queue.enqueue("job", {"v": 1}, priority=4)
     assert await dump(store) == before
+
+
+async def test_an_expired_lease_that_waited_past_max_wait_is_taken_back_first(store: QueueStore) -> None:
+    await enqueue(store, new("late-low", priority=-9), new("fresh-high", T0 + 100, priority=9))
+    assert await ids(store, T0 + 100) == ["fresh-high", "late-low"]  # both leased, both leases end at T0 + 1100
+    await Queue(store, clock=lambda: T0).set_max_wait("default", 1.0)
+    # At T0 + 1100 both leases have expired and both jobs have waited max_wait or longer (ready at T0 and T0 + 100):
+    # late jobs go oldest first whatever their priority, so one claim of one takes late-low.
+    assert await ids(store, T0 + 1_050, n=1) == []
+    assert await ids(store, T0 + 1_100, n=1) == ["late-low"]
+    assert await ids(store, T0 + 1_100, n=1) == ["fresh-high"]

@@ -57,7 +57,10 @@ WITH flow AS MATERIALIZED (
   SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'leased' AND queue = $1 AND lease_until <= $2 AND deadline > $2 AND attempts < max_attempts
     AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
-  ORDER BY priority DESC, available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
+  ORDER BY coalesce(available_at <= (SELECT late_at FROM flow), false) DESC,
+    CASE WHEN coalesce(available_at <= (SELECT late_at FROM flow), false) THEN 0 ELSE priority END DESC,
+    available_at, seq
+  LIMIT $3 FOR UPDATE SKIP LOCKED
 ), chosen AS MATERIALIZED (
   SELECT seq, late FROM (
     SELECT seq, priority, available_at, coalesce(available_at <= (SELECT late_at FROM flow), false) AS late

@@ -68,9 +68,9 @@ ready AS (
                    AND +available_at > ifnull((SELECT late_at FROM flow), -1)
                  ORDER BY priority DESC, available_at, seq LIMIT :limit)
   UNION ALL
-  SELECT * FROM (SELECT seq, available_at <= ifnull((SELECT late_at FROM flow), -1), priority, available_at
+  SELECT * FROM (SELECT seq, available_at <= ifnull((SELECT late_at FROM flow), -1) AS late, priority, available_at
                  FROM {jobs} WHERE status = 'leased' AND lease_until <= :now AND queue = :queue
-                 ORDER BY priority DESC, available_at, seq LIMIT :limit)
+                 ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT :limit)
 )
 UPDATE {jobs}
 SET status = 'leased', attempts = attempts + :count, token = token + 1, owner = :owner,
