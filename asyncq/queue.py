@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
@@ -20,6 +21,7 @@ from typing import Any, NamedTuple, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
 from asyncq.core.failures import ErrorText, error_text
+from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import (
     DEFAULT_LEASE_MS,
     DEFAULT_QUEUE,
@@ -40,7 +42,7 @@ from asyncq.core.jobs import (
 )
 from asyncq.core.jsontext import JSONInput
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, STATUSES, CancelState, Outcome, OutcomeName
-from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
+from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS, MAX_WAIT_MS
 from asyncq.core.stats import Stats
 from asyncq.core.values import (
     Duration,
@@ -172,15 +174,17 @@ class Queue(StoreFacade[QueueStore]):
         max_attempts: int = 3,
         ttl: Duration | None = None,
         delay: Duration | None = None,
+        priority: int = 0,
         connection: Any = None,
     ) -> bool:
         """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body. ``ttl``
-        (default a day) and ``delay`` are seconds or a ``timedelta``.
+        (default a day) and ``delay`` are seconds or a ``timedelta``; ``priority`` (-100 … 100) orders the queue,
+        higher first (``docs/flow-control.md``).
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
         app's rows. On SQLite, use ``transaction()`` (or ``enqueue_sync`` on the app's ``sqlite3`` connection)."""
-        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay)
+        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, priority=priority)
         return (await self.enqueue_many([spec], connection=connection))[0]
 
     async def enqueue_many(self, jobs: Iterable[JobSpec], *, connection: Any = None) -> list[bool]:
@@ -380,6 +384,51 @@ class Queue(StoreFacade[QueueStore]):
                 await requested.wait()
         return requested.is_set()
 
+    async def pause(self, queue: str, *, note: str, by: str | None = None) -> QueueAuditEntry:
+        """Stop every process on every host from claiming ``queue``'s jobs, from the first claim that begins after
+        this returns (jobs in flight finish); stored, so it lasts until ``resume``, across restarts. ``by`` names
+        who paused it (default this process: ``pid N on HOST``); its audit row. ``ValueError`` if already paused."""
+        return await self._set_paused(queue, True, note, by)
+
+    async def resume(self, queue: str, *, note: str, by: str | None = None) -> QueueAuditEntry:
+        """Let ``queue``'s jobs be claimed again; its audit row. ``ValueError`` if it is not paused."""
+        return await self._set_paused(queue, False, note, by)
+
+    async def _set_paused(self, queue: str, paused: bool, note: str, by: str | None) -> QueueAuditEntry:
+        check_identifier(queue, "queue")
+        check_note(note)
+        actor = _actor(by)
+        entry = await self.store.set_paused(queue, paused, self.now(), note, actor)
+        log.info("queue %s %s by %s: %s", queue, "paused" if paused else "resumed", actor, note)
+        return entry
+
+    async def set_max_wait(
+        self, queue: str, max_wait: Duration | None, *, note: str | None = None, by: str | None = None
+    ) -> QueueAuditEntry:
+        """Bound a low priority's wait on ``queue``: a job ready longer than ``max_wait`` seconds (or a
+        ``timedelta``) is claimed before fresher higher-priority jobs; ``None`` clears it (strict priorities).
+        Stored and audited like a pause."""
+        check_identifier(queue, "queue")
+        max_wait_ms = None if max_wait is None else duration_ms(max_wait, "max_wait", 0, 1, MAX_WAIT_MS)
+        checked = (
+            check_note(note) if note is not None else f"max_wait {'none' if max_wait_ms is None else max_wait_ms} ms"
+        )
+        return await self.store.set_max_wait(queue, max_wait_ms, self.now(), checked, _actor(by))
+
+    async def queue_settings(self) -> list[QueueSettings]:
+        """Every queue's stored flow-control settings (paused: since when, by whom, why; ``max_wait``), by name."""
+        return await self.store.queue_settings()
+
+    async def paused_queues(self) -> list[QueueSettings]:
+        """The settings of the queues paused now."""
+        return [settings for settings in await self.queue_settings() if settings.paused]
+
+    async def queue_audit(self, queue: str | None = None, *, limit: int = 100) -> list[QueueAuditEntry]:
+        """The newest moves on queues (pause, resume, max_wait), of ``queue`` only if named, newest first."""
+        if queue is not None:
+            check_identifier(queue, "queue")
+        return await self.store.queue_audit(queue, check_int(limit, "limit", 1, MAX_BATCH))
+
     async def get(self, job_id: str) -> Job | None:
         """One job's stored record, or ``None``."""
         return await self.store.get(check_identifier(job_id, "job_id"))
@@ -474,6 +523,11 @@ class Queue(StoreFacade[QueueStore]):
         return await cls.open(
             path, durability=None, clock=clock, busy_timeout=busy_timeout, max_body_bytes=max_body_bytes
         )
+
+
+def _actor(by: str | None) -> str:
+    """Who makes an operator's move: ``by`` (a note's text rules), or this process."""
+    return f"pid {os.getpid()} on {socket.gethostname()}" if by is None else check_note(by, "by")
 
 
 def _flag(value: object, name: str) -> bool:

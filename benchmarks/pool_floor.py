@@ -41,6 +41,8 @@ import _report
 
 from asyncq import JobSpec, Pool, Queue
 from asyncq.core.jobs import decode_stored
+from asyncq.store.sqlite.connection import write_transaction
+from asyncq.store.sqlite.migrations import migrate_in_transaction
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.statements import FinishChange, finish_params, finish_rows, insert_rows, padded, sql
 
@@ -81,8 +83,8 @@ def floor_connection(path: str) -> sqlite3.Connection:
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")
     con.execute("PRAGMA temp_store=MEMORY")  # as asyncq's connections (store/sqlite/connection.py)
-    for statement in PRODUCT.ddl:
-        con.execute(statement)
+    with write_transaction(con):
+        migrate_in_transaction(con)  # the product's tables at their current version, as Queue.open makes them
     return con
 
 
@@ -92,14 +94,16 @@ def floor_enqueue(con: sqlite3.Connection, jobs: int) -> None:
         con.execute("BEGIN IMMEDIATE")
         for start in range(first, min(first + ENQUEUE_BATCH, jobs), INSERT_ROWS_MAX):
             stop = min(start + INSERT_ROWS_MAX, first + ENQUEUE_BATCH, jobs)
-            rows = padded([(f"j{n}", "default", f'{{"n":{n}}}', 3, now, now + 86_400_000) for n in range(start, stop)])
+            rows = padded(
+                [(f"j{n}", "default", f'{{"n":{n}}}', 0, 3, now, now + 86_400_000) for n in range(start, stop)]
+            )
             con.execute(insert_rows(PRODUCT, len(rows)), [value for row in rows for value in row]).fetchall()
         con.execute("COMMIT")
 
 
 def floor_drain(con: sqlite3.Connection) -> int:
     """Claim 128, finish them in the next commit with one fenced statement; the number of commits."""
-    claim, sweeps = sql(PRODUCT, "CLAIM"), (sql(PRODUCT, "SWEEP_DEADLINE"), sql(PRODUCT, "SWEEP_EXHAUSTED"))
+    claim, sweeps = sql(PRODUCT, PRODUCT.claim), (sql(PRODUCT, "SWEEP_DEADLINE"), sql(PRODUCT, "SWEEP_EXHAUSTED"))
     held: list[tuple[Any, ...]] = []
     commits = 0
     while True:
@@ -119,7 +123,7 @@ def floor_drain(con: sqlite3.Connection) -> int:
         if not rows:
             return commits
         held = []
-        for seq, job_id, _queue, body, _owner, token, attempts, lease_until, deadline, max_attempts in rows:
+        for seq, job_id, _queue, body, _prio, _owner, token, attempts, lease_until, deadline, max_attempts, *_ in rows:
             decode_stored(body)  # what a handler gets: the body, decoded once
             held.append((seq, job_id, token, attempts, lease_until, max_attempts, deadline))
 

@@ -80,6 +80,11 @@ V5_ONLY = ("DROP TRIGGER asyncq_jobs_count_insert", "DROP TRIGGER asyncq_jobs_co
            "DROP TRIGGER asyncq_jobs_count_leave", "DROP TRIGGER asyncq_jobs_count_enter",
            "DROP INDEX asyncq_jobs_ready_at",
            "DROP INDEX asyncq_jobs_dead")  # fmt: skip
+# What version 8 (priorities, the queues' settings) added, undone, so that the file is v4 again: the migration
+# timed then runs v5 to v8 (v8's part: the priority column, added in place, and its two partial indexes).
+V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "DROP TABLE asyncq_queues",
+           "DROP TABLE asyncq_queue_audit", "ALTER TABLE asyncq_jobs DROP COLUMN priority",
+           "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
 ENGINE_UPSERT = "INSERT INTO asyncq_counts VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs"
 
 # ``:n`` rows of one kind from ``:start`` on; ``x`` numbers them. Pending rows: a third have retried, one in fifty is
@@ -199,7 +204,7 @@ async def measure_depth(path: Path, con: sqlite3.Connection, depth: int, setting
 def plans(con: sqlite3.Connection) -> list[tuple[str, str, str]]:
     """``(side, statement, plan)`` for every statement, and the claim's plan."""
     found = []
-    claim = sql(PRODUCT, "CLAIM")
+    claim = sql(PRODUCT, PRODUCT.claim)
     claim_params = {"now": T0, "owner": "o", "lease_ms": 1, "limit": BATCH, "count": 1, "queue": "default"}
     listings = {f"LIST {status}{' newest' if newest else ''}": text for (status, newest), text in LIST_INDEXED.items()}
     listing_params = {"status": None, "queue": None, "reason": None, "after": 0, "limit": 100}
@@ -214,10 +219,10 @@ def plans(con: sqlite3.Connection) -> list[tuple[str, str, str]]:
 
 
 async def migration_seconds(path: Path, con: sqlite3.Connection, expected: Stats) -> float:
-    """Make the file v4 again, then time the open that migrates it to v5 (one write transaction; the later steps,
-    undone here too, run in it as well: v6's tables are kept, v7's column is added again)."""
+    """Make the file v4 again, then time the open that migrates it to the current version (v5's counts, v6, v7's
+    cancel column, v8's priority indexes: one write transaction; v6's tables are kept)."""
     with write_transaction(con):
-        for statement in (*V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
+        for statement in (*V8_ONLY, *V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
             con.execute(statement)
         con.execute("PRAGMA user_version = 4")
     started = time.perf_counter()
@@ -237,7 +242,8 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
     """CPU seconds to enqueue, claim and finish ``jobs`` jobs, 128 a commit (the engine's set-based statements);
     ``by_engine``: with the prototype's counting in each commit."""
     rows = [
-        NewJob(f"j{n}", {"queue": "default", "body": "{}"}, 3, T0, T0 + 3_600_000) for n in range(start, start + jobs)
+        NewJob(f"j{n}", {"queue": "default", "body": "{}", "priority": 0}, 3, T0, T0 + 3_600_000)
+        for n in range(start, start + jobs)
     ]
     wants = [({"queue": "default"}, BATCH)]
     began = time.process_time()

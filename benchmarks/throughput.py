@@ -47,6 +47,8 @@ import _report
 
 from asyncq.core.jobs import DEFAULT_QUEUE, JobSpec
 from asyncq.queue import Queue
+from asyncq.store.sqlite.connection import write_transaction
+from asyncq.store.sqlite.migrations import migrate_in_transaction
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.statements import FinishChange, FinishRow, finish_params, finish_rows, insert_rows, sql
 from asyncq.worker.pool import JobContext, Pool
@@ -168,8 +170,8 @@ def floor_open(file: Path) -> sqlite3.Connection:
     con = sqlite3.connect(file, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")
-    for statement in PRODUCT.ddl:
-        con.execute(statement)
+    with write_transaction(con):
+        migrate_in_transaction(con)  # the product's tables at their current version, as Queue.open makes them
     return con
 
 
@@ -181,14 +183,16 @@ def floor_transaction(con: sqlite3.Connection, statement: str, params: dict[str,
 
 
 def floor_drain(con: sqlite3.Connection) -> int:
-    claim, finish, handled = sql(PRODUCT, "CLAIM"), finish_rows(PRODUCT, 1), 0
+    claim, finish, handled = sql(PRODUCT, PRODUCT.claim), finish_rows(PRODUCT, 1), 0
     while True:
         now = time.time_ns() // 1_000_000
         params = {"now": now, "owner": "floor", "lease_ms": 30_000, "limit": 1, "count": 1, "queue": DEFAULT_QUEUE}
         rows = floor_transaction(con, claim, params)
         if not rows:
             return handled
-        seq, job_id, _queue, _body, owner, token, attempts, lease_until, deadline, max_attempts = rows[0]
+        seq, job_id, _queue, _body, _priority, owner, token, attempts, lease_until, deadline, max_attempts = rows[0][
+            :11
+        ]
         row = FinishRow(seq, job_id, token, attempts, lease_until, max_attempts, deadline)
         done = finish_params(FinishChange("done", None, now, 0, owner), [row])
         if not floor_transaction(con, finish, done):
@@ -202,7 +206,7 @@ def floor_run(path: Path, jobs: int) -> Sample:
         insert, start = insert_rows(PRODUCT, 1), time.perf_counter()
         for n in range(jobs):
             now = time.time_ns() // 1_000_000
-            row = (f"job-{n}", DEFAULT_QUEUE, f'{{"n":{n}}}', 3, now, now + 86_400_000)
+            row = (f"job-{n}", DEFAULT_QUEUE, f'{{"n":{n}}}', 0, 3, now, now + 86_400_000)
             floor_transaction(con, insert, row)
         enqueued = time.perf_counter()
         check_drained(FLOOR, floor_drain(con), jobs)

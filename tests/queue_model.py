@@ -15,6 +15,7 @@ from dataclasses import astuple, dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from asyncq import Conflict, Ticket
+from asyncq.core.claim_plan import Rank, claim_rank
 
 T = TypeVar("T")
 LIVE = ("pending", "leased")
@@ -54,6 +55,7 @@ class Row:
     lease_until: int | None = None
     reason: str | None = None
     cancel_requested_at: int | None = None  # a cancel requested while it was leased (version 7)
+    priority: int = 0  # version 8's column, last in table order
 
     def park(self, status: str, reason: str | None, available_at: int | None = None) -> None:
         """Leave the lease: ``status``/``reason``, no owner, no lease (and ``available_at`` if given)."""
@@ -131,7 +133,7 @@ class Model:
     def claim(self, owner: str, queue: str, limit: int, lease_ms: int, now: int) -> list[Row]:
         self.sweep(now)
         ready = [row for row in self.rows.values() if row.queue == queue and _ready(row, now)]
-        taken = sorted(ready, key=_seq)[:limit]
+        taken = sorted(ready, key=_rank)[:limit]
         for row in taken:
             row.status, row.reason, row.owner = "leased", None, owner
             row.attempts += 1
@@ -218,6 +220,11 @@ class Model:
         self.audit.append((len(self.audit) + 1, job_id, row.token, now, note, "cancel", "cancelled"))
         row.park("dead", "cancelled", now)
         return "cancelled"
+
+
+def _rank(row: Row) -> Rank:
+    """The claim order (``core.claim_plan.claim_rank``; the model sets no ``max_wait``, so none is late)."""
+    return claim_rank(row.priority, row.available_at, _seq(row), False)
 
 
 def _seq(row: Row) -> int:

@@ -137,10 +137,12 @@ def test_enqueue_checks_every_line_before_writing_any(db: Path) -> None:
     before = fingerprint(db)
     bad_json = '{"id": "c-1", "body": 1}\n{"id": "c-2", "body": 2}\n{"id": "c-3", body}\n'
     bad_field = '{"id": "c-1", "body": 1}\n{"id": "c-2", "body": 2, "max_attempts": 0}\n'
-    unknown = '{"id": "c-1", "body": 1, "priority": 9}\n'
+    unknown = '{"id": "c-1", "body": 1, "unique": true}\n'
+    bad_priority = '{"id": "c-1", "body": 1, "priority": 9}\n{"id": "c-2", "body": 2, "priority": true}\n'
     for text, message in [
         (bad_json, "stdin line 3 is not JSON"),
         (bad_field, "stdin line 2: max_attempts must be between 1 and 1000"),
+        (bad_priority, "stdin line 2: priority must be an int from -100 to 100, not bool"),
         (unknown, "stdin line 1 must be an object with id and body, and only"),
     ]:
         done = run_cli("enqueue", "--db", "q.db", cwd=db.parent, stdin=text)
@@ -160,8 +162,9 @@ def test_status_counts_reasons_attempts_and_leases(db: Path) -> None:
     data = run_json("status", "--db", "q.db", cwd=db.parent)
     assert set(data) == {
         "path", "now_ms", "total", "by_status", "dead_by_reason", "oldest_pending_age_ms", "attempts", "leases",
-        "expired_leases", "inbox",
+        "expired_leases", "inbox", "queues",
     }  # fmt: skip
+    assert data["queues"] == []  # no queue was ever paused or given a max_wait
     assert data["by_status"] == EXPECTED_STATUS and data["total"] == 16
     assert data["dead_by_reason"] == EXPECTED_DEAD
     assert data["attempts"] == [{"attempts": 0, "jobs": 3}, {"attempts": 1, "jobs": 1}]
@@ -206,13 +209,13 @@ def test_jobs_filters_and_pages(db: Path) -> None:
     assert "body" not in page["jobs"][0] and page["jobs"][0]["redrives"] == 0
     assert set(page["jobs"][0]) == {
         "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-        "lease_until", "reason", "redrives", "cancel_requested_at",
+        "lease_until", "reason", "redrives", "priority", "cancel_requested_at",
     }  # fmt: skip
     rest = run_json("jobs", "--db", "q.db", "--after", str(page["jobs"][-1]["seq"]), "--body", cwd=db.parent)
     assert rest["count"] == 11 and rest["more"] is False and rest["jobs"][-1]["body"] == {"to": "someone"}
     text = run_cli("jobs", "--db", "q.db", "--status", "leased", cwd=db.parent).stdout
     assert text.splitlines()[0].split() == [
-        "seq", "id", "queue", "status", "reason", "attempts", "redrives", "available", "deadline", "owner",
+        "seq", "id", "queue", "prio", "status", "reason", "attempts", "redrives", "available", "deadline", "owner",
     ]  # fmt: skip
     assert "l-1" in text and "worker-a" in text and text.endswith("1 job(s)\n")
 

@@ -85,6 +85,43 @@ def test_cancel_parks_a_pending_job_with_an_audit_row(db: Path) -> None:
     assert again.startswith("too_late: p-2 is dead (it had ended already: nothing changed)")
 
 
+def test_pause_and_resume_are_stored_audited_and_shown_by_status(db: Path) -> None:
+    data = run_json("pause", "--db", "q.db", "mail", "--note", "provider outage", "--by", "ana", cwd=db.parent)
+    assert (data["queue"], data["audit"]["action"], data["audit"]["actor"]) == ("mail", "pause", "ana")
+    assert rows(db, "SELECT queue, paused_by, note FROM asyncq_queues") == [("mail", "ana", "provider outage")]
+    text = run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    assert "paused queues (no worker claims from them):" in text and "provider outage" in text and "ana" in text
+    again = run_cli("pause", "--db", "q.db", "mail", "--note", "twice", cwd=db.parent)
+    assert (
+        again.returncode == 1
+        and again.stderr == "asyncq: error: queue 'mail' is already paused (by ana: provider outage)\n"
+    )
+    usage = run_cli("pause", "--db", "q.db", "mail", cwd=db.parent)
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1 and "--note" in usage.stderr
+    bad = run_cli("resume", "--db", "q.db", "mail", "--note", "line\nbreak", cwd=db.parent)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    text = run_cli("resume", "--db", "q.db", "mail", "--note", "provider back", cwd=db.parent).stdout
+    assert text.startswith("resumed queue mail (by ") and "provider back" in text
+    moves = rows(db, "SELECT queue, action, note FROM asyncq_queue_audit ORDER BY seq")
+    assert moves == [("mail", "pause", "provider outage"), ("mail", "resume", "provider back")]
+    assert "paused queues: none" in run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+
+
+def test_max_wait_is_set_and_cleared_audited_and_priorities_take_a_sign(db: Path) -> None:
+    data = run_json("max-wait", "--db", "q.db", "mail", "10m", "--note", "bound the digest", cwd=db.parent)
+    assert (data["audit"]["action"], data["audit"]["max_wait_ms"]) == ("max_wait", 600_000)
+    assert "max_wait: mail 10m00s" in run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    run_json("max-wait", "--db", "q.db", "mail", "none", cwd=db.parent)
+    assert rows(db, "SELECT max_wait_ms FROM asyncq_queues WHERE queue = 'mail'") == [(None,)]
+    refused = run_cli("max-wait", "--db", "q.db", "mail", "0s", cwd=db.parent)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    added = run_json("enqueue", "--db", "q.db", "low-1", "{}", "--priority", "-100", cwd=db.parent)
+    assert added["added"] == 1 and rows(db, "SELECT priority FROM asyncq_jobs WHERE id = 'low-1'") == [(-100,)]
+    for bad in ("101", "+5", "1.5", "-"):
+        done = run_cli("enqueue", "--db", "q.db", "low-2", "{}", "--priority", bad, cwd=db.parent)
+        assert done.returncode == 2 and "--priority" in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_prune_previews_then_deletes_old_finished_jobs_and_keeps_their_audit(db: Path) -> None:
     before = fingerprint(db)
     preview = run_json("prune", "--db", "q.db", "--older-than", "7d", cwd=db.parent)

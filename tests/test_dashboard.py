@@ -126,6 +126,23 @@ async def test_the_page_shows_counts_dead_jobs_with_reasons_the_audit_log_and_le
     assert headers["X-Frame-Options"] == "DENY"
 
 
+async def test_the_page_shows_paused_queues_who_paused_them_and_why_and_the_moves(
+    path: Path, clock: list[int], server: tuple[str, Dashboard]
+) -> None:
+    _status, page, _headers = await get(server[0] + "/")
+    assert 'id="queues-empty"' in page and 'id="queue-moves-empty"' in page
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        await queue.pause("mail", note=f"outage {XSS}", by="ana")
+        await queue.set_max_wait("default", 90, note="bound the wait", by="ben")
+    _status, page, _headers = await get(server[0] + "/")
+    queues = table(page, "queues")
+    assert '<tr data-queue="mail"><td>mail</td><td>paused</td>' in queues and "<td>ana</td>" in queues
+    assert '<tr data-queue="default"><td>default</td><td>running</td>' in queues and "<td>90 s</td>" in queues
+    moves = table(page, "queue-moves")
+    assert "<td>mail</td><td>pause</td><td>ana</td>" in moves and "<td>default</td><td>max_wait</td>" in moves
+    assert XSS not in page and '<td>busy</td><td>default</td><td class="n">0</td>' in table(page, "leases")
+
+
 async def test_a_wrong_or_missing_token_is_refused_and_changes_nothing(
     server: tuple[str, Dashboard], path: Path
 ) -> None:

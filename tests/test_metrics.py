@@ -187,6 +187,16 @@ async def test_depth_and_the_oldest_ready_age_are_read_at_scrape_time(
     assert value(samples, "asyncq_oldest_ready_age_seconds") == 4.0
 
 
+async def test_a_paused_queue_shows_in_its_gauge_until_it_is_resumed(queue: Queue, path: Path) -> None:
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(path))
+    assert not [key for key in await scrape_registry(registry) if key[0] == "asyncq_queue_paused"]
+    await queue.pause("mail", note="provider outage")
+    assert value(await scrape_registry(registry), "asyncq_queue_paused", queue="mail") == 1
+    await queue.resume("mail", note="provider back")
+    assert value(await scrape_registry(registry), "asyncq_queue_paused", queue="mail") == 0
+
+
 async def test_an_unreadable_queue_file_shows_as_down_and_is_not_created(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     registry = CollectorRegistry()

@@ -281,3 +281,79 @@ def test_a_job_that_kills_its_worker_every_time_still_ends_dead_after_its_attemp
 async def _enqueue_poison(db: Path) -> None:
     async with await Queue.open(db) as queue:
         await queue.enqueue("poison", {"poison": True}, max_attempts=3, ttl=600)
+
+
+# --- pause from another process ------------------------------------------------------------------------
+
+
+def test_a_pause_from_another_process_stops_the_pools_claims_and_resume_restarts_them(workers: Workers) -> None:
+    enqueue(workers.db, 60)
+    worker = workers.start("w1", concurrency=2, handler_seconds=0.05, grace=5, lease_ms=5_000, poll_max=0.05)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM started") >= 4, 15, "the pool working")
+
+    async def move(paused: bool) -> None:
+        async with await Queue.open(workers.db) as queue:  # this test's process, not the pool's
+            if paused:
+                await queue.pause("default", note="provider outage", by="test")
+            else:
+                await queue.resume("default", note="provider back", by="test")
+
+    asyncio.run(move(True))
+    # Everything the pool holds now was claimed before the pause: in flight, or claimed ahead into its buffer.
+    held = {job_id for (job_id,) in query(workers.db, "SELECT id FROM asyncq_jobs WHERE status = 'leased'")}
+    ended = {job_id for (job_id,) in query(workers.db, "SELECT id FROM asyncq_jobs WHERE status = 'done'")}
+    # The pool finishes what it holds (each finish is a group commit that also claims for the freed slot) ...
+    workers.wait_until(
+        lambda: count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'leased'") == 0,
+        15,
+        "the jobs held at the pause finished",
+    )
+    # ... and those claims found nothing: no job beyond those it held has started, or left pending.
+    started = {job_id for (job_id,) in query(workers.effects, "SELECT DISTINCT id FROM started")}
+    assert started <= held | ended, started - held - ended
+    done = count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'")
+    assert done == len(held | ended) < 60
+    assert count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'pending'") == 60 - done
+    asyncio.run(move(False))
+    workers.wait_until(
+        lambda: count(workers.db, "SELECT count(*) FROM asyncq_jobs WHERE status = 'done'") == 60,
+        20,
+        "every job done after the resume",
+    )
+    code, counters = workers.stop(worker, timeout=10)
+    assert code == 0 and counters["finished"] == {"done": 60}, workers.stderr()
+    moves = query(workers.db, "SELECT action, actor, note FROM asyncq_queue_audit ORDER BY seq")
+    assert moves == [("pause", "test", "provider outage"), ("resume", "test", "provider back")]
+
+
+def test_a_pause_from_another_process_stops_a_pool_on_postgresql(workers: Workers, postgres_url: str) -> None:
+    async def read(what: str) -> Any:
+        async with await Queue.open(postgres_url) as queue:
+            if what == "fill":
+                await queue.enqueue_many(JobSpec(f"job-{i:02d}", {"i": i}) for i in range(40))
+                return None
+            if what in ("pause", "resume"):
+                move = queue.pause if what == "pause" else queue.resume
+                return await move("default", note=f"{what} from the test", by="test")
+            return {job.id: job.status for job in await queue.list_jobs(limit=100, body=False)}
+
+    def statuses() -> dict[str, str]:
+        found: dict[str, str] = asyncio.run(read("statuses"))
+        return found
+
+    asyncio.run(read("fill"))
+    workers.db = postgres_url  # type: ignore[assignment]  (the worker opens a URL as it opens a path)
+    worker = workers.start("w1", concurrency=2, handler_seconds=0.05, grace=5, lease_ms=5_000, poll_max=0.05)
+    workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM started") >= 4, 15, "the pool working")
+    asyncio.run(read("pause"))
+    # A claim whose statement began before the pause committed may still land (docs/flow-control.md); after it,
+    # the pool finishes what it holds, and the claims of those finishing commits find nothing.
+    workers.wait_until(lambda: "leased" not in statuses().values(), 15, "the jobs held at the pause finished")
+    started = {job_id for (job_id,) in query(workers.effects, "SELECT DISTINCT id FROM started")}
+    after = statuses()
+    done = {job_id for job_id, status in after.items() if status == "done"}
+    assert started == done and len(done) < 40 and set(after.values()) == {"done", "pending"}
+    asyncio.run(read("resume"))
+    workers.wait_until(lambda: set(statuses().values()) == {"done"}, 20, "every job done after the resume")
+    code, counters = workers.stop(worker, timeout=10)
+    assert code == 0 and counters["finished"] == {"done": 40}, workers.stderr()

@@ -15,6 +15,7 @@ from asyncq.core.values import check_identifier, check_note
 
 _DURATION = re.compile(r"([0-9]{1,9})(ms|s|m|h|d|w)")
 _WHOLE = re.compile(r"[0-9]{1,30}")
+_SIGNED = re.compile(r"-?[0-9]{1,30}")
 _UNIT_MS = {"w": 604_800_000, "d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
 MAX_PORT = 65_535
 
@@ -67,6 +68,24 @@ def duration(low_ms: int, high_ms: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def signed(low: int, high: int) -> Callable[[str], int]:
+    """The type of an integer from ``low`` to ``high`` (ASCII digits, an optional leading ``-``; no ``+``)."""
+
+    def parse(text: str) -> int:
+        if _SIGNED.fullmatch(text) is None or not low <= int(text) <= high:
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise argparse.ArgumentTypeError(f"{shown!r} is not an integer from {low} to {high}")
+        return int(text)
+
+    return parse
+
+
+def optional_duration(low_ms: int, high_ms: int) -> Callable[[str], int | None]:
+    """``duration(low_ms, high_ms)``, or ``none`` for no duration at all."""
+    parse = duration(low_ms, high_ms)
+    return lambda text: None if text == "none" else parse(text)
 
 
 def whole(low: int, high: int) -> Callable[[str], int]:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from asyncq.cli import output as out
@@ -27,7 +27,7 @@ from asyncq.errors import Conflict
 from asyncq.queue import Queue
 
 ENQUEUE_BATCH = 500
-LINE_KEYS = frozenset({"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms"})
+LINE_KEYS = frozenset({"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms", "priority"})
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ async def enqueue(args: argparse.Namespace) -> Report:
     if args.delay > args.ttl:
         raise UsageError("--delay must not be longer than --ttl (the job would expire before its first attempt)")
     defaults = {"queue": args.queue, "max_attempts": args.max_attempts, "ttl_ms": args.ttl, "delay_ms": args.delay}
+    defaults["priority"] = args.priority
     if args.id is not None:
         if args.body is MISSING:
             raise UsageError("give the job's BODY (JSON) after its ID")
@@ -130,15 +131,15 @@ def checked_spec(fields: dict[str, Any], where: str, error: type[CliError] = Cli
     spec = JobSpec(**fields)
     try:
         spec.to_row(wall_clock_ms())
-    except ValueError as problem:
+    except (ValueError, TypeError) as problem:
         raise error(f"{where}: {problem}") from None
     return spec
 
 
 def read_specs(lines: Iterable[str], defaults: dict[str, Any]) -> list[JobSpec]:
     """Every line checked before anything is written: ``{"id", "body"}`` and optionally ``queue``,
-    ``max_attempts``, ``ttl_ms``, ``delay_ms`` (the options give the defaults); blank lines skipped. Lines are
-    strict JSON (no NaN, no repeated keys), as everywhere in asyncq."""
+    ``max_attempts``, ``ttl_ms``, ``delay_ms``, ``priority`` (the options give the defaults); blank lines skipped.
+    Lines are strict JSON (no NaN, no repeated keys), as everywhere in asyncq."""
     specs = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -181,7 +182,9 @@ async def status(args: argparse.Namespace) -> Report:
     """Counts by status and dead reason, the oldest ready job's wait, attempts, leases by owner."""
     async with await reading(args) as queue:
         stats = await queue.stats()
+        settings = await queue.queue_settings()
     data: dict[str, Any] = {"path": args.db, "now_ms": stats.now_ms, "total": stats.total}
+    data["queues"] = [asdict(each) | {"paused": each.paused} for each in settings]
     data |= {"by_status": stats.by_status, "dead_by_reason": dict(sorted(stats.dead_by_reason.items()))}
     data["oldest_pending_age_ms"] = stats.oldest_ready_age_ms
     data["attempts"] = [{"attempts": a, "jobs": n} for a, n in sorted(stats.attempts.items())]

@@ -5,12 +5,14 @@ queue read-only; changes go through ``Queue``, which writes each audit row and r
 from __future__ import annotations
 
 import argparse
+import getpass
+import socket
 from typing import Any
 
 from asyncq.cli import output as out
 from asyncq.cli.commands import Report, reading, report, writing
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.records import audit_record
+from asyncq.cli.records import audit_record, queue_audit_record
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jobs import MAX_BATCH, Job
 from asyncq.queue import Queue
@@ -92,6 +94,33 @@ async def cancel(args: argparse.Namespace) -> Report:
     audit = None if outcome.audit is None else audit_record(outcome.audit)
     data = {"path": args.db, "id": args.id, "state": str(outcome.state), "status": outcome.status, "audit": audit}
     return report(data, out.render_cancel, 1 if outcome.state == "too_late" else 0)
+
+
+def _operator() -> str:
+    """Who runs this command, for the audit: ``USER@HOST``."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+async def pause(args: argparse.Namespace) -> Report:
+    """Pause a queue (stored: every worker on every host stops claiming from it; jobs in flight finish)."""
+    async with await writing(args) as queue:
+        entry = await queue.pause(args.queue, note=args.note, by=args.by or _operator())
+    return report({"path": args.db, "queue": args.queue, "audit": queue_audit_record(entry)}, out.render_queue_move)
+
+
+async def resume(args: argparse.Namespace) -> Report:
+    """Resume a paused queue."""
+    async with await writing(args) as queue:
+        entry = await queue.resume(args.queue, note=args.note, by=args.by or _operator())
+    return report({"path": args.db, "queue": args.queue, "audit": queue_audit_record(entry)}, out.render_queue_move)
+
+
+async def max_wait(args: argparse.Namespace) -> Report:
+    """Set (``none``: clear) a queue's ``max_wait``."""
+    wait = None if args.wait is None else args.wait / 1000
+    async with await writing(args) as queue:
+        entry = await queue.set_max_wait(args.queue, wait, note=args.note, by=args.by or _operator())
+    return report({"path": args.db, "queue": args.queue, "audit": queue_audit_record(entry)}, out.render_queue_move)
 
 
 async def prune(args: argparse.Namespace) -> Report:

@@ -107,6 +107,7 @@ def render_status(data: dict[str, Any]) -> str:
     leases = [(row["owner"], row["held"], moment(row["first_expiry_ms"], now)) for row in data["leases"]]
     lines += ["", "leases held:", table(["owner", "held", "first expiry"], leases) if leases else "none"]
     lines.append(f"expired leases (their worker stopped renewing; the next claim takes them): {data['expired_leases']}")
+    lines += ["", queue_settings_text(data["queues"], now)]
     inbox = data["inbox"]
     if inbox is not None:
         totals = f"applied {inbox['applied']}, duplicates {inbox['duplicates']}, conflicts {inbox['conflicts']}"
@@ -122,7 +123,8 @@ def compact(body: object) -> str:
 def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
     """A list of jobs as a table; a ``body`` (``--body``) or ``last_error`` (``dead``) column when the records
     carry one, last, since they are the widest."""
-    headers = ["seq", "id", "queue", "status", "reason", "attempts", "redrives", "available", "deadline", "owner"]
+    headers = ["seq", "id", "queue", "prio", "status", "reason", "attempts", "redrives", "available", "deadline"]
+    headers.append("owner")
     extra = [key for key in ("last_error", "body") if jobs and key in jobs[0]]
     headers += [key.replace("_", " ") for key in extra]
     rows = [
@@ -130,6 +132,7 @@ def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
             job["seq"],
             job["id"],
             job["queue"],
+            job["priority"],
             job["status"],
             job["reason"],
             f"{job['attempts']}/{job['max_attempts']}",
@@ -218,6 +221,28 @@ _CANCEL_STATES = {
     "requested": "it is running: its worker stops it at its next lease renewal, then it is dead, reason cancelled",
     "too_late": "it had ended already: nothing changed",
 }
+
+
+def queue_settings_text(queues: Sequence[dict[str, Any]], now_ms: int) -> str:
+    """The queues' stored settings: which are paused (since, by whom, why), and their ``max_wait``."""
+    paused = [q for q in queues if q["paused"]]
+    if not paused:
+        lines = ["paused queues: none"]
+    else:
+        rows = [(q["queue"], moment(q["paused_at"], now_ms), q["paused_by"], q["note"]) for q in paused]
+        lines = ["paused queues (no worker claims from them):", table(["queue", "since", "by", "note"], rows)]
+    waits = [f"{q['queue']} {span(q['max_wait_ms'])}" for q in queues if q["max_wait_ms"] is not None]
+    lines.append(f"max_wait: {', '.join(waits) if waits else 'none (strict priorities)'}")
+    return "\n".join(lines)
+
+
+def render_queue_move(data: dict[str, Any]) -> str:
+    audit = data["audit"]
+    wait = audit["max_wait_ms"]
+    done = {"pause": "paused", "resume": "resumed"}.get(audit["action"])
+    if done is None:
+        done = f"set max_wait {'none' if wait is None else span(wait)} on"
+    return f"{done} queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']} note {audit['note']}"
 
 
 def render_cancel(data: dict[str, Any]) -> str:

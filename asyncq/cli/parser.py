@@ -10,11 +10,23 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from asyncq.cli.arguments import MISSING, duration, identifier, json_value, note, port, seconds, shown_ms, whole
+from asyncq.cli.arguments import (
+    MISSING,
+    duration,
+    identifier,
+    json_value,
+    note,
+    optional_duration,
+    port,
+    seconds,
+    shown_ms,
+    signed,
+    whole,
+)
 from asyncq.cli.errors import UsageError
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
-from asyncq.core.limits import MAX_CONCURRENCY, MIN_LEASE_MS
+from asyncq.core.limits import MAX_CONCURRENCY, MAX_PRIORITY, MAX_WAIT_MS, MIN_LEASE_MS, MIN_PRIORITY
 from asyncq.worker.settings import DEFAULT_CONCURRENCY
 
 DEFAULT_TIMEOUT = 5.0
@@ -123,6 +135,10 @@ def _add_setup(add: Adder) -> None:
     enqueue.add_argument(
         "--delay", type=duration(0, MAX_TTL_MS), default=0, help="wait this long before the first attempt (<= --ttl)"
     )
+    enqueue.add_argument(
+        "--priority", type=signed(MIN_PRIORITY, MAX_PRIORITY), default=0, metavar="N",
+        help=f"{MIN_PRIORITY} to {MAX_PRIORITY}, higher claimed first (default 0)",
+    )  # fmt: skip
 
 
 def _add_readers(add: Adder) -> None:
@@ -155,6 +171,22 @@ def _add_operator(add: Adder) -> None:
     redrive.add_argument(
         "--ttl", type=duration(1, MAX_TTL_MS), default=DEFAULT_TTL_MS, help="the fresh deadline (default 1d)"
     )
+    pause = add("pause", _command("operator", "pause"), "Stop every worker on every host claiming a queue, audited.")
+    pause.add_argument("queue", type=identifier, metavar="QUEUE")
+    pause.add_argument("--note", type=note, required=True, help="why (kept with the pause and in the audit)")
+    pause.add_argument("--by", type=note, help="who (default: USER@HOST)")
+    resume = add("resume", _command("operator", "resume"), "Let workers claim a paused queue again, audited.")
+    resume.add_argument("queue", type=identifier, metavar="QUEUE")
+    resume.add_argument("--note", type=note, required=True, help="why (kept in the audit)")
+    resume.add_argument("--by", type=note, help="who (default: USER@HOST)")
+    max_wait = add("max-wait", _command("operator", "max_wait"), "Bound a queue's low priorities' wait, audited.")
+    max_wait.add_argument("queue", type=identifier, metavar="QUEUE")
+    max_wait.add_argument(
+        "wait", type=optional_duration(1, MAX_WAIT_MS), metavar="DURATION|none",
+        help="a job ready this long is claimed before fresher higher priorities (none: strict priorities)",
+    )  # fmt: skip
+    max_wait.add_argument("--note", type=note, help="why (kept in the audit)")
+    max_wait.add_argument("--by", type=note, help="who (default: USER@HOST)")
     cancel = add(
         "cancel",
         _command("operator", "cancel"),

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from asyncq.core.flow import QueueAuditEntry
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-    "lease_until", "reason", "redrives", "cancel_requested_at",
+    "lease_until", "reason", "redrives", "priority", "cancel_requested_at",
 )  # fmt: skip
 
 
@@ -25,6 +26,11 @@ def job_record(job: Job, *, body: bool = False) -> dict[str, Any]:
 def error_record(error: AttemptError) -> dict[str, Any]:
     """One failed attempt's error: ``attempt``, ``at_ms``, ``type``, ``message``, ``traceback``."""
     return asdict(error)
+
+
+def queue_audit_record(entry: QueueAuditEntry) -> dict[str, Any]:
+    """One move on a queue: ``seq``, ``queue``, ``action``, ``at_ms``, ``actor``, ``note``, ``max_wait_ms``."""
+    return asdict(entry)
 
 
 def audit_record(entry: AuditEntry) -> dict[str, Any]:

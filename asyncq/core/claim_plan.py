@@ -52,8 +52,10 @@ def plan_claim(wants: Sequence[int], total: int | None, start_now: int | None) -
     """The plan for claiming up to ``wants[i]`` jobs of each queue, at most ``total`` in all (``None``: no bound),
     the first ``start_now`` of them counted (``None``: all, and nothing is claimed ahead).
 
-    This is the seam for the rules of a claim: a rule about a queue (a pause, a concurrency limit) lowers its
-    want here, a priority orders the wants here; the drivers run whatever plan comes out."""
+    This is the seam for the rules of a claim decided from values: a rule about a queue (a concurrency limit)
+    lowers its want here; the drivers run whatever plan comes out. Stored state that no process may act on stale
+    (a pause, a ``max_wait``) is read by the claim statement itself, and the order within a queue is
+    ``claim_rank``'s (below)."""
     sweep = (total is None or total > 0) and any(n > 0 for n in wants)
     first = start_now if start_now is not None else total
     phases: tuple[tuple[bool, int | None], ...] = ((True, first),)
@@ -77,3 +79,30 @@ def next_claim(plan: ClaimPlan, step: int, taken: int, dry: Collection[int] = ()
         if limit > 0:
             return Claim(at, at % width, limit, count)
     return None
+
+
+# -- the order of a claim --------------------------------------------------------------------------------------
+#
+# Within a queue, ready jobs are claimed in this order (each driver's claim statement selects in it, and what
+# it returns is sorted by ``claim_rank`` so that the jobs that start now are the first of that order):
+#
+# 1. a job ready for longer than its queue's ``max_wait`` (``late``), oldest ready first: a low priority's wait
+#    is bounded;
+# 2. then higher ``priority`` first;
+# 3. then the earlier ``ready_at`` (``available_at``: when it was enqueued, its delay ended, or its retry was due);
+# 4. then ``seq`` (enqueue order).
+#
+# The lab's tables (``asyncq.lab``) have no priority and keep their contract's order, ``seq`` alone.
+
+#: A claimed row's rank: compare ranks to compare rows in the claim order.
+Rank = tuple[int, int, int, int]
+
+
+def claim_rank(priority: int, ready_at: int, seq: int, late: bool) -> Rank:
+    """Where a ready job comes in its queue's claim order (lower first; see the order above)."""
+    return (0, 0, ready_at, seq) if late else (1, -priority, ready_at, seq)
+
+
+def is_late(ready_at: int, now_ms: int, max_wait_ms: int | None) -> bool:
+    """Whether a job ready since ``ready_at`` has waited longer than its queue's ``max_wait`` (``None``: none)."""
+    return max_wait_ms is not None and ready_at <= now_ms - max_wait_ms

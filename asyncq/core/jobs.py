@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from asyncq.core.failures import ErrorText
@@ -25,7 +25,7 @@ from asyncq.core.limits import (
     MAX_LEASE_MS,
     MAX_TTL_MS,
 )
-from asyncq.core.values import Duration, check_identifier, check_int, duration_ms
+from asyncq.core.values import Duration, check_identifier, check_int, check_priority, duration_ms
 
 
 class NewJob(NamedTuple):
@@ -126,6 +126,7 @@ class EnqueueOptions(TypedDict, total=False):
     max_attempts: int
     ttl: Duration | None
     delay: Duration | None
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ class JobSpec:
     """A job to enqueue. ``id`` is its idempotency key: the same id and body again is a no-op.
 
     ``ttl`` (from enqueue to its deadline, default a day) and ``delay`` (before its first attempt) are seconds or a
-    ``timedelta``."""
+    ``timedelta``; ``priority`` (-100 … 100, default 0) orders its queue: higher first (``docs/flow-control.md``).
+    The priority is part of the job: the same id again with another priority is a ``Conflict``."""
 
     id: str
     body: JSONInput
@@ -142,17 +144,19 @@ class JobSpec:
     # Keyword-only: a positional millisecond value written for the older fields fails loudly.
     ttl: Duration | None = field(default=None, kw_only=True)
     delay: Duration | None = field(default=None, kw_only=True)
+    priority: int = field(default=0, kw_only=True)
 
     def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
         """Validate every field and build the row inserted at ``now_ms``."""
         check_identifier(self.id, "id")
         check_identifier(self.queue, "queue")
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        check_priority(self.priority)
         ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
-        payload = {"queue": self.queue, "body": body}
+        payload = {"queue": self.queue, "body": body, "priority": self.priority}
         return tuple.__new__(NewJob, (self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms))
 
 
@@ -205,6 +209,8 @@ class Ticket:
     #: ``False`` while a job claimed ahead (into a pool's buffer) has not been started: its attempt is counted
     #: when a handler starts it, so a worker killed with jobs in its buffer spends none of their attempts.
     counted: bool = True
+    #: The job's priority (-100 … 100, higher claimed first).
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # A ticket built by hand (a test, ``dataclasses.replace``) is checked before any statement binds it; the
@@ -219,6 +225,7 @@ class Ticket:
         for name in ("deadline", "max_attempts", "seq"):
             _check_type(getattr(self, name), f"ticket.{name}", int)
         _check_type(self.counted, "ticket.counted", bool)
+        _check_type(self.priority, "ticket.priority", int)
 
     if TYPE_CHECKING:
 
@@ -245,8 +252,9 @@ class Ticket:
     @classmethod
     def from_row(cls, row: tuple[Any, ...], counted: bool = True) -> Ticket:
         """The ticket of a row the product's CLAIM returned (``engine.claim_rows_in_transaction``), built in one
-        step: a group commit builds one per claimed job."""
-        seq, job_id, queue, body_json, owner, token, attempts, lease_until, deadline, max_attempts = row
+        step: a group commit builds one per claimed job. Columns past ``max_attempts`` (the claim's rank) are
+        not the ticket's."""
+        seq, job_id, queue, body_json, priority, owner, token, attempts, lease_until, deadline, max_attempts = row[:11]
         # The frozen dataclass's __init__ sets each field through object.__setattr__ (3.2 µs here); filling
         # the instance's __dict__ at once gives the same object in 1.5 µs.
         ticket = object.__new__(cls)
@@ -259,6 +267,7 @@ class Ticket:
             max_attempts=max_attempts,
             seq=seq,
             counted=counted,
+            priority=priority,
         )
         return ticket
 
@@ -310,6 +319,8 @@ class Job:
     errors: tuple[AttemptError, ...] = ()
     #: A task's stored result as JSON text (``Queue.get`` reads it), ``None`` if none is kept (or it was pruned).
     result_json: str | None = None
+    #: Its priority (-100 … 100, higher claimed first).
+    priority: int = 0
     #: When a cancel was requested while it was leased (``Queue.cancel``), ``None`` if none was (or since a redrive).
     cancel_requested_at: int | None = None
 
@@ -326,11 +337,11 @@ class Job:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
         """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
-        ``cancel_requested_at``), the body as its stored JSON text."""
-        *values, cancel_requested_at = row
+        ``priority`` and ``cancel_requested_at``), the body as its stored JSON text."""
+        *values, redrives, priority, cancel_requested_at = row
         values[3] = json.loads(values[3])
-        job = cls(*values)
-        return job if cancel_requested_at is None else replace(job, cancel_requested_at=cancel_requested_at)
+        # mypy cannot tell that ``values`` stops before the keywords' fields (it is the 13 columns before redrives)
+        return cls(*values, redrives=redrives, priority=priority, cancel_requested_at=cancel_requested_at)  # type: ignore[misc]
 
 
 @dataclass(frozen=True)

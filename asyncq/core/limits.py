@@ -27,7 +27,11 @@ MIN_POLL_SECONDS = 0.001  # an idle pool's shortest poll: 0 would spin a core
 MAX_POLL_SECONDS = 3600.0
 MAX_JOB_TIMEOUT_SECONDS = MAX_LEASE_MS / SECOND_MS * 365  # a handler's own timeout (renewed leases cover it)
 MAX_BUSY_TIMEOUT_SECONDS = 3600.0  # how long a store call waits for another writer's lock
-MAX_NOTE_CHARS = 500  # an operator's note (redrive, cancel): printable free text
+MAX_NOTE_CHARS = 500  # an operator's note (redrive, cancel, pause, resume): printable free text
+MIN_PRIORITY = -100  # a job's priority: higher is claimed first
+MAX_PRIORITY = 100
+DEFAULT_PRIORITY = 0
+MAX_WAIT_MS = 365 * DAY_MS  # a queue's max_wait: a job ready this long is served before higher priorities
 
 # -- the lab contracts (asyncq.lab.lease, asyncq.lab.outbox) ---------------------------------------------------
 LAB_MAX_TTL_MS = 60 * SECOND_MS

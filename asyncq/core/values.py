@@ -13,7 +13,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from asyncq.core.limits import MAX_NOTE_CHARS
+from asyncq.core.limits import MAX_NOTE_CHARS, MAX_PRIORITY, MIN_PRIORITY
 
 IDENTIFIER_MAX = 64
 TIME_MAX_MS = 10**15 - 60_000
@@ -40,6 +40,16 @@ def check_note(value: object, name: str = "note") -> str:
             f"{name} must be 1-{MAX_NOTE_CHARS} printable characters with no control characters"
             " and no leading or trailing whitespace"
         )
+    return value
+
+
+def check_priority(value: object, name: str = "priority") -> int:
+    """A job's priority: an exact ``int`` (never ``bool``; ``TypeError`` otherwise) in -100 … 100, higher first
+    (``ValueError`` outside)."""
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int from {MIN_PRIORITY} to {MAX_PRIORITY}, not {type(value).__name__}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"{name} must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {value}")
     return value
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from asyncq.core.limits import MAX_ATTEMPTS
-from asyncq.core.values import Duration, check_duration, check_identifier, check_int
+from asyncq.core.values import Duration, check_duration, check_identifier, check_int, check_priority
 from asyncq.queue import Queue, Transaction
 from asyncq.tasks.arguments import Arguments
 from asyncq.tasks.results import TaskJob
@@ -41,12 +41,14 @@ class Options:
     ttl: Duration | None = None
     delay: Duration | None = None
     key: str | None = None
+    priority: int = 0
 
     def job_id(self) -> str:
         return uuid.uuid4().hex if self.key is None else self.key
 
     def enqueue_options(self) -> dict[str, Any]:
-        return {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
+        options = {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
+        return options | {"priority": self.priority}
 
 
 class Task(Generic[P, R]):
@@ -63,12 +65,16 @@ class Task(Generic[P, R]):
         timeout: float | None,
         ttl: Duration | None,
         result_ttl: float,
+        priority: int = 0,
     ) -> None:
         self.app = app
         self.function = function
         self.name = name
         self.options = Options(
-            check_identifier(queue, "queue"), check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS), ttl
+            check_identifier(queue, "queue"),
+            check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS),
+            ttl,
+            priority=check_priority(priority),
         )
         self.timeout = None if timeout is None else check_duration(timeout, "timeout", 0.001, 86_400.0 * 7)
         self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL)
@@ -96,15 +102,18 @@ class Task(Generic[P, R]):
         ttl: Duration | None = None,
         max_attempts: int | None = None,
         queue: str | None = None,
+        priority: int | None = None,
     ) -> Deferral[P, R]:
         """The same task with options for one deferral: ``key`` (the job id, for idempotency), ``delay``,
-        ``ttl``, ``max_attempts``, ``queue``."""
+        ``ttl``, ``max_attempts``, ``queue``, ``priority``."""
         if key is not None:
             check_identifier(key, "key")
         if queue is not None:
             check_identifier(queue, "queue")
         if max_attempts is not None:
             check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        if priority is not None:
+            check_priority(priority)
         base = self.options
         options = Options(
             base.queue if queue is None else queue,
@@ -112,6 +121,7 @@ class Task(Generic[P, R]):
             base.ttl if ttl is None else ttl,
             delay,
             key,
+            base.priority if priority is None else priority,
         )
         return Deferral(self, options)
 

@@ -49,13 +49,15 @@ SECURITY_HEADERS = {
 
 
 async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
-    """Counts, the newest dead jobs (each with its errors), the newest audit rows and the leases in flight."""
+    """Counts, the newest dead jobs (each with its errors), the newest audit rows, the leases in flight, the queues'
+    stored settings and the newest moves on queues."""
     stats = await queue.stats()
     listed = await queue.list_jobs(status="dead", newest=True, limit=limit, body=False)
     dead = [job for job in [await queue.get(found.id) for found in listed] if job is not None]
     leases = await queue.list_jobs(status="leased", limit=limit, body=False)
     leases.sort(key=lambda job: job.lease_until or 0)
-    return Snapshot(stats, dead, await queue.audit_log(limit), leases)
+    settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
+    return Snapshot(stats, dead, await queue.audit_log(limit), leases, queues=settings, queue_moves=moves)
 
 
 def is_loopback(host: str | None) -> bool:

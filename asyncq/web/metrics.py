@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -56,6 +56,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
+from asyncq.core.flow import QueueSettings
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
@@ -150,8 +151,9 @@ class PoolMetrics:
 
 
 class QueueCollector(Collector):
-    """Depth by status, dead jobs by reason and the oldest ready job's age, read through ``Queue.stats()`` per
-    scrape (see the module's docstring for why on a loop of its own)."""
+    """Depth by status, dead jobs by reason, the oldest ready job's age and which queues are paused, read through
+    ``Queue.stats()`` and ``Queue.queue_settings()`` per scrape (see the module's docstring for why on a loop of its
+    own)."""
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.path = path
@@ -164,30 +166,36 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats = run_on_own_loop(self.read)
+            stats, settings = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats)
+        return self._families(stats, settings=settings)
 
-    async def read(self) -> Stats:
-        """The queue's stats now, through a read-only ``Queue`` (nothing is created or changed)."""
+    async def read(self) -> tuple[Stats, list[QueueSettings]]:
+        """The queue's stats and stored queue settings now, through a read-only ``Queue`` (nothing is created or
+        changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return await queue.stats()
+            return await queue.stats(), await queue.queue_settings()
 
     @staticmethod
-    def _families(stats: Stats | None, up: int = 1) -> list[Metric]:
+    def _families(stats: Stats | None, up: int = 1, settings: Sequence[QueueSettings] = ()) -> list[Metric]:
         jobs = GaugeMetricFamily("asyncq_jobs", "Jobs in the queue file by status.", labels=["status"])
         dead = GaugeMetricFamily("asyncq_dead_jobs", "Dead jobs by reason.", labels=["reason"])
         oldest = GaugeMetricFamily("asyncq_oldest_ready_age_seconds", "Wait of the oldest ready job.")
         file_up = GaugeMetricFamily("asyncq_queue_file_up", "1 if the queue file was readable.", value=up)
+        paused = GaugeMetricFamily(
+            "asyncq_queue_paused", "1 while a queue is paused (queues with stored settings).", labels=["queue"]
+        )
+        for each in settings:
+            paused.add_metric([each.queue], int(each.paused))
         if stats is not None:
             for status, count in stats.by_status.items():
                 jobs.add_metric([status], count)
             for reason, count in sorted(stats.dead_by_reason.items()):
                 dead.add_metric([reason], count)
             oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
-        return [jobs, dead, oldest, file_up]
+        return [jobs, dead, oldest, file_up, paused]
 
 
 class InboxCollector(Collector):

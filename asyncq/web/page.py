@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.stats import Stats
 
@@ -52,6 +53,9 @@ class Snapshot:
     audit: list[AuditEntry]
     leases: list[Job]
     samples: list[Sample] = field(default_factory=list)
+    #: Every queue's stored settings (paused, max_wait) and the newest moves on queues.
+    queues: list[QueueSettings] = field(default_factory=list)
+    queue_moves: list[QueueAuditEntry] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -176,6 +180,21 @@ def render_audit(rows: Sequence[AuditEntry]) -> str:
     return _table("audit", ("at", "job", "action", "token", "note", "reason"), cells, "no audit rows yet")
 
 
+def render_queues(queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEntry]) -> str:
+    """The queues with stored settings (paused: since, by whom, why; max_wait), then the newest moves on queues."""
+    cells = [
+        f'<tr data-queue="{escape(q.queue)}">'
+        + _cells((q.queue, "paused" if q.paused else "running", utc(q.paused_at), q.paused_by or "", q.note or "",
+                  "" if q.max_wait_ms is None else f"{q.max_wait_ms / 1000:g} s"))
+        + "</tr>"
+        for q in queues
+    ]  # fmt: skip
+    headers = ("queue", "state", "paused since", "by", "note", "max wait")
+    settings = _table("queues", headers, cells, "no queue paused or given a max wait: every queue runs")
+    rows = [f"<tr>{_cells((utc(m.at_ms), m.queue, m.action, m.actor, m.note))}</tr>" for m in moves]
+    return settings + _table("queue-moves", ("at", "queue", "action", "by", "note"), rows, "no moves on queues yet")
+
+
 def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
     """Leases in flight, the soonest to expire first."""
     cells = []
@@ -183,9 +202,9 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
         until = job.lease_until or 0
         left = (until - now_ms) / 1000
         remaining = f"{left:.1f} s" if left > 0 else "expired"
-        values = (job.owner or "", job.id, job.queue, job.token, job.attempts, utc(until), remaining)
-        cells.append(f"<tr>{_cells(values, (3, 4, 6))}</tr>")
-    headers = ("owner", "job", "queue", "token", "attempt", "lease until", "left")
+        values = (job.owner or "", job.id, job.queue, job.priority, job.token, job.attempts, utc(until), remaining)
+        cells.append(f"<tr>{_cells(values, (3, 4, 5, 7))}</tr>")
+    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left")
     return _table("leases", headers, cells, "no leases in flight")
 
 
@@ -200,6 +219,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Queue depth</h2>{render_chart(snapshot.samples)}{render_legend()}"
         f"<h2>Dead jobs</h2>{render_dead(snapshot.dead_jobs, dead_total)}"
         f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
+        f"<h2>Queues: pause and max wait</h2>{render_queues(snapshot.queues, snapshot.queue_moves)}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)

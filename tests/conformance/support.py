@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from asyncq.core.failures import ErrorText
+from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
@@ -43,11 +44,11 @@ def new(
     max_attempts: int = 3,
     ttl_ms: int = 60_000,
     delay_ms: int = 0,
+    priority: int = 0,
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
-    spec = JobSpec(
-        job_id, {"id": job_id} if body is None else body, queue, max_attempts, ttl=ttl_ms / 1000, delay=delay_ms / 1000
-    )
+    body = {"id": job_id} if body is None else body
+    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl_ms / 1000, delay=delay_ms / 1000, priority=priority)
     return spec.to_row(now)
 
 
@@ -67,6 +68,7 @@ def stored(row: NewJob, seq: int) -> Job:
         owner=None,
         lease_until=None,
         reason=None,
+        priority=row.payload["priority"],
     )
 
 
@@ -74,7 +76,8 @@ def ticket_of(job: Job) -> Ticket:
     """The ticket a claim must hand out for ``job`` as it is stored now (leased)."""
     assert job.owner is not None and job.lease_until is not None, job
     fence = Fence(job.owner, job.token, job.attempts, job.lease_until)
-    return Ticket(job.id, job.queue, canonical_json(job.body), fence, job.deadline, job.max_attempts, job.seq)
+    body = canonical_json(job.body)
+    return Ticket(job.id, job.queue, body, fence, job.deadline, job.max_attempts, job.seq, priority=job.priority)
 
 
 def outcome(
@@ -103,10 +106,13 @@ async def enqueue(store: QueueStore, *rows: NewJob) -> dict[str, Job]:
 
 @dataclass(frozen=True)
 class Dump:
-    """The whole stored state: every job (oldest ``seq`` first) with every column, and every audit row."""
+    """The whole stored state: every job (oldest ``seq`` first) with every column, every audit row, every
+    queue's stored settings and every move on a queue (oldest first)."""
 
     jobs: dict[str, Job]
     audit: list[AuditEntry]
+    queues: list[QueueSettings]
+    queue_audit: list[QueueAuditEntry]
 
 
 async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dump:
@@ -127,16 +133,27 @@ async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dum
             assert record.redrives == sum(entry.action == "redrive" for entry in own)
             jobs[job.id] = record
     assert await store.stats(now_ms) == stats_of_jobs(jobs.values(), now_ms)
-    return Dump(jobs, audit)
+    moves = list(reversed(await store.queue_audit(None, ALL)))
+    assert [move.seq for move in moves] == sorted({move.seq for move in moves}), "queue_audit is not newest first"
+    return Dump(jobs, audit, await store.queue_settings(), moves)
 
 
 def expect(
-    before: Dump, after: Dump, jobs: Mapping[str, Job | None] | None = None, audit: Sequence[AuditEntry] = ()
+    before: Dump,
+    after: Dump,
+    jobs: Mapping[str, Job | None] | None = None,
+    audit: Sequence[AuditEntry] = (),
+    *,
+    queues: Sequence[QueueSettings] | None = None,
+    queue_audit: Sequence[QueueAuditEntry] = (),
 ) -> None:
-    """``after`` is ``before`` with exactly ``jobs`` changed (or added; ``None``: deleted) and ``audit`` appended."""
+    """``after`` is ``before`` with exactly ``jobs`` changed (or added; ``None``: deleted) and ``audit`` appended,
+    the queues' settings now ``queues`` (unchanged if ``None``) and ``queue_audit`` appended to their moves."""
     wanted = {**before.jobs, **(jobs or {})}
     assert after.jobs == {job_id: job for job_id, job in wanted.items() if job is not None}
     assert after.audit == [*before.audit, *audit]
+    assert after.queues == (before.queues if queues is None else list(queues))
+    assert after.queue_audit == [*before.queue_audit, *queue_audit]
 
 
 class Probe(Exception):

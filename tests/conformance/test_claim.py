@@ -90,7 +90,8 @@ async def test_a_group_commit_finishes_first_then_claims_by_queue_within_its_tot
     a1 = leased(replace(before.jobs["a1"], reason="retry", available_at=T0 + 10), "w2", T0 + 510)
     moved = {"a1": a1, "a2": leased(before.jobs["a2"], "w2", T0 + 510), "b1": leased(before.jobs["b1"], "w2", T0 + 510)}
     expect(before, after, moved)
-    assert tickets == [ticket_of(after.jobs[job_id]) for job_id in ("a1", "a2", "b1")]  # want by want, at most 3
+    # Want by want, at most 3; within a queue by the time each became ready: a1's retry made it ready after a2.
+    assert tickets == [ticket_of(after.jobs[job_id]) for job_id in ("a2", "a1", "b1")]
     assert after.jobs["a1"].token == 2 and after.jobs["a1"].attempts == 2
     assert await store.settle_and_claim([], T0 + 10, "w2", 500, [("b", 5)], 0) == ([], [], [])  # a total of 0
 
@@ -148,12 +149,13 @@ async def test_a_worker_whose_clock_is_behind_can_neither_take_over_nor_finish_a
     expect(after, await dump(store, T0 + 500))
 
 
-async def test_rows_enqueued_at_an_earlier_now_are_claimed_in_seq_order(store: QueueStore) -> None:
+async def test_rows_enqueued_at_an_earlier_now_are_claimed_by_the_time_they_became_ready(store: QueueStore) -> None:
     await store.enqueue([new("first", T0 + 1_000)])
     await store.enqueue([new("second", T0)])  # the clock went back: available earlier, but a later seq
     assert [t.id for t in await claim(store, "w1", T0 + 500, n=2)] == ["second"]  # "first" is not yet available
     await store.enqueue([new("third", T0)])
-    assert [t.id for t in await claim(store, "w1", T0 + 1_000, n=2)] == ["first", "third"]  # oldest seq first
+    # Ready first is claimed first, whatever the seq (docs/flow-control.md): third (T0) before first (T0 + 1000).
+    assert [t.id for t in await claim(store, "w1", T0 + 1_000, n=2)] == ["third", "first"]
 
 
 async def test_an_extend_or_release_dated_before_the_claim_follows_the_rules(store: QueueStore) -> None:

@@ -123,7 +123,7 @@ async def test_a_renewed_ticket_finishes_and_the_one_before_the_renewal_is_stale
 
 @pytest.mark.parametrize("held", [True, False])
 async def test_each_failed_attempts_error_is_kept_with_the_job_oldest_first(store: QueueStore, held: bool) -> None:
-    await enqueue(store, new("a"), new("b"))
+    await enqueue(store, new("a"), new("b", delay_ms=1_000))  # b is not ready when a, retried, is claimed again
     [first] = await claim(store, "w1", T0)
     assert await store.finish([outcome(first, "retry", 0, held=held, error=BOOM)], T0 + 10) == ["pending"]
     [second] = await claim(store, "w1", T0 + 20)

@@ -4,8 +4,11 @@ of a store.
 What every store must guarantee (the conformance suite in ``tests/conformance/`` checks each):
 
 - **Atomic claim.** A claim sweeps unclaimable rows (deadline passed, attempts used up) to ``dead`` and leases
-  ready jobs, oldest first, in one transaction; no job is leased twice at once; each claim gives the job a new
+  ready jobs in ``core.claim_plan``'s order (priority, then ready time, then ``seq``; a job over its queue's
+  ``max_wait`` first), in one transaction; no job is leased twice at once; each claim gives the job a new
   token (``token + 1``) and counts an attempt.
+- **Flow control read by the claim.** A queue's stored settings (paused, ``max_wait``) are read by the claim
+  statement itself: a claim that begins after a pause committed takes nothing from that queue, on any host.
 - **Compare-and-set finish.** A finish, extend or release lands only if id, owner, token, attempt and
   ``lease_until`` all still match and the lease has not expired at ``now_ms``; a stale member of a batch changes
   nothing while the rest land. Decisions are ``asyncq.core.lifecycle``'s, never the store's own.
@@ -24,6 +27,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.stats import Stats
@@ -153,6 +157,25 @@ class QueueStore(Protocol):
         holder's renewal returns it; the sweep ends the row once nobody holds it), each with an audit row
         (``cancel``, ``cancel_request``); ``too_late`` for a job that has ended (nothing changes). ``ValueError``
         if it is missing."""
+        ...
+
+    async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        """Pause (``paused``) or resume ``queue`` with an audit row, which is returned; ``ValueError`` (nothing
+        changes) if it is paused already (resuming: if it is not paused). Jobs in flight are not touched."""
+        ...
+
+    async def set_max_wait(
+        self, queue: str, max_wait_ms: int | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        """Set ``queue``'s ``max_wait`` (``None``: none, strict priorities) with an audit row, which is returned."""
+        ...
+
+    async def queue_settings(self) -> list[QueueSettings]:
+        """Every queue's stored settings (paused or not, ``max_wait``), by name; a queue never set has none."""
+        ...
+
+    async def queue_audit(self, queue: str | None, limit: int) -> list[QueueAuditEntry]:
+        """The newest ``limit`` moves on queues (pause, resume, max_wait), of ``queue`` only if named, newest first."""
         ...
 
     async def get(self, job_id: str) -> Job | None:

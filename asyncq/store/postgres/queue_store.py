@@ -16,13 +16,14 @@ from typing import Any, TypeVar
 import asyncpg
 
 from asyncq.core.claim_plan import plan_claim
+from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.postgres import admin, transitions
+from asyncq.store.postgres import admin, flow, transitions
 from asyncq.store.postgres.connection import (
     Connection,
     Target,
@@ -244,6 +245,32 @@ class PostgresQueueStore:
 
         outcome: CancelOutcome = await self._write(step)
         return outcome
+
+    async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        async def step(conn: Connection, schema: str) -> QueueAuditEntry:
+            entry = await flow.set_paused(conn, schema, queue, paused, now_ms, note, actor)
+            if not paused:  # waiting workers on every host look for work again
+                await conn.execute(NOTIFY, self.wakeups.channel)
+            return entry
+
+        entry: QueueAuditEntry = await self._write(step)
+        if not paused:
+            self.wakeups.notify()
+        return entry
+
+    async def set_max_wait(
+        self, queue: str, max_wait_ms: int | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_max_wait, queue, max_wait_ms, now_ms, note, actor)
+        return entry
+
+    async def queue_settings(self) -> list[QueueSettings]:
+        found: list[QueueSettings] = await self._read(flow.all_settings)
+        return found
+
+    async def queue_audit(self, queue: str | None, limit: int) -> list[QueueAuditEntry]:
+        entries: list[QueueAuditEntry] = await self._read(flow.audit_log, queue, limit)
+        return entries
 
     async def get(self, job_id: str) -> Job | None:
         job: Job | None = await self._read(admin.get_job, job_id)

@@ -151,6 +151,35 @@ CANCEL_REQUESTS = (
     " CHECK (action IN ('redrive', 'cancel', 'cancel_request'))",
 )
 
+# Version 5: flow control (docs/flow-control.md; the SQLite store's v8). A job's priority (claimed higher first,
+# then by the time it became ready, then seq): the pending index becomes ``(queue, priority DESC, available_at,
+# seq)``, the claim's order, and ``jobs_waiting`` finds a queue's oldest ready job in one seek for ``max_wait``.
+# ``queues`` holds each queue's stored settings, read by the claim statement itself (paused: since, by whom, why;
+# ``max_wait_ms``); ``queue_audit`` keeps every move on a queue (the job audit's rows name a job; these do not).
+FLOW_CONTROL = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN priority smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100)",
+    "DROP INDEX {schema}.jobs_pending",
+    "CREATE INDEX jobs_ranked ON {schema}.jobs (queue, priority DESC, available_at, seq) WHERE status = 'pending'",
+    "CREATE INDEX jobs_waiting ON {schema}.jobs (queue, available_at, seq) WHERE status = 'pending'",
+    """CREATE TABLE {schema}.queues (
+  queue text PRIMARY KEY,
+  paused_at bigint,
+  paused_by text,
+  note text,
+  max_wait_ms bigint
+)""",
+    """CREATE TABLE {schema}.queue_audit (
+  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  queue text NOT NULL,
+  action text NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait')),
+  at_ms bigint NOT NULL,
+  actor text NOT NULL,
+  note text NOT NULL,
+  max_wait_ms bigint
+)""",
+    "CREATE INDEX queue_audit_queue ON {schema}.queue_audit (queue)",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -174,6 +203,7 @@ QUEUE = Migrations(
             "CREATE INDEX jobs_dead ON {schema}.jobs (seq) WHERE status = 'dead'",
         ),
         CANCEL_REQUESTS,  # version 4: a cancel requested while a job is leased
+        FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -42,28 +42,51 @@ WHERE seq IN (
 """
 
 # $1 queue, $2 now, $3 limit, $4 owner, $5 lease_ms, $6 count (1: the claim counts an attempt; 0: claimed ahead,
-# counted when a handler starts it). Oldest seq first among ready rows: pending and available, or leased with an
-# expired lease. A row the sweep skipped (another transaction held it) is never leased past its budget, nor with a
-# cancel request: the selection repeats the sweep's conditions.
+# counted when a handler starts it). The ready rows in ``core.claim_plan``'s order (``claim_rank``): a job ready for
+# longer than its queue's ``max_wait`` first (``late``, oldest first; none without a ``max_wait``), then higher
+# priority, then the earlier ``available_at``, then seq; pending and available, or leased with an expired lease.
+# Each branch seeks its own index in its own order (``jobs_waiting``, ``jobs_ranked``, ``jobs_leased``) and stops at
+# the limit; the branches are disjoint (the ready branch leaves the late jobs to theirs), so ``UNION ALL``.
+# ``flow`` is the queue's stored settings row: while it says paused, no branch returns a row. A row the sweep
+# skipped (another transaction held it) is never leased past its budget, nor with a cancel request: each branch
+# repeats the sweep's conditions. RETURNING adds the rank's columns after the ticket's.
 CLAIM = """
-WITH pending AS MATERIALIZED (
-  SELECT seq FROM {schema}.jobs
+WITH flow AS MATERIALIZED (
+  SELECT paused_at, $2 - max_wait_ms AS late_at FROM {schema}.queues WHERE queue = $1
+), late AS MATERIALIZED (
+  SELECT seq, priority, available_at FROM {schema}.jobs
+  WHERE status = 'pending' AND queue = $1 AND available_at <= (SELECT late_at FROM flow) AND deadline > $2
+    AND attempts < max_attempts AND cancel_requested_at IS NULL
+    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+  ORDER BY available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
+), pending AS MATERIALIZED (
+  SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= $2 AND deadline > $2 AND attempts < max_attempts
     AND cancel_requested_at IS NULL
-  ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
+    AND NOT coalesce(available_at <= (SELECT late_at FROM flow), false)
+    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+  ORDER BY priority DESC, available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
 ), expired AS MATERIALIZED (
-  SELECT seq FROM {schema}.jobs
+  SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'leased' AND queue = $1 AND lease_until <= $2 AND deadline > $2 AND attempts < max_attempts
     AND cancel_requested_at IS NULL
-  ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
+    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+  ORDER BY coalesce(available_at <= (SELECT late_at FROM flow), false) DESC,
+    CASE WHEN coalesce(available_at <= (SELECT late_at FROM flow), false) THEN 0 ELSE priority END DESC,
+    available_at, seq
+  LIMIT $3 FOR UPDATE SKIP LOCKED
 ), chosen AS MATERIALIZED (
-  SELECT seq FROM (SELECT seq FROM pending UNION ALL SELECT seq FROM expired) c ORDER BY seq LIMIT $3
+  SELECT seq, late FROM (
+    SELECT seq, priority, available_at, coalesce(available_at <= (SELECT late_at FROM flow), false) AS late
+    FROM (SELECT * FROM late UNION ALL SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+  ) r ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT $3
 )
 UPDATE {schema}.jobs j
 SET status = 'leased', attempts = j.attempts + $6, token = j.token + 1, owner = $4,
     lease_until = least($2 + $5, j.deadline), reason = NULL
 FROM chosen WHERE j.seq = chosen.seq
-RETURNING j.seq, j.id, j.queue, j.body, j.owner, j.token, j.attempts, j.lease_until, j.deadline, j.max_attempts
+RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts, j.lease_until, j.deadline,
+  j.max_attempts, j.available_at, chosen.late
 """
 
 # The finish: a compare-and-set on every column each decision read, for a whole batch in one statement. A row
@@ -123,17 +146,17 @@ RETURNING v.n
 
 # New jobs in batch order (seq follows it); a known id inserts nothing and RETURNING leaves it out.
 INSERT_ROWS = """
-INSERT INTO {schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline)
-SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline
-FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[])
-  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, n)
+INSERT INTO {schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority)
+SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority
+FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::smallint[])
+  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, n)
 ORDER BY n
 ON CONFLICT (id) DO NOTHING
 RETURNING id
 """
 
 SELECT_BY_IDS = """
-SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline
+SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority
 FROM {schema}.jobs WHERE id = ANY($1::text[])
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from asyncq.core.claim_plan import ClaimPlan, next_claim
+from asyncq.core.claim_plan import ClaimPlan, Rank, claim_rank, next_claim
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
     FinishPlan,
@@ -47,6 +47,7 @@ async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
         [job.max_attempts for job in unique],
         [job.available_at for job in unique],
         [job.deadline for job in unique],
+        [job.payload["priority"] for job in unique],
     )
     inserted = {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
     known = [job.id for job in unique if job.id not in inserted]
@@ -70,9 +71,9 @@ async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> 
         return {}
     found: dict[str, Found] = {}
     for row in await conn.fetch(sql(schema, "SELECT_BY_IDS"), list(dict.fromkeys(job_ids))):
-        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline = row
+        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority = row
         state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-        found[job_id] = (seq, {"queue": queue, "body": body}, state)
+        found[job_id] = (seq, {"queue": queue, "body": body, "priority": priority}, state)
     return found
 
 
@@ -175,8 +176,9 @@ async def claim(
     wants: Sequence[tuple[str, int]],
     plan: ClaimPlan,
 ) -> tuple[list[tuple[Any, ...]], int]:
-    """Run ``plan``'s claims (``core.claim_plan``) over the queues of ``wants``, oldest first within each queue:
-    the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order), those counted first, and how many were."""
+    """Run ``plan``'s claims (``core.claim_plan``) over the queues of ``wants``, in the claim order within each
+    queue (``claim_rank``): the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order, then the rank's
+    columns), those counted first, and how many were."""
     claimed: list[tuple[Any, ...]] = []
     counted = 0
     dry: set[int] = set()  # queues found with no ready job left
@@ -184,12 +186,17 @@ async def claim(
     while step is not None:
         queue = wants[step.queue][0]
         rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, step.limit, owner, lease_ms, int(step.counts))
-        claimed += sorted(tuple(row) for row in rows)
+        claimed += sorted((tuple(row) for row in rows), key=_rank)
         counted += len(rows) if step.counts else 0
         if len(rows) < step.limit:
             dry.add(step.queue)
         step = next_claim(plan, step.step + 1, len(claimed), dry)
     return claimed, counted
+
+
+def _rank(row: tuple[Any, ...]) -> Rank:
+    """A claimed row's place in the claim order: its priority, ``available_at``, seq and whether it is late."""
+    return claim_rank(row[4], row[-2], row[0], row[-1])
 
 
 async def activate(conn: Connection, schema: str, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

@@ -14,7 +14,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any
 
-from asyncq.core.claim_plan import next_claim, plan_claim
+from asyncq.core.claim_plan import Rank, claim_rank, next_claim, plan_claim
 from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
@@ -139,20 +139,30 @@ def claim_rows_in_transaction(
     count: bool = True,
     sweep: bool = True,
 ) -> list[tuple[Any, ...]]:
-    """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the CLAIM
-    statement returns them, oldest first (``seq, id, payload…, owner, token, attempts, lease_until, deadline,
-    max_attempts``). ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
+    """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the layout's claim
+    statement returns them (``seq, id, payload…, owner, token, attempts, lease_until, deadline, max_attempts``,
+    then the product's rank columns), in the claim order (the lab's: ``seq``; the product's: ``claim_rank``).
+    ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
     ``sweep=False`` skips the sweep, already run in this transaction (the sweeps cover every queue)."""
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
     params |= scope or {}
     if sweep:
         _sweep(con, layout, now_ms)
-    return sorted(con.execute(sql(layout, "CLAIM"), params).fetchall())
+    rows = con.execute(sql(layout, layout.claim), params).fetchall()
+    return sorted(rows) if layout.settings is None else sorted(rows, key=_ranked(layout))
+
+
+@cache
+def _ranked(layout: Layout) -> Callable[[tuple[Any, ...]], Rank]:
+    """The sort key of the product's claimed rows: ``claim_rank`` of their priority, ``available_at``, ``seq`` and
+    ``late`` (the two rank columns CLAIM_RANKED returns last)."""
+    at = 2 + layout.payload.index("priority")
+    return lambda row: claim_rank(row[at], row[-2], row[0], bool(row[-1]))
 
 
 def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
     width = len(layout.payload)
-    owner, token, attempts, lease_until, deadline, _max_attempts = row[2 + width :]
+    owner, token, attempts, lease_until, deadline, _max_attempts = row[2 + width : 8 + width]
     return Claimed(
         id=row[1],
         payload=dict(zip(layout.payload, row[2 : 2 + width], strict=True)),

@@ -9,6 +9,7 @@ from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
     ERROR_TABLES,
+    FLOW_CONTROL,
     JOB_COUNTS,
     PRODUCT,
     PRODUCT_TABLES,
@@ -40,6 +41,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (*JOB_COUNTS, *RECOUNT),  # version 5: the job counts kept by triggers, counted once from the rows
     RESULT_TABLES,  # version 6: tasks' results
     CANCEL_REQUESTS,  # version 7: a cancel requested while a job is leased
+    FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

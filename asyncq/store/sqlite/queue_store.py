@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.sqlite import admin, engine
+from asyncq.store.sqlite import admin, engine, flow
 from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
@@ -218,6 +219,26 @@ class SqliteQueueStore:
 
         outcome: CancelOutcome = await self._write(cancel)
         return outcome
+
+    async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_paused, queue, paused, now_ms, note, actor)
+        if not paused:
+            self._file.notify()
+        return entry
+
+    async def set_max_wait(
+        self, queue: str, max_wait_ms: int | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_max_wait, queue, max_wait_ms, now_ms, note, actor)
+        return entry
+
+    async def queue_settings(self) -> list[QueueSettings]:
+        found: list[QueueSettings] = await self._file.run(flow.all_settings)
+        return found
+
+    async def queue_audit(self, queue: str | None, limit: int) -> list[QueueAuditEntry]:
+        entries: list[QueueAuditEntry] = await self._file.run(flow.audit_log, queue, limit)
+        return entries
 
     async def get(self, job_id: str) -> Job | None:
         job: Job | None = await self._file.run(admin.get_job, job_id)

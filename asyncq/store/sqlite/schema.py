@@ -67,6 +67,10 @@ class Layout:
     results: str | None = None
     #: Whether the jobs table has ``cancel_requested_at`` (the product's, ``CANCEL_REQUESTS``; the lab's has not).
     cancels: bool = False
+    #: The claim statement's name (``statements.NAMES``): the lab's claims by ``seq``; the product's by the order of
+    #: ``core.claim_plan.claim_rank``, reading its queue's stored settings (``settings``: paused, ``max_wait``).
+    claim: str = "CLAIM"
+    settings: str | None = None
 
 
 LAB = Layout(
@@ -84,8 +88,10 @@ PRODUCT = Layout(
     counts="asyncq_counts",
     results="asyncq_results",
     cancels=True,
-    payload=("queue", "body"),
+    payload=("queue", "body", "priority"),
     scope="AND queue = :queue",
+    claim="CLAIM_RANKED",
+    settings="asyncq_queues",
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -192,4 +198,25 @@ OUTBOX_TABLES = (
     """CREATE TABLE IF NOT EXISTS asyncq_outbox_lease (name TEXT PRIMARY KEY, owner TEXT,
   token INTEGER NOT NULL, lease_until INTEGER)""",
     "INSERT OR IGNORE INTO asyncq_outbox_lease (name, token) VALUES ('relay', 0)",
+)
+
+# Version 7: flow control (docs/flow-control.md). A job's priority, claimed higher first, then by the time it became
+# ready (``available_at``), then ``seq``: the pending jobs' partial index becomes ``(queue, priority DESC,
+# available_at)`` (its rowid, ``seq``, last), so the claim walks one queue's ready jobs in exactly that order and
+# stops at its limit, and ``asyncq_jobs_waiting`` finds a queue's oldest ready job in one seek for ``max_wait``
+# (a job ready longer than that is served first). ``asyncq_queues`` holds each queue's stored settings, read by
+# the claim statement itself: paused (since, by whom, why) and ``max_wait_ms``; ``asyncq_queue_audit`` keeps every
+# move on a queue. A queue without a row runs, with strict priorities.
+FLOW_CONTROL = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100)",
+    "DROP INDEX IF EXISTS asyncq_jobs_pending",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_ranked ON asyncq_jobs(queue, priority DESC, available_at)"
+    " WHERE status = 'pending'",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_waiting ON asyncq_jobs(queue, available_at) WHERE status = 'pending'",
+    """CREATE TABLE IF NOT EXISTS asyncq_queues (queue TEXT PRIMARY KEY, paused_at INTEGER, paused_by TEXT,
+  note TEXT, max_wait_ms INTEGER) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS asyncq_queue_audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait')), at_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER)""",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
 )

@@ -27,6 +27,7 @@ def enqueue_sync(
     max_attempts: int = 3,
     ttl: Duration | None = None,
     delay: Duration | None = None,
+    priority: int = 0,
     now_ms: int | None = None,
 ) -> bool:
     """Add a job through the caller's connection: ``True`` if inserted, ``False`` if the same id and
@@ -34,7 +35,7 @@ def enqueue_sync(
     now = wall_clock_ms() if now_ms is None else check_time(now_ms)
     if not isinstance(con, sqlite3.Connection):
         raise TypeError(f"enqueue_sync takes a sqlite3.Connection, not {type(con).__name__}")
-    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay)
+    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, priority=priority)
     row = spec.to_row(now, MAX_BODY_BYTES)
     if con.in_transaction:
         return _enqueue(con, row)

@@ -1,0 +1,97 @@
+"""The product's claim stays an index seek at depth on both stores (docs/benchmarks.md, "The claim with
+priorities"): each branch of the claim seeks its own index in its own order, with no scan of the jobs and no sort
+of them (the only sorts are of the few rows the branches found: the expired leases, and the branches' union)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from asyncq.queue import Queue
+from asyncq.store.postgres.connection import parse_url
+from asyncq.store.postgres.statements import sql as pg_sql
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.statements import sql
+
+pytestmark = pytest.mark.timeout(120)
+
+DEPTH = 30_000  # deep enough for the planners to prefer an index; the plans at 1M are in docs/benchmarks.md
+NOW = 10_000_000
+
+
+def sqlite_plan(con: sqlite3.Connection) -> list[tuple[int, int, str]]:
+    params = {"now": NOW, "owner": "o", "lease_ms": 1000, "limit": 10, "count": 1, "queue": "q1"}
+    return [
+        (row[0], row[1], row[3]) for row in con.execute("EXPLAIN QUERY PLAN " + sql(PRODUCT, PRODUCT.claim), params)
+    ]
+
+
+def children(plan: list[tuple[int, int, str]], parent: int) -> list[str]:
+    return [detail for _id, up, detail in plan if up == parent]
+
+
+async def test_the_sqlite_claim_seeks_the_ranked_and_waiting_indexes_without_sorting_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "deep.db"
+    async with await Queue.open(str(path)):
+        pass
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        con.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
+            " INSERT INTO asyncq_jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline,"
+            " priority) SELECT 'j' || i, 'q' || (i % 3), '{}', 'pending', 0, 3, 0, i, 10000000000000, i % 11 - 5"
+            " FROM n",
+            (DEPTH,),
+        )
+        con.execute("ANALYZE")
+        plan = sqlite_plan(con)
+    finally:
+        con.close()
+    lines = [detail for _id, _up, detail in plan]
+    assert not [line for line in lines if line.startswith("SCAN asyncq_jobs")], lines
+    ranked = [node for node, _up, detail in plan if "USING INDEX asyncq_jobs_ranked (queue=?)" in detail]
+    waiting = [
+        node for node, _up, detail in plan if "USING INDEX asyncq_jobs_waiting (queue=? AND available_at<?)" in detail
+    ]
+    assert len(ranked) == 1 and len(waiting) == 1, lines
+    for node in ranked + waiting:  # the branch's co-routine sorts nothing: the index is in the branch's order
+        parent = next(up for id_, up, _d in plan if id_ == node)
+        assert not [line for line in children(plan, parent) if "TEMP B-TREE" in line], lines
+
+
+def _pg_plan_text(rows: list[Any]) -> str:
+    return "\n".join(row[0] for row in rows)
+
+
+async def test_the_postgresql_claim_seeks_the_ranked_and_waiting_indexes_without_sorting_jobs(
+    postgres_url: str,
+) -> None:
+    async with await Queue.open(postgres_url):
+        pass
+    target = parse_url(postgres_url)
+    conn = await asyncpg.connect(target.dsn, timeout=5)
+    try:
+        await conn.execute(
+            f"INSERT INTO {target.schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at,"
+            " deadline, priority) SELECT 'j' || i, 'q' || (i % 3), '{}', 'pending', 0, 3, 0, i, 10000000000000,"
+            " i % 11 - 5 FROM generate_series(1, $1) i",
+            DEPTH,
+        )
+        await conn.execute(f"ANALYZE {target.schema}.jobs")
+        plan = _pg_plan_text(
+            await conn.fetch("EXPLAIN (COSTS OFF) " + pg_sql(target.schema, "CLAIM"), "q1", NOW, 10, "o", 1000, 1)
+        )
+    finally:
+        await conn.close()
+    assert "Seq Scan on jobs" not in plan, plan
+    assert "Index Scan using jobs_ranked on jobs" in plan and "Index Scan using jobs_waiting on jobs" in plan, plan
+    # The sorts are of the branches' few rows (the expired leases, the union), never of the pending jobs: no sort
+    # sits under the pending branch's LockRows.
+    pending = plan.split("CTE pending", 1)[1].split("CTE expired", 1)[0]
+    assert "Sort" not in pending and "jobs_ranked" in pending, plan
+    late = plan.split("CTE late", 1)[1].split("CTE pending", 1)[0]
+    assert "Sort" not in late and "jobs_waiting" in late, plan
