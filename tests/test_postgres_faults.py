@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -41,6 +42,16 @@ TERMINATE_EVERY_S = 0.4
 RESTARTS_AT_S = (3.0, 7.0)
 
 pytestmark = [pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A fresh cluster of the test's own on loopback (skip, or fail under CI, where none can be started)."""
+    problem = cluster_problem()
+    if problem is not None:
+        unavailable(problem)
+    with running_cluster("127.0.0.1") as started:
+        yield started
 
 
 def start_worker(url: str, folder: Path, index: int) -> subprocess.Popen[bytes]:
@@ -70,78 +81,74 @@ async def statuses(cluster: Cluster) -> Counter[str]:
         await conn.close()
 
 
-async def test_workers_survive_ended_backends_and_crash_restarts_and_finish_every_job(tmp_path: Path) -> None:
-    problem = cluster_problem()
-    if problem is not None:
-        unavailable(problem)
-    with running_cluster("127.0.0.1") as cluster:
-        url = cluster.url()
-        async with await Queue.open(url) as queue:
-            for start in range(0, JOBS, 500):
-                await queue.enqueue_many([JobSpec(f"j-{n:05d}", {"n": n}) for n in range(start, start + 500)])
-        starts = tmp_path / "starts"
-        workers = [start_worker(url, tmp_path, i) for i in range(WORKERS)]
-        try:
-            ended, restarts, began = 0, 0, time.monotonic()
-            while (elapsed := time.monotonic() - began) < FAULTS_S:
-                await asyncio.sleep(TERMINATE_EVERY_S)
-                if restarts < len(RESTARTS_AT_S) and elapsed >= RESTARTS_AT_S[restarts]:
-                    await asyncio.to_thread(cluster.crash_restart)
-                    restarts += 1
-                ended += await terminate_client_backends(cluster)
-            alive = [worker.poll() for worker in workers]
-            assert alive == [None] * WORKERS, [(tmp_path / f"err{i}").read_text()[-3000:] for i in range(WORKERS)]
+async def test_workers_survive_ended_backends_and_crash_restarts_and_finish_every_job(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    url = cluster.url()
+    async with await Queue.open(url) as queue:
+        for start in range(0, JOBS, 500):
+            await queue.enqueue_many([JobSpec(f"j-{n:05d}", {"n": n}) for n in range(start, start + 500)])
+    starts = tmp_path / "starts"
+    workers = [start_worker(url, tmp_path, i) for i in range(WORKERS)]
+    try:
+        ended, restarts, began = 0, 0, time.monotonic()
+        while (elapsed := time.monotonic() - began) < FAULTS_S:
+            await asyncio.sleep(TERMINATE_EVERY_S)
+            if restarts < len(RESTARTS_AT_S) and elapsed >= RESTARTS_AT_S[restarts]:
+                await asyncio.to_thread(cluster.crash_restart)
+                restarts += 1
+            ended += await terminate_client_backends(cluster)
+        alive = [worker.poll() for worker in workers]
+        assert alive == [None] * WORKERS, [(tmp_path / f"err{i}").read_text()[-3000:] for i in range(WORKERS)]
 
-            async def all_done() -> Counter[str] | None:
-                found = await statuses(cluster)
-                return found if found["done"] == JOBS else None
+        async def all_done() -> Counter[str] | None:
+            found = await statuses(cluster)
+            return found if found["done"] == JOBS else None
 
-            found = await eventually(all_done, "every job done", timeout=90, interval=0.1)
-        finally:
-            for worker in workers:
-                worker.send_signal(signal.SIGTERM)
-            codes = [worker.wait(30) for worker in workers]
-        assert restarts == len(RESTARTS_AT_S) and ended > WORKERS  # the faults really hit the workers' backends
-        assert found == Counter(done=JOBS)  # nothing pending, leased or dead
-        started = {line.split()[0] for line in starts.read_text().splitlines()}
-        assert started == {f"j-{n:05d}" for n in range(JOBS)}
-        assert codes == [0] * WORKERS
-        counters = [json.loads((tmp_path / f"s{i}").read_text()) for i in range(WORKERS)]
-        assert sum(c["finished"]["done"] for c in counters) >= JOBS
-        assert sum(c["store_busy"] for c in counters) > 0  # the faults were met, counted ...
-        logs = "".join((tmp_path / f"err{i}").read_text() for i in range(WORKERS))
-        assert "store busy" in logs  # ... and logged
-
-
-async def test_a_worker_started_while_the_server_is_down_waits_for_it_then_runs(tmp_path: Path) -> None:
-    problem = cluster_problem()
-    if problem is not None:
-        unavailable(problem)
-    with running_cluster("127.0.0.1") as cluster:
-        url = cluster.url()
-        await asyncio.to_thread(cluster.stop)
-        worker = start_worker(url, tmp_path, 0)
-        try:
-            log = tmp_path / "err0"
-            waiting = await eventually(
-                lambda: "the queue is not open yet" in log.read_text(), "the worker logs its wait", timeout=30
-            )
-            assert waiting and worker.poll() is None  # waiting, not exited
-            await asyncio.to_thread(cluster.start)
-            async with await Queue.open(url) as queue:
-                await queue.enqueue_many([JobSpec(f"late-{n}", {"n": n}) for n in range(50)])
-
-            async def all_done() -> Counter[str] | None:
-                found = await statuses(cluster)
-                return found if found["done"] == 50 else None
-
-            assert await eventually(all_done, "the jobs enqueued after the start done", timeout=60, interval=0.1)
-            assert worker.poll() is None
-        finally:
+        found = await eventually(all_done, "every job done", timeout=90, interval=0.1)
+    finally:
+        for worker in workers:
             worker.send_signal(signal.SIGTERM)
-            code = worker.wait(30)
-        assert code == 0
-        assert "cannot open" in log.read_text() and "ConnectionRefusedError" in log.read_text()
+        codes = [worker.wait(30) for worker in workers]
+    assert restarts == len(RESTARTS_AT_S) and ended > WORKERS  # the faults really hit the workers' backends
+    assert found == Counter(done=JOBS)  # nothing pending, leased or dead
+    started = {line.split()[0] for line in starts.read_text().splitlines()}
+    assert started == {f"j-{n:05d}" for n in range(JOBS)}
+    assert codes == [0] * WORKERS
+    counters = [json.loads((tmp_path / f"s{i}").read_text()) for i in range(WORKERS)]
+    assert sum(c["finished"]["done"] for c in counters) >= JOBS
+    assert sum(c["store_busy"] for c in counters) > 0  # the faults were met, counted ...
+    logs = "".join((tmp_path / f"err{i}").read_text() for i in range(WORKERS))
+    assert "store busy" in logs  # ... and logged
+
+
+async def test_a_worker_started_while_the_server_is_down_waits_for_it_then_runs(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    url = cluster.url()
+    await asyncio.to_thread(cluster.stop)
+    worker = start_worker(url, tmp_path, 0)
+    try:
+        log = tmp_path / "err0"
+        waiting = await eventually(
+            lambda: "the queue is not open yet" in log.read_text(), "the worker logs its wait", timeout=30
+        )
+        assert waiting and worker.poll() is None  # waiting, not exited
+        await asyncio.to_thread(cluster.start)
+        async with await Queue.open(url) as queue:
+            await queue.enqueue_many([JobSpec(f"late-{n}", {"n": n}) for n in range(50)])
+
+        async def all_done() -> Counter[str] | None:
+            found = await statuses(cluster)
+            return found if found["done"] == 50 else None
+
+        assert await eventually(all_done, "the jobs enqueued after the start done", timeout=60, interval=0.1)
+        assert worker.poll() is None
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(30)
+    assert code == 0
+    assert "cannot open" in log.read_text() and "ConnectionRefusedError" in log.read_text()
 
 
 async def set_read_only(cluster: Cluster, on: bool) -> None:
@@ -154,47 +161,45 @@ async def set_read_only(cluster: Cluster, on: bool) -> None:
         await conn.close()
 
 
-async def test_a_read_only_server_is_a_clear_error_and_workers_wait_until_it_is_writable(tmp_path: Path) -> None:
-    problem = cluster_problem()
-    if problem is not None:
-        unavailable(problem)
-    with running_cluster("127.0.0.1") as cluster:
-        url = cluster.url()
-        async with await Queue.open(url) as queue:
-            await queue.enqueue_many([JobSpec(f"before-{n}", {"n": n}) for n in range(20)])
-            worker = start_worker(url, tmp_path, 0)
-            try:
-                await eventually(lambda: statuses_done(cluster, 20), "the first jobs done", timeout=60, interval=0.05)
-                await set_read_only(cluster, True)
+async def test_a_read_only_server_is_a_clear_error_and_workers_wait_until_it_is_writable(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    url = cluster.url()
+    async with await Queue.open(url) as queue:
+        await queue.enqueue_many([JobSpec(f"before-{n}", {"n": n}) for n in range(20)])
+        worker = start_worker(url, tmp_path, 0)
+        try:
+            await eventually(lambda: statuses_done(cluster, 20), "the first jobs done", timeout=60, interval=0.05)
+            await set_read_only(cluster, True)
 
-                async def refused() -> str | None:
-                    try:
-                        await queue.enqueue("while-read-only", {})
-                    except StoreBusy as error:
-                        return str(error)
-                    return None  # the setting not picked up yet by this connection: try again
+            async def refused() -> str | None:
+                try:
+                    await queue.enqueue("while-read-only", {})
+                except StoreBusy as error:
+                    return str(error)
+                return None  # the setting not picked up yet by this connection: try again
 
-                message = await eventually(refused, "an enqueue refused by the read-only server", timeout=10)
-                assert "read-only" in message and "nothing changed" in message
-                assert await queue.get("while-read-only") is None  # nothing of the refused call landed
-                assert await queue.get("before-0") is not None  # reads still work on a read-only server
-                log = tmp_path / "err0"
-                await eventually(lambda: "read-only" in log.read_text(), "the worker logs the refusal", timeout=30)
-                assert worker.poll() is None
-                await set_read_only(cluster, False)
-                await eventually(
-                    lambda: _enqueued(queue, [JobSpec(f"after-{n}", {"n": n}) for n in range(20)]),
-                    "enqueues accepted again",
-                    timeout=10,
-                )
-                await eventually(lambda: statuses_done(cluster, 40), "every job done", timeout=60, interval=0.05)
-                assert worker.poll() is None
-            finally:
-                worker.send_signal(signal.SIGTERM)
-                code = worker.wait(30)
-            assert code == 0
-            counters = json.loads((tmp_path / "s0").read_text())
-            assert counters["store_busy"] > 0
+            message = await eventually(refused, "an enqueue refused by the read-only server", timeout=10)
+            assert "read-only" in message and "nothing changed" in message
+            assert await queue.get("while-read-only") is None  # nothing of the refused call landed
+            assert await queue.get("before-0") is not None  # reads still work on a read-only server
+            log = tmp_path / "err0"
+            await eventually(lambda: "read-only" in log.read_text(), "the worker logs the refusal", timeout=30)
+            assert worker.poll() is None
+            await set_read_only(cluster, False)
+            await eventually(
+                lambda: _enqueued(queue, [JobSpec(f"after-{n}", {"n": n}) for n in range(20)]),
+                "enqueues accepted again",
+                timeout=10,
+            )
+            await eventually(lambda: statuses_done(cluster, 40), "every job done", timeout=60, interval=0.05)
+            assert worker.poll() is None
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            code = worker.wait(30)
+        assert code == 0
+        counters = json.loads((tmp_path / "s0").read_text())
+        assert counters["store_busy"] > 0
 
 
 async def statuses_done(cluster: Cluster, jobs: int) -> bool:
@@ -211,50 +216,46 @@ async def _enqueued(queue: Queue, specs: list[JobSpec]) -> bool:
 
 
 async def test_low_statement_and_idle_in_transaction_timeouts_fail_an_apps_long_transaction_cleanly(
-    tmp_path: Path,
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     """``statement_timeout`` and ``idle_in_transaction_session_timeout`` set low on the role: an app transaction that
     enqueues on its own connection and then idles past the timeout fails (the server ends it), and nothing of it
     is left; a statement past the timeout is cancelled; the pool's own short transactions run every job."""
-    problem = cluster_problem()
-    if problem is not None:
-        unavailable(problem)
-    with running_cluster("127.0.0.1") as cluster:
-        url = cluster.url()
-        admin = await asyncpg.connect(url, timeout=5)
+    url = cluster.url()
+    admin = await asyncpg.connect(url, timeout=5)
+    try:
+        await admin.execute("ALTER ROLE postgres SET statement_timeout = '300ms'")
+        await admin.execute("ALTER ROLE postgres SET idle_in_transaction_session_timeout = '300ms'")
+    finally:
+        await admin.close()
+    async with await Queue.open(url) as queue:
+        app = await asyncpg.connect(url, timeout=5)
         try:
-            await admin.execute("ALTER ROLE postgres SET statement_timeout = '300ms'")
-            await admin.execute("ALTER ROLE postgres SET idle_in_transaction_session_timeout = '300ms'")
+            # The server ends the session; asyncpg then says so at the next statement or at the block's end.
+            ended = (asyncpg.IdleInTransactionSessionTimeoutError, asyncpg.ConnectionDoesNotExistError)
+            with pytest.raises((*ended, asyncpg.InterfaceError)):
+                async with app.transaction():
+                    await queue.enqueue("in-a-long-transaction", {}, connection=app)
+                    await asyncio.sleep(0.8)  # idle inside the transaction, past the server's timeout
+                    await app.execute("SELECT 1")
         finally:
-            await admin.close()
-        async with await Queue.open(url) as queue:
-            app = await asyncpg.connect(url, timeout=5)
-            try:
-                # The server ends the session; asyncpg then says so at the next statement or at the block's end.
-                ended = (asyncpg.IdleInTransactionSessionTimeoutError, asyncpg.ConnectionDoesNotExistError)
-                with pytest.raises((*ended, asyncpg.InterfaceError)):
-                    async with app.transaction():
-                        await queue.enqueue("in-a-long-transaction", {}, connection=app)
-                        await asyncio.sleep(0.8)  # idle inside the transaction, past the server's timeout
-                        await app.execute("SELECT 1")
-            finally:
-                await app.close()
-            assert await queue.get("in-a-long-transaction") is None  # rolled back whole by the server
-            app = await asyncpg.connect(url, timeout=5)
-            try:
-                with pytest.raises(asyncpg.QueryCanceledError):
-                    async with app.transaction():
-                        await queue.enqueue("beside-a-slow-statement", {}, connection=app)
-                        await app.execute("SELECT pg_sleep(1)")
-            finally:
-                await app.close()
-            assert await queue.get("beside-a-slow-statement") is None
-            await queue.enqueue_many([JobSpec(f"t-{n}", {"n": n}) for n in range(100)])
-            worker = start_worker(url, tmp_path, 0)
-            try:
-                await eventually(lambda: statuses_done(cluster, 100), "every job done", timeout=60, interval=0.05)
-                assert worker.poll() is None
-            finally:
-                worker.send_signal(signal.SIGTERM)
-                code = worker.wait(30)
-            assert code == 0
+            await app.close()
+        assert await queue.get("in-a-long-transaction") is None  # rolled back whole by the server
+        app = await asyncpg.connect(url, timeout=5)
+        try:
+            with pytest.raises(asyncpg.QueryCanceledError):
+                async with app.transaction():
+                    await queue.enqueue("beside-a-slow-statement", {}, connection=app)
+                    await app.execute("SELECT pg_sleep(1)")
+        finally:
+            await app.close()
+        assert await queue.get("beside-a-slow-statement") is None
+        await queue.enqueue_many([JobSpec(f"t-{n}", {"n": n}) for n in range(100)])
+        worker = start_worker(url, tmp_path, 0)
+        try:
+            await eventually(lambda: statuses_done(cluster, 100), "every job done", timeout=60, interval=0.05)
+            assert worker.poll() is None
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            code = worker.wait(30)
+        assert code == 0
