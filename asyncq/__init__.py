@@ -15,7 +15,16 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.core.lifecycle import Outcome
     from asyncq.delivery.fake import FakeTransport
     from asyncq.delivery.http import HttpTransport
-    from asyncq.errors import AsyncqError, BadAck, Conflict, InvalidArguments, JobFailed, Permanent, Retryable
+    from asyncq.errors import (
+        AsyncqError,
+        BadAck,
+        Conflict,
+        InvalidArguments,
+        JobFailed,
+        Permanent,
+        Retryable,
+        UniqueConflict,
+    )
     from asyncq.inbox import Inbox
     from asyncq.outbox import Outbox, Relay
     from asyncq.queue import Queue
@@ -50,6 +59,7 @@ __all__ = [  # noqa: RUF022 (plain sorted order, as tests/test_exported_members.
     "Task",
     "TaskJob",
     "Ticket",
+    "UniqueConflict",
     "deliver_with",
     "enqueue_sync",
     "open",
@@ -81,6 +91,7 @@ _WHERE = {
     "Task": "asyncq.tasks",
     "TaskJob": "asyncq.tasks",
     "Ticket": "asyncq.core.jobs",
+    "UniqueConflict": "asyncq.errors",
     "deliver_with": "asyncq.worker.context",
     "enqueue_sync": "asyncq.sqlite",
     "open": "asyncq.tasks",

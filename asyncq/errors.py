@@ -2,6 +2,7 @@
 
     AsyncqError
     ├── Conflict     same id, different payload (enqueue, accept, receive)
+    │   └── UniqueConflict   another active job of the queue holds the unique key (``on_conflict="raise"``, redrive)
     ├── InvalidArguments   (also a ValueError) a task's arguments do not fit its signature; names each field
     ├── JobFailed    ``TaskJob.result()``: the job ended dead; carries its stored error
     ├── Retryable    a handler or transport asks for another attempt later
@@ -27,6 +28,19 @@ class AsyncqError(Exception):
 
 class Conflict(AsyncqError):
     """The id already exists with a different payload."""
+
+
+class UniqueConflict(Conflict):
+    """Another active (pending or leased) job of the same queue holds the unique key: nothing was inserted or
+    changed. ``existing_id`` is that job's id, ``unique_key`` and ``queue`` the key and where it is held."""
+
+    def __init__(self, unique_key: str, queue: str, existing_id: str, job_id: str | None = None) -> None:
+        self.unique_key = unique_key
+        self.queue = queue
+        self.existing_id = existing_id
+        self.job_id = job_id
+        subject = "" if job_id is None else f"job {job_id!r}: "
+        super().__init__(f"{subject}unique key {unique_key!r} is held by active job {existing_id!r} in queue {queue!r}")
 
 
 class InvalidArguments(AsyncqError, ValueError):

@@ -32,10 +32,12 @@ from asyncq.core.jobs import (
     MAX_TTL_MS,
     AuditEntry,
     CancelOutcome,
+    Enqueued,
     EnqueueOptions,
     Finish,
     Job,
     JobSpec,
+    OnConflict,
     Settled,
     StoredResult,
     Ticket,
@@ -123,7 +125,7 @@ class Transaction:
         ``:name`` parameters; PostgreSQL: ``$1``, ``$2`` … from a list or tuple)."""
         return await self._inner.execute(statement, parameters)
 
-    async def enqueue(self, job_id: str, body: JSONInput, **options: Unpack[EnqueueOptions]) -> bool:
+    async def enqueue(self, job_id: str, body: JSONInput, **options: Unpack[EnqueueOptions]) -> Enqueued:
         """Enqueue inside this transaction (see ``Queue.enqueue``)."""
         row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
         return (await self._inner.enqueue_rows([row]))[0]
@@ -175,26 +177,45 @@ class Queue(StoreFacade[QueueStore]):
         ttl: Duration | None = None,
         delay: Duration | None = None,
         priority: int = 0,
+        unique_key: str | None = None,
+        on_conflict: OnConflict = "return",
         connection: Any = None,
-    ) -> bool:
-        """Add a job; ``False`` if the same id and body exist already, ``Conflict`` for another body. ``ttl``
-        (default a day) and ``delay`` are seconds or a ``timedelta``; ``priority`` (-100 … 100) orders the queue,
-        higher first (``docs/flow-control.md``).
+    ) -> Enqueued:
+        """Add a job; ``True`` if added, ``False`` if the same id and body exist already, ``Conflict`` for another
+        body. ``ttl`` (default a day) and ``delay`` are seconds or a ``timedelta``; ``priority`` (-100 … 100) orders
+        the queue, higher first (``docs/flow-control.md``).
+
+        ``unique_key``: while an active (pending or leased) job of ``queue`` holds this key, nothing is inserted and
+        the answer is that job's id (a ``str``), or ``UniqueConflict`` with ``on_conflict="raise"``.
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
         app's rows. On SQLite, use ``transaction()`` (or ``enqueue_sync`` on the app's ``sqlite3`` connection)."""
-        spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, priority=priority)
+        spec = JobSpec(
+            job_id,
+            body,
+            queue,
+            max_attempts,
+            ttl=ttl,
+            delay=delay,
+            priority=priority,
+            unique_key=unique_key,
+            on_conflict=on_conflict,
+        )
         return (await self.enqueue_many([spec], connection=connection))[0]
 
-    async def enqueue_many(self, jobs: Iterable[JobSpec], *, connection: Any = None) -> list[bool]:
-        """Add several jobs in one transaction: all or none (in the app's, with ``connection``: see ``enqueue``)."""
+    async def enqueue_many(self, jobs: Iterable[JobSpec], *, connection: Any = None) -> list[Enqueued]:
+        """Add several jobs in one transaction: all or none (in the app's, with ``connection``: see ``enqueue``).
+        Two jobs of the batch with one unique key: the first is inserted, the second answers with its id."""
         now = self.now()
         rows = [_spec(job).to_row(now, self.max_body_bytes) for job in jobs]
         added = await self.store.enqueue(rows, connection=connection)
         if log.isEnabledFor(logging.DEBUG):
             for row, new in zip(rows, added, strict=True):
-                log.debug("job %s -> pending (enqueued)" if new else "job %s exists with the same body", row.id)
+                if isinstance(new, str):
+                    log.debug("job %s not enqueued: active job %s holds its unique key", row.id, new)
+                else:
+                    log.debug("job %s -> pending (enqueued)" if new else "job %s exists with the same body", row.id)
         return added
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
@@ -350,7 +371,8 @@ class Queue(StoreFacade[QueueStore]):
 
     async def redrive(self, job_id: str, note: str, *, ttl: Duration | None = None) -> AuditEntry:
         """Re-arm a dead job with a fresh budget (a deadline ``ttl`` seconds away, default a day); its audit row.
-        ``ValueError`` if it is not dead."""
+        ``ValueError`` if it is not dead; ``UniqueConflict`` (nothing changed, nothing audited) if another active
+        job of its queue holds its unique key now."""
         check_identifier(job_id, "job_id")
         check_note(note)
         ttl_ms = duration_ms(ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)

@@ -33,6 +33,7 @@ EXPECTED = [
     "Task",
     "TaskJob",
     "Ticket",
+    "UniqueConflict",
     "deliver_with",
     "enqueue_sync",
     "open",

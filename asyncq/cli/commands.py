@@ -27,7 +27,7 @@ from asyncq.errors import Conflict
 from asyncq.queue import Queue
 
 ENQUEUE_BATCH = 500
-LINE_KEYS = frozenset({"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms", "priority"})
+LINE_KEYS = frozenset({"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms", "priority", "unique_key"})
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ async def enqueue(args: argparse.Namespace) -> Report:
         raise UsageError("--delay must not be longer than --ttl (the job would expire before its first attempt)")
     defaults = {"queue": args.queue, "max_attempts": args.max_attempts, "ttl_ms": args.ttl, "delay_ms": args.delay}
     defaults["priority"] = args.priority
+    defaults["unique_key"] = args.unique_key
     if args.id is not None:
         if args.body is MISSING:
             raise UsageError("give the job's BODY (JSON) after its ID")
@@ -113,8 +114,9 @@ async def enqueue(args: argparse.Namespace) -> Report:
     if len(specs) > 1 and sys.stderr.isatty():
         progress = out.ProgressBar(len(specs), sys.stderr)
     async with await writing(args) as queue:
-        added = await _enqueue_all(queue, specs, progress)
-    data = {"path": args.db, "added": added, "unchanged": len(specs) - added, "total": len(specs)}
+        added, held_by = await _enqueue_all(queue, specs, progress)
+    unchanged = len(specs) - added - len(held_by)
+    data = {"path": args.db, "added": added, "unchanged": unchanged, "total": len(specs), "held_by": held_by}
     return report(data, out.render_enqueue)
 
 
@@ -138,7 +140,8 @@ def checked_spec(fields: dict[str, Any], where: str, error: type[CliError] = Cli
 
 def read_specs(lines: Iterable[str], defaults: dict[str, Any]) -> list[JobSpec]:
     """Every line checked before anything is written: ``{"id", "body"}`` and optionally ``queue``,
-    ``max_attempts``, ``ttl_ms``, ``delay_ms``, ``priority`` (the options give the defaults); blank lines skipped.
+    ``max_attempts``, ``ttl_ms``, ``delay_ms``, ``priority``, ``unique_key`` (the options give the defaults); blank
+    lines skipped.
     Lines are strict JSON (no NaN, no repeated keys), as everywhere in asyncq."""
     specs = []
     for number, line in enumerate(lines, 1):
@@ -155,12 +158,14 @@ def read_specs(lines: Iterable[str], defaults: dict[str, Any]) -> list[JobSpec]:
     return specs
 
 
-async def _enqueue_all(queue: Queue, specs: list[JobSpec], bar: out.ProgressBar | None) -> int:
+async def _enqueue_all(queue: Queue, specs: list[JobSpec], bar: out.ProgressBar | None) -> tuple[int, dict[str, str]]:
+    """How many jobs were added, and for each not added because an active job holds its unique key, that job."""
     added = 0
+    held_by: dict[str, str] = {}
     for start in range(0, len(specs), ENQUEUE_BATCH):
         batch = specs[start : start + ENQUEUE_BATCH]
         try:
-            added += sum(await queue.enqueue_many(batch))
+            results = await queue.enqueue_many(batch)
         except Conflict as error:
             if len(specs) == 1:
                 raise
@@ -168,11 +173,13 @@ async def _enqueue_all(queue: Queue, specs: list[JobSpec], bar: out.ProgressBar 
                 f"{error}: jobs {start + 1}-{start + len(batch)} were not written, the {start} before them were "
                 "(enqueueing the same id and body again changes nothing, so fix the input and run it again)"
             ) from None
+        added += sum(result is True for result in results)
+        held_by |= {spec.id: result for spec, result in zip(batch, results, strict=True) if isinstance(result, str)}
         if bar is not None:
             bar.show(start + len(batch))
     if bar is not None:
         bar.close()
-    return added
+    return added, held_by
 
 
 # -- reads ----------------------------------------------------------------------------------------------

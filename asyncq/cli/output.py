@@ -89,10 +89,16 @@ def render_init(data: dict[str, Any]) -> str:
 
 
 def render_enqueue(data: dict[str, Any]) -> str:
-    return (
+    text = (
         f"enqueued {data['added']} new job(s) into {data['path']}; "
         f"{data['unchanged']} already there with the same body (unchanged)"
     )
+    held = data.get("held_by", {})
+    if held:
+        text += f"; {len(held)} not added, their unique key held by an active job: " + ", ".join(
+            f"{job_id} (held by {holder})" for job_id, holder in held.items()
+        )
+    return text
 
 
 def render_status(data: dict[str, Any]) -> str:
@@ -125,6 +131,9 @@ def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
     carry one, last, since they are the widest."""
     headers = ["seq", "id", "queue", "prio", "status", "reason", "attempts", "redrives", "available", "deadline"]
     headers.append("owner")
+    keyed = any(job.get("unique_key") is not None for job in jobs)  # a column only when some job has a unique key
+    if keyed:
+        headers.append("unique key")
     extra = [key for key in ("last_error", "body") if jobs and key in jobs[0]]
     headers += [key.replace("_", " ") for key in extra]
     rows = [
@@ -140,6 +149,7 @@ def job_rows(jobs: Sequence[dict[str, Any]], now_ms: int) -> str:
             moment(job["available_at"], now_ms),
             moment(job["deadline"], now_ms),
             job["owner"],
+            *([job.get("unique_key")] if keyed else []),
             *(one_line_error(job[key]) if key == "last_error" else compact(job[key]) for key in extra),
         )
         for job in jobs

@@ -139,6 +139,11 @@ def _add_setup(add: Adder) -> None:
         "--priority", type=signed(MIN_PRIORITY, MAX_PRIORITY), default=0, metavar="N",
         help=f"{MIN_PRIORITY} to {MAX_PRIORITY}, higher claimed first (default 0)",
     )  # fmt: skip
+    enqueue.add_argument(
+        "--unique-key", default=None, metavar="KEY",
+        help="one active job of the queue with this key at a time: while one is pending or leased, the job is not"
+        " added and its id is reported (stdin lines: a unique_key key)",
+    )  # fmt: skip
 
 
 def _add_readers(add: Adder) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.jsontext import JSON, JSONInput, canonical_json
@@ -25,7 +25,23 @@ from asyncq.core.limits import (
     MAX_LEASE_MS,
     MAX_TTL_MS,
 )
-from asyncq.core.values import Duration, check_identifier, check_int, check_priority, duration_ms
+from asyncq.core.values import (
+    Duration,
+    check_identifier,
+    check_int,
+    check_on_conflict,
+    check_priority,
+    check_unique_key,
+    duration_ms,
+)
+
+#: What a second job with a unique key held by an active job does (``asyncq.core.values.ON_CONFLICT``).
+OnConflict = Literal["return", "raise"]
+
+#: What an enqueue answers for each job: ``True`` it was inserted; ``False`` the id exists with the same payload
+#: (its row is kept whole); a ``str``: nothing was inserted because another active job of the queue holds the
+#: job's unique key, and this is that job's id.
+Enqueued = bool | str
 
 
 class NewJob(NamedTuple):
@@ -36,6 +52,9 @@ class NewJob(NamedTuple):
     max_attempts: int
     available_at: int
     deadline: int
+    #: With a unique key held by another active job: raise ``UniqueConflict`` (``True``) or answer with that
+    #: job's id (``False``: ``on_conflict="return"``).
+    raise_on_unique: bool = False
 
 
 class Claimed(NamedTuple):
@@ -94,11 +113,13 @@ __all__ = [
     "AttemptError",
     "AuditEntry",
     "Claimed",
+    "Enqueued",
     "Finish",
     "Held",
     "Job",
     "JobSpec",
     "NewJob",
+    "OnConflict",
     "Settled",
     "StoredResult",
     "Ticket",
@@ -127,6 +148,8 @@ class EnqueueOptions(TypedDict, total=False):
     ttl: Duration | None
     delay: Duration | None
     priority: int
+    unique_key: str | None
+    on_conflict: OnConflict
 
 
 @dataclass(frozen=True)
@@ -135,7 +158,13 @@ class JobSpec:
 
     ``ttl`` (from enqueue to its deadline, default a day) and ``delay`` (before its first attempt) are seconds or a
     ``timedelta``; ``priority`` (-100 … 100, default 0) orders its queue: higher first (``docs/flow-control.md``).
-    The priority is part of the job: the same id again with another priority is a ``Conflict``."""
+    The priority is part of the job: the same id again with another priority is a ``Conflict``.
+
+    ``unique_key`` (1-200 printable characters): while a job of the same queue with this key is active (pending,
+    delayed included, or leased), another is not inserted: the enqueue answers with the active job's id, or raises
+    ``UniqueConflict`` with ``on_conflict="raise"``; once that job ends (done or dead) the key is free. The key is
+    part of the job as the priority is (the same id with another key is a ``Conflict``); the id stays the
+    idempotency key forever (``docs/flow-control.md``)."""
 
     id: str
     body: JSONInput
@@ -145,6 +174,8 @@ class JobSpec:
     ttl: Duration | None = field(default=None, kw_only=True)
     delay: Duration | None = field(default=None, kw_only=True)
     priority: int = field(default=0, kw_only=True)
+    unique_key: str | None = field(default=None, kw_only=True)
+    on_conflict: OnConflict = field(default="return", kw_only=True)
 
     def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
         """Validate every field and build the row inserted at ``now_ms``."""
@@ -152,12 +183,15 @@ class JobSpec:
         check_identifier(self.queue, "queue")
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         check_priority(self.priority)
+        check_unique_key(self.unique_key)
+        raise_on_unique = check_on_conflict(self.on_conflict) == "raise"
         ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
-        payload = {"queue": self.queue, "body": body, "priority": self.priority}
-        return tuple.__new__(NewJob, (self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms))
+        payload = {"queue": self.queue, "body": body, "priority": self.priority, "unique_key": self.unique_key}
+        row = (self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms, raise_on_unique)
+        return tuple.__new__(NewJob, row)
 
 
 # The C scanner behind ``json.loads``, called directly: ``json.loads`` passes through three Python frames and two
@@ -323,6 +357,8 @@ class Job:
     priority: int = 0
     #: When a cancel was requested while it was leased (``Queue.cancel``), ``None`` if none was (or since a redrive).
     cancel_requested_at: int | None = None
+    #: Its unique key (``JobSpec.unique_key``), held while it is active; ``None`` if it has none.
+    unique_key: str | None = None
 
     @property
     def result(self) -> JSON:
@@ -337,11 +373,17 @@ class Job:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
         """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
-        ``priority`` and ``cancel_requested_at``), the body as its stored JSON text."""
-        *values, redrives, priority, cancel_requested_at = row
+        ``priority``, ``cancel_requested_at`` and ``unique_key``), the body as its stored JSON text."""
+        *values, redrives, priority, cancel_requested_at, unique_key = row
         values[3] = json.loads(values[3])
         # mypy cannot tell that ``values`` stops before the keywords' fields (it is the 13 columns before redrives)
-        return cls(*values, redrives=redrives, priority=priority, cancel_requested_at=cancel_requested_at)  # type: ignore[misc]
+        return cls(  # type: ignore[misc]
+            *values,
+            redrives=redrives,
+            priority=priority,
+            cancel_requested_at=cancel_requested_at,
+            unique_key=unique_key,
+        )
 
 
 @dataclass(frozen=True)

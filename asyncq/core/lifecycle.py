@@ -58,6 +58,11 @@ OUTCOMES = tuple(Outcome)
 #: The outcomes of an attempt the lease lab's contract knows (it has no cancel).
 LAB_OUTCOMES = (Outcome.OK, Outcome.RETRY, Outcome.PERMANENT)
 REASON_RETRY, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED = (r.value for r in Reason)
+#: The statuses in which a job is active and so holds its unique key (``JobSpec.unique_key``): at most one job of a
+#: queue in these holds a key at once (each store's partial unique index, over exactly these). A delayed job is
+#: pending, so it holds its key from its enqueue; a retry or a release (leased -> pending) stays inside them and keeps
+#: the key it holds; once the job ends (done, dead) the key is free, and a redrive (dead -> pending) must take it again.
+UNIQUE_WHILE: Final[tuple[str, ...]] = (PENDING, LEASED)
 DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED)
 
 

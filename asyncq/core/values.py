@@ -13,7 +13,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from asyncq.core.limits import MAX_NOTE_CHARS, MAX_PRIORITY, MIN_PRIORITY
+from asyncq.core.limits import MAX_NOTE_CHARS, MAX_PRIORITY, MAX_UNIQUE_KEY_CHARS, MIN_PRIORITY
 
 IDENTIFIER_MAX = 64
 TIME_MAX_MS = 10**15 - 60_000
@@ -50,6 +50,34 @@ def check_priority(value: object, name: str = "priority") -> int:
         raise TypeError(f"{name} must be an int from {MIN_PRIORITY} to {MAX_PRIORITY}, not {type(value).__name__}")
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
         raise ValueError(f"{name} must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {value}")
+    return value
+
+
+def check_unique_key(value: object, name: str = "unique_key") -> str | None:
+    """A job's unique key: ``None`` (none) or an exact ``str`` (``TypeError`` otherwise) of 1-200 printable
+    characters (any script; no control characters or line breaks) that does not start or end with whitespace
+    (``ValueError`` otherwise)."""
+    if value is None:
+        return None
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_UNIQUE_KEY_CHARS or not value.isprintable() or value.strip() != value:
+        raise ValueError(
+            f"{name} must be 1-{MAX_UNIQUE_KEY_CHARS} printable characters with no control characters"
+            " and no leading or trailing whitespace"
+        )
+    return value
+
+
+#: What a second job with a unique key held by an active job does: ``return`` (the default) inserts nothing and
+#: answers with the id of the job that holds the key; ``raise`` raises ``asyncq.UniqueConflict`` (nothing inserted).
+ON_CONFLICT = ("return", "raise")
+
+
+def check_on_conflict(value: object, name: str = "on_conflict") -> str:
+    """``return`` or ``raise`` (``ON_CONFLICT``); ``ValueError`` otherwise."""
+    if type(value) is not str or value not in ON_CONFLICT:
+        raise ValueError(f"{name} must be one of {list(ON_CONFLICT)}, not {value!r}")
     return value
 
 

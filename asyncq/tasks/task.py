@@ -6,14 +6,25 @@ pydantic checks them again at run time (``asyncq.tasks.arguments``) before anyth
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from asyncq.core.jobs import Enqueued, OnConflict
+from asyncq.core.jsontext import canonical_json
 from asyncq.core.limits import MAX_ATTEMPTS
-from asyncq.core.values import Duration, check_duration, check_identifier, check_int, check_priority
+from asyncq.core.values import (
+    Duration,
+    check_duration,
+    check_identifier,
+    check_int,
+    check_on_conflict,
+    check_priority,
+    check_unique_key,
+)
 from asyncq.queue import Queue, Transaction
 from asyncq.tasks.arguments import Arguments
 from asyncq.tasks.results import TaskJob
@@ -34,7 +45,8 @@ Target = Queue | Transaction
 @dataclass(frozen=True)
 class Options:
     """How a deferral is enqueued: ``key`` (the job's id: the same key and arguments again is a no-op, other
-    arguments ``Conflict``; default a fresh unique id), ``delay`` and ``ttl`` in seconds."""
+    arguments ``Conflict``; default a fresh unique id), ``delay`` and ``ttl`` in seconds; ``unique_key`` (one
+    active job of the queue with it at a time), or ``unique`` (the key derived from the task and its arguments)."""
 
     queue: str
     max_attempts: int
@@ -42,13 +54,31 @@ class Options:
     delay: Duration | None = None
     key: str | None = None
     priority: int = 0
+    unique: bool = False
+    unique_key: str | None = None
+    on_conflict: OnConflict = "return"
 
     def job_id(self) -> str:
         return uuid.uuid4().hex if self.key is None else self.key
 
-    def enqueue_options(self) -> dict[str, Any]:
+    def enqueue_options(self, body: dict[str, Any]) -> dict[str, Any]:
         options = {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
-        return options | {"priority": self.priority}
+        unique_key = self.unique_key if self.unique_key is not None or not self.unique else derived_unique_key(body)
+        return options | {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
+
+
+def derived_unique_key(body: dict[str, Any]) -> str:
+    """The unique key of ``unique=True``: the task's name and a hash of its canonical arguments
+    (``send:5f1c…``), so that the same call while one is active is one job. A name too long for a key (or not
+    printable) leaves only the hash."""
+    digest = hashlib.sha256(canonical_json({"task": body["task"], "args": body["args"]}).encode()).hexdigest()[:32]
+    name = body["task"]
+    return f"{name}:{digest}" if len(name) <= 150 and name.isprintable() and name.strip() == name else digest
+
+
+def _standing(job_id: str, enqueued: Enqueued) -> str:
+    """The id of the job that stands for a deferral: its own, or the active one holding its unique key."""
+    return enqueued if isinstance(enqueued, str) else job_id
 
 
 class Task(Generic[P, R]):
@@ -66,6 +96,7 @@ class Task(Generic[P, R]):
         ttl: Duration | None,
         result_ttl: float,
         priority: int = 0,
+        unique: bool = False,
     ) -> None:
         self.app = app
         self.function = function
@@ -75,6 +106,7 @@ class Task(Generic[P, R]):
             check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS),
             ttl,
             priority=check_priority(priority),
+            unique=_check_flag(unique, "unique"),
         )
         self.timeout = None if timeout is None else check_duration(timeout, "timeout", 0.001, 86_400.0 * 7)
         self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL)
@@ -103,9 +135,14 @@ class Task(Generic[P, R]):
         max_attempts: int | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        unique_key: str | None = None,
+        on_conflict: OnConflict = "return",
     ) -> Deferral[P, R]:
         """The same task with options for one deferral: ``key`` (the job id, for idempotency), ``delay``,
-        ``ttl``, ``max_attempts``, ``queue``, ``priority``."""
+        ``ttl``, ``max_attempts``, ``queue``, ``priority``, ``unique_key`` (instead of the task's derived one, if it
+        is ``unique``) and ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle)."""
+        check_unique_key(unique_key)
+        check_on_conflict(on_conflict)
         if key is not None:
             check_identifier(key, "key")
         if queue is not None:
@@ -122,6 +159,9 @@ class Task(Generic[P, R]):
             delay,
             key,
             base.priority if priority is None else priority,
+            base.unique,
+            unique_key,
+            on_conflict,
         )
         return Deferral(self, options)
 
@@ -157,10 +197,11 @@ class Deferral(Generic[P, R]):
             raise TypeError(f"defer needs a Queue or a queue's Transaction, not {type(target).__name__}")
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
+        options = self.options.enqueue_options(body)
         with self._traced(body, job_id):
-            added = await target.enqueue(job_id, body, **self.options.enqueue_options())
+            added = await target.enqueue(job_id, body, **options)
         queue = target if isinstance(target, Queue) else target.queue
-        return TaskJob(job_id, self.task.name, queue, self.task.arguments.returns, added)
+        return TaskJob(_standing(job_id, added), self.task.name, queue, self.task.arguments.returns, added is True)
 
     def defer_sync(self, con: sqlite3.Connection, /, *args: P.args, **kwargs: P.kwargs) -> str:
         """See ``Task.defer_sync``."""
@@ -168,9 +209,10 @@ class Deferral(Generic[P, R]):
 
         body = self.task.body(args, kwargs)
         job_id = self.options.job_id()
+        options = self.options.enqueue_options(body)
         with self._traced(body, job_id):
-            enqueue_sync(con, job_id, body, **self.options.enqueue_options())
-        return job_id
+            added = enqueue_sync(con, job_id, body, **options)
+        return _standing(job_id, added)
 
     @contextmanager
     def _traced(self, body: dict[str, Any], job_id: str) -> Iterator[None]:
@@ -181,3 +223,9 @@ class Deferral(Generic[P, R]):
             if span is not None:
                 span.set_attribute("messaging.message.id", job_id)
             yield
+
+
+def _check_flag(value: object, name: str) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value

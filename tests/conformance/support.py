@@ -19,7 +19,7 @@ import pytest
 
 from asyncq.core.failures import ErrorText
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, Ticket
+from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.stats import stats_of_jobs
@@ -45,10 +45,22 @@ def new(
     ttl_ms: int = 60_000,
     delay_ms: int = 0,
     priority: int = 0,
+    unique_key: str | None = None,
+    on_conflict: OnConflict = "return",
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
     body = {"id": job_id} if body is None else body
-    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl_ms / 1000, delay=delay_ms / 1000, priority=priority)
+    spec = JobSpec(
+        job_id,
+        body,
+        queue,
+        max_attempts,
+        ttl=ttl_ms / 1000,
+        delay=delay_ms / 1000,
+        priority=priority,
+        unique_key=unique_key,
+        on_conflict=on_conflict,
+    )
     return spec.to_row(now)
 
 
@@ -69,6 +81,7 @@ def stored(row: NewJob, seq: int) -> Job:
         lease_until=None,
         reason=None,
         priority=row.payload["priority"],
+        unique_key=row.payload["unique_key"],
     )
 
 

@@ -14,6 +14,10 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   nothing while the rest land. Decisions are ``asyncq.core.lifecycle``'s, never the store's own.
 - **All or nothing.** Every call is one transaction: a failure rolls back all of it, and bad input is refused
   (by the facade, before the store is called) with nothing changed.
+- **Unique while active.** At most one job of a queue in ``core.lifecycle.UNIQUE_WHILE`` (pending or leased)
+  holds a unique key, enforced by the store's own partial unique index; every transition into those statuses
+  keeps it (a retry or release keeps the key its job holds; a redrive whose key is taken is ``UniqueConflict``),
+  and no driver's integrity error ever escapes.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.stats import Stats
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
@@ -77,7 +81,7 @@ class StoreTransaction(Protocol):
         """Run one statement of the app's own and return its rows."""
         ...
 
-    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[bool]:
+    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[Enqueued]:
         """Insert jobs inside this transaction (``QueueStore.enqueue``'s rule for each)."""
         ...
 
@@ -91,9 +95,11 @@ class QueueStore(Protocol):
 
     # -- producers ----------------------------------------------------------------------------------------
 
-    async def enqueue(self, rows: Sequence[NewJob], *, connection: Any = None) -> list[bool]:
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: Any = None) -> list[Enqueued]:
         """Insert ``rows`` all or none: ``True`` per new job, ``False`` where the id exists with the same payload
-        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload.
+        (its row is kept whole); ``Conflict`` (nothing inserted) where it exists with another payload. A row whose
+        unique key an active job of its queue holds (an earlier row of the batch included) is not inserted: its
+        answer is that job's id, or ``UniqueConflict`` (nothing inserted) if the row asks to raise.
         ``connection``: an app's own connection to the store's database with its transaction open, to insert in
         (the rows then commit or roll back with the app's); a store that cannot join one raises ``TypeError``."""
         ...
@@ -148,7 +154,8 @@ class QueueStore(Protocol):
 
     async def redrive(self, job_id: str, now_ms: int, deadline_ms: int, note: str) -> AuditEntry:
         """Re-arm a dead job (attempts 0, deadline ``deadline_ms``) after writing its audit row, which is
-        returned; ``ValueError`` (nothing changes) if the job is missing or not dead."""
+        returned; ``ValueError`` (nothing changes) if the job is missing or not dead, ``UniqueConflict`` (nothing
+        changes, nothing audited) if another active job of its queue holds its unique key now."""
         ...
 
     async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:

@@ -25,8 +25,9 @@ JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
 _REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
-#: What a job record has after its columns: its redrive count, its priority, and a cancel request not yet carried out.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at"
+#: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
+#: and its unique key.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key"
 _LISTED = (
     f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
 )

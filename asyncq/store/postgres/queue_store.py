@@ -17,7 +17,7 @@ import asyncpg
 
 from asyncq.core.claim_plan import plan_claim
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
@@ -61,15 +61,15 @@ class PostgresTransaction:
         self._check_open()
         return await execute_inside(self._conn, statement, parameters)
 
-    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[bool]:
+    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[Enqueued]:
         """Insert jobs inside this transaction, the batch in a savepoint: a ``Conflict`` takes back this batch
         only (the block may catch it and go on)."""
         self._check_open()
         async with self._conn.transaction():
             added = await transitions.enqueue_rows(self._conn, self._store.schema, rows)
-            if any(added) and not self.added:  # the transaction's first jobs: its one NOTIFY
+            if True in added and not self.added:  # the transaction's first jobs: its one NOTIFY
                 await self._conn.execute(NOTIFY, self._store.wakeups.channel)
-        self.added += sum(added)
+        self.added += sum(result is True for result in added)
         return added
 
     def _check_open(self) -> None:
@@ -110,23 +110,23 @@ class PostgresQueueStore:
 
     # -- producers ----------------------------------------------------------------------------------------
 
-    async def enqueue(self, rows: Sequence[NewJob], *, connection: object = None) -> list[bool]:
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: object = None) -> list[Enqueued]:
         """Insert ``rows`` all or none, in one transaction of the store's, or (``connection``: the app's asyncpg
         connection with its transaction open) inside the app's: then they commit or roll back with its rows."""
         if connection is not None:
             return await self._enqueue_on(connection, rows)
-        added: list[bool] = await self._write(self._enqueue_step, rows)
-        if any(added):
+        added: list[Enqueued] = await self._write(self._enqueue_step, rows)
+        if True in added:
             self.wakeups.notify()
         return added
 
-    async def _enqueue_step(self, conn: Connection, schema: str, rows: Sequence[NewJob]) -> list[bool]:
+    async def _enqueue_step(self, conn: Connection, schema: str, rows: Sequence[NewJob]) -> list[Enqueued]:
         added = await transitions.enqueue_rows(conn, schema, rows)
-        if any(added):
+        if True in added:
             await conn.execute(NOTIFY, self.wakeups.channel)
         return added
 
-    async def _enqueue_on(self, connection: object, rows: Sequence[NewJob]) -> list[bool]:
+    async def _enqueue_on(self, connection: object, rows: Sequence[NewJob]) -> list[Enqueued]:
         self._check_writable()
         if not isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
             raise TypeError(f"connection must be an asyncpg connection, not {type(connection).__name__}")

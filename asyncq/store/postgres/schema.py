@@ -17,7 +17,11 @@ the advisory lock). ``{schema}`` is the schema's checked name.
 
 from __future__ import annotations
 
+from asyncq.core.lifecycle import UNIQUE_WHILE
 from asyncq.store.postgres.connection import Migrations
+
+#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
+HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
 
 JOBS = """
 CREATE TABLE {schema}.jobs (
@@ -180,6 +184,15 @@ FLOW_CONTROL = (
     "CREATE INDEX queue_audit_queue ON {schema}.queue_audit (queue)",
 )
 
+# Version 6: unique while active (docs/flow-control.md; the SQLite store's v9). A job's optional ``unique_key``; the
+# partial unique index lets at most one job of a queue hold a key while it is active (``core.lifecycle.UNIQUE_WHILE``:
+# pending, delayed included, or leased). Scope: the queue. A job that ends (done, dead) leaves the index.
+UNIQUE_KEYS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN unique_key text",
+    "CREATE UNIQUE INDEX jobs_unique ON {schema}.jobs (queue, unique_key)"
+    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -204,6 +217,7 @@ QUEUE = Migrations(
         ),
         CANCEL_REQUESTS,  # version 4: a cancel requested while a job is leased
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
+        UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
     ),
 )
 SCHEMA_VERSION = QUEUE.version

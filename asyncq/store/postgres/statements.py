@@ -146,17 +146,34 @@ RETURNING v.n
 
 # New jobs in batch order (seq follows it); a known id inserts nothing and RETURNING leaves it out.
 INSERT_ROWS = """
-INSERT INTO {schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority)
-SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority
-FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::smallint[])
-  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, n)
+INSERT INTO {schema}.jobs
+  (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key)
+SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key
+FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::smallint[],
+            $8::text[])
+  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, unique_key, n)
 ORDER BY n
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING id
 """
 
+# Who holds each (queue, unique key) now: the index's own condition (``jobs_unique``), so the read seeks it.
+SELECT_KEY_HOLDERS = """
+SELECT j.queue, j.unique_key, j.id FROM {schema}.jobs j
+JOIN unnest($1::text[], $2::text[]) AS k(queue, unique_key) ON j.queue = k.queue AND j.unique_key = k.unique_key
+WHERE j.unique_key IS NOT NULL AND j.status IN ('pending', 'leased')
+"""
+
+# Another active job holding the unique key of the job ``seq`` (a redrive would take it again).
+KEY_HOLDER_OF = """
+SELECT j.queue, j.unique_key, j.id FROM {schema}.jobs d
+JOIN {schema}.jobs j ON j.queue = d.queue AND j.unique_key = d.unique_key
+WHERE d.seq = $1 AND j.seq <> d.seq AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'leased')
+"""
+
 SELECT_BY_IDS = """
-SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority
+SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority,
+  unique_key
 FROM {schema}.jobs WHERE id = ANY($1::text[])
 """
 
@@ -216,6 +233,8 @@ NAMES = {
     "RELEASE_ROWS": RELEASE_ROWS,
     "INSERT_ROWS": INSERT_ROWS,
     "SELECT_BY_IDS": SELECT_BY_IDS,
+    "SELECT_KEY_HOLDERS": SELECT_KEY_HOLDERS,
+    "KEY_HOLDER_OF": KEY_HOLDER_OF,
     "LOCK_ONE": LOCK_ONE,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,

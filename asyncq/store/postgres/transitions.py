@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
+
 from asyncq.core.claim_plan import ClaimPlan, Rank, claim_rank, next_claim
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
@@ -20,10 +22,10 @@ from asyncq.core.finish_plan import (
     rows_to_read,
     statuses_after,
 )
-from asyncq.core.jobs import Finish, NewJob, StoredResult
+from asyncq.core.jobs import Enqueued, Finish, NewJob, StoredResult
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
-from asyncq.errors import Conflict, StoreError
+from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.statements import sql
 
@@ -31,38 +33,82 @@ from asyncq.store.postgres.statements import sql
 Found = tuple[int, dict[str, Any], JobState]
 
 
-async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> list[bool]:
+async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> list[Enqueued]:
     """Insert ``jobs`` in batch order: ``True`` per new job, ``False`` where the id exists (or came earlier in the
-    batch) with the same payload; ``Conflict`` where it holds another payload (the caller rolls back)."""
+    batch) with the same payload; ``Conflict`` where it holds another payload (the caller rolls back); the id of
+    the active job that holds its unique key where one does (``UniqueConflict`` for a row that asks to raise)."""
     if not jobs:
         return []
     first: dict[str, NewJob] = {}
     for job in jobs:
         first.setdefault(job.id, job)
     unique = list(first.values())
-    columns = (
-        [job.id for job in unique],
-        [job.payload["queue"] for job in unique],
-        [job.payload["body"] for job in unique],
-        [job.max_attempts for job in unique],
-        [job.available_at for job in unique],
-        [job.deadline for job in unique],
-        [job.payload["priority"] for job in unique],
-    )
-    inserted = {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
-    known = [job.id for job in unique if job.id not in inserted]
-    stored = {job_id: found[1] for job_id, found in (await read_states(conn, schema, known)).items()}
-    missing = [job_id for job_id in known if job_id not in stored]
-    if missing:  # deleted (pruned) between the insert and the read: the caller may simply try again
-        raise StoreError(f"job {missing[0]!r} was deleted while it was being enqueued: try again")
-    results: list[bool] = []
+    inserted: set[str] = set()
+    held: dict[str, str] = {}
+    todo = unique
+    for _ in range(_KEY_TRIES):
+        inserted |= await _insert(conn, schema, todo)
+        known = [job.id for job in todo if job.id not in inserted]
+        stored = {job_id: found[1] for job_id, found in (await read_states(conn, schema, known)).items()}
+        keyed = [job for job in todo if job.id not in inserted and job.id not in stored]
+        for job_id, payload in stored.items():
+            if first[job_id].payload != payload:
+                raise Conflict(f"job {job_id!r} already exists with a different payload")
+        held |= await _key_holders(conn, schema, keyed)
+        # Not inserted, yet nothing holds its id or key now: the row in the way ended (its key is free) or was
+        # pruned between the insert and the read. Insert those again.
+        todo = [job for job in keyed if job.id not in held]
+        if not todo:
+            break
+    else:
+        raise StoreError(f"job {todo[0].id!r}: the row in its way kept changing while it was enqueued: try again")
+    results: list[Enqueued] = []
     for job in jobs:
         earlier = first[job.id]
-        payload = stored.get(job.id, earlier.payload)
-        if job.payload != payload:
+        if job.payload != earlier.payload:
             raise Conflict(f"job {job.id!r} already exists with a different payload")
-        results.append(job is earlier and job.id in inserted)
+        results.append(held.get(job.id, job is earlier and job.id in inserted))
     return results
+
+
+#: How many times an enqueue inserts a row again whose key's holder ended before it could be read.
+_KEY_TRIES = 3
+
+
+async def _insert(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> set[str]:
+    """Insert ``jobs`` (distinct ids): the ids inserted (a known id or a held unique key inserts nothing)."""
+    columns = (
+        [job.id for job in jobs],
+        [job.payload["queue"] for job in jobs],
+        [job.payload["body"] for job in jobs],
+        [job.max_attempts for job in jobs],
+        [job.available_at for job in jobs],
+        [job.deadline for job in jobs],
+        [job.payload["priority"] for job in jobs],
+        [job.payload["unique_key"] for job in jobs],
+    )
+    return {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
+
+
+async def _key_holders(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> dict[str, str]:
+    """For each of ``jobs`` (not inserted, their ids new), the id of the active job holding its unique key, if one
+    still does; ``UniqueConflict`` for a job that asks to raise."""
+    if not jobs:
+        return {}
+    queues = [job.payload["queue"] for job in jobs]
+    keys = [job.payload["unique_key"] for job in jobs]
+    rows = await conn.fetch(sql(schema, "SELECT_KEY_HOLDERS"), queues, keys)
+    holders = {(row[0], row[1]): str(row[2]) for row in rows}
+    found: dict[str, str] = {}
+    for job in jobs:
+        queue, key = job.payload["queue"], job.payload["unique_key"]
+        holder = holders.get((queue, key))
+        if holder is None:
+            continue
+        if job.raise_on_unique:
+            raise UniqueConflict(key, queue, holder, job.id)
+        found[job.id] = holder
+    return found
 
 
 async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> dict[str, Found]:
@@ -71,9 +117,11 @@ async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> 
         return {}
     found: dict[str, Found] = {}
     for row in await conn.fetch(sql(schema, "SELECT_BY_IDS"), list(dict.fromkeys(job_ids))):
-        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority = row
+        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority, key = (
+            row
+        )
         state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-        found[job_id] = (seq, {"queue": queue, "body": body, "priority": priority}, state)
+        found[job_id] = (seq, {"queue": queue, "body": body, "priority": priority, "unique_key": key}, state)
     return found
 
 
@@ -275,8 +323,17 @@ async def redrive(conn: Connection, schema: str, job_id: str, now_ms: int, deadl
     """Re-arm a dead job (attempts 0, a fresh deadline) after writing its audit row, which is returned;
     ``ValueError`` (nothing changes) if it is missing or not dead."""
     seq, token = await _locked(conn, schema, job_id, DEAD)
+    holder = await conn.fetchrow(sql(schema, "KEY_HOLDER_OF"), seq)
+    if holder is not None:  # its key is held by another active job: refused before any change
+        raise UniqueConflict(holder["unique_key"], holder["queue"], holder["id"], job_id)
     entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, "redrive", None)
-    await conn.execute(sql(schema, "REDRIVE"), seq, now_ms, deadline_ms)
+    try:
+        async with conn.transaction():  # a savepoint: a holder that committed since the check is a typed refusal
+            await conn.execute(sql(schema, "REDRIVE"), seq, now_ms, deadline_ms)
+    except asyncpg.UniqueViolationError:
+        holder = await conn.fetchrow(sql(schema, "KEY_HOLDER_OF"), seq)
+        key, queue, other = ("?", "?", "?") if holder is None else (holder["unique_key"], holder["queue"], holder["id"])
+        raise UniqueConflict(key, queue, other, job_id) from None
     return entry
 
 

@@ -29,8 +29,9 @@ JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
-#: What a job record has after its columns: its redrive count, its priority, and a cancel request not yet carried out.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at"
+#: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
+#: and its unique key.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"

@@ -25,10 +25,10 @@ from asyncq.core.finish_plan import (
     rows_to_read,
     statuses_after,
 )
-from asyncq.core.jobs import Claimed, Finish, NewJob
+from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
-from asyncq.errors import Conflict
+from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
@@ -41,17 +41,18 @@ from asyncq.store.sqlite.statements import (
     insert_rows,
     padded,
     select_by_ids,
+    select_key_holders,
     sql,
 )
 
 
-def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> bool:
+def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob) -> Enqueued:
     """Insert ``job``; ``False`` if the id exists with the same payload (the row is kept whole),
-    ``Conflict`` if it exists with another payload."""
+    ``Conflict`` if it exists with another payload; the holder's id if an active job holds its unique key."""
     return enqueue_rows_in_transaction(con, layout, [job])[0]
 
 
-def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[bool]:
+def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
     """``enqueue_in_transaction`` for each of ``jobs``, in order: one statement per ``INSERT_ROWS_MAX`` jobs,
     then one read of the ids that were known. A batch naming one id twice goes job by job, so that the second
     is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back."""
@@ -69,12 +70,38 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
             inserted.update(job_id for (job_id,) in con.execute(sql(layout, "SELECT_INSERTED"), {"after": after}))
         if cursor.rowcount > 0:
             after = cursor.lastrowid
+    if len(inserted) == len(jobs):
+        return [True] * len(jobs)
     known = [job for job in jobs if job.id not in inserted]
-    found = read_states(con, layout, [job.id for job in known]) if known else {}
+    found = read_states(con, layout, [job.id for job in known])
     for job in known:
-        if found[job.id][1] != job.payload:
+        if job.id in found and found[job.id][1] != job.payload:
             raise Conflict(f"job {job.id!r} already exists with a different payload")
-    return [job.id in inserted for job in jobs]
+    held = _key_holders(con, layout, [job for job in known if job.id not in found])
+    return [True if job.id in inserted else held.get(job.id, False) for job in jobs]
+
+
+def _key_holders(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> dict[str, str]:
+    """For each job not inserted although its id was new, the id of the active job that holds its unique key
+    (another job, or one inserted before it in the same batch); ``UniqueConflict`` for one that asked to raise."""
+    if not jobs:
+        return {}
+    pairs = list(dict.fromkeys((job.payload["queue"], job.payload["unique_key"]) for job in jobs))
+    holders: dict[tuple[str, str], str] = {}
+    for start in range(0, len(pairs), IN_LIST_MAX):
+        chunk = padded(pairs[start : start + IN_LIST_MAX])
+        for queue, key, job_id in con.execute(select_key_holders(layout, len(chunk)), [v for p in chunk for v in p]):
+            holders[(queue, key)] = job_id
+    found: dict[str, str] = {}
+    for job in jobs:
+        queue, key = job.payload["queue"], job.payload["unique_key"]
+        holder = holders.get((queue, key))
+        if holder is None:  # not inserted, yet nothing holds its id or its key: a store this code does not know
+            raise StoreError(f"job {job.id!r} was not inserted and no job holds its id or unique key")
+        if job.raise_on_unique:
+            raise UniqueConflict(key, queue, holder, job.id)
+        found[job.id] = holder
+    return found
 
 
 def _insert_values(layout: Layout, jobs: Sequence[NewJob]) -> list[Any]:
@@ -90,15 +117,15 @@ def _insert_values(layout: Layout, jobs: Sequence[NewJob]) -> list[Any]:
 
 @cache
 def _payload_getter(layout: Layout) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """A function giving a payload dict's values in ``layout.payload``'s column order, always as a tuple."""
-    if len(layout.payload) == 1:
-        (column,) = layout.payload
+    """A function giving a payload dict's values in ``layout.stored``'s column order, always as a tuple."""
+    if len(layout.stored) == 1:
+        (column,) = layout.stored
         return lambda payload: (payload[column],)
-    return itemgetter(*layout.payload)
+    return itemgetter(*layout.stored)
 
 
-def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[bool]:
-    """Insert ``jobs`` in one write transaction (all or nothing); one ``True``/``False`` per job."""
+def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
+    """Insert ``jobs`` in one write transaction (all or nothing); what each did (``core.jobs.Enqueued``)."""
     with write_transaction(con):
         return enqueue_rows_in_transaction(con, layout, jobs)
 
@@ -184,14 +211,15 @@ def read_states(
     One statement for a batch instead of one per job: a group commit finishing 50 jobs spends 1.4 µs a job
     reading them instead of 5.6 (docs/benchmarks.md)."""
     unique = list(dict.fromkeys(job_ids))
-    width = len(layout.payload)
+    stored = layout.stored
+    width = len(stored)
     found: dict[str, tuple[int, dict[str, Any], JobState]] = {}
     for start in range(0, len(unique), IN_LIST_MAX):
         chunk: list[str] = padded(unique[start : start + IN_LIST_MAX])
         for row in con.execute(select_by_ids(layout, len(chunk)), chunk):
             status, attempts, max_attempts, token, owner, lease_until, deadline, _reason = row[2 + width :]
             state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-            found[row[1]] = (row[0], dict(zip(layout.payload, row[2 : 2 + width], strict=True)), state)
+            found[row[1]] = (row[0], dict(zip(stored, row[2 : 2 + width], strict=True)), state)
     return found
 
 
@@ -348,7 +376,8 @@ def redrive(
         found = read_state(con, layout, job_id)
         if found is None or found[2].status != DEAD:
             raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
-        seq, _payload, state = found
+        seq, payload, state = found
+        _check_key_free(con, layout, job_id, payload)
         audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "seq": seq}
         con.execute(sql(layout, "AUDIT"), audit)
         call_hook(fault, "after-audit")
@@ -356,6 +385,17 @@ def redrive(
         call_hook(fault, "after-redrive")
     call_hook(fault, "after-commit")
     return True
+
+
+def _check_key_free(con: sqlite3.Connection, layout: Layout, job_id: str, payload: dict[str, Any]) -> None:
+    """A dead job's redrive makes it active again: ``UniqueConflict`` (before any change) if another active job
+    of its queue holds its unique key now."""
+    key = payload.get("unique_key")
+    if key is None:
+        return
+    rows = con.execute(select_key_holders(layout, 1), (payload["queue"], key)).fetchall()
+    if rows:
+        raise UniqueConflict(key, payload["queue"], rows[0][2], job_id)
 
 
 def cancel(

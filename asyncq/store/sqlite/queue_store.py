@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.jobs import AuditEntry, CancelOutcome, Finish, Job, NewJob, Settled, Ticket
+from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
@@ -72,9 +72,9 @@ def _explained(error: sqlite3.OperationalError, path: str) -> Exception:
 class SqliteTransaction(AppTransaction):
     """An open ``BEGIN IMMEDIATE`` on the store's connection: the app's SQL and its jobs commit together."""
 
-    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[bool]:
-        added = await self._run_step(engine.enqueue_rows_in_transaction, PRODUCT, rows)
-        self.added += sum(added)
+    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[Enqueued]:
+        added: list[Enqueued] = await self._run_step(engine.enqueue_rows_in_transaction, PRODUCT, rows)
+        self.added += sum(result is True for result in added)
         return added
 
 
@@ -127,14 +127,14 @@ class SqliteQueueStore:
 
     # -- producers ----------------------------------------------------------------------------------------
 
-    async def enqueue(self, rows: Sequence[NewJob], *, connection: object = None) -> list[bool]:
+    async def enqueue(self, rows: Sequence[NewJob], *, connection: object = None) -> list[Enqueued]:
         if connection is not None:
             raise TypeError(
                 "a SQLite queue joins the app's transaction through queue.transaction(), or enqueue_sync on the"
                 " app's own sqlite3 connection"
             )
-        added: list[bool] = await self._write(engine.enqueue, PRODUCT, rows)
-        if any(added):
+        added: list[Enqueued] = await self._write(engine.enqueue, PRODUCT, rows)
+        if True in added:
             self._file.notify()
         return added
 

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncq.core.lifecycle import UNIQUE_WHILE
+
+#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
+HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
+
 # The lease lab's tables, exactly as its contract writes them (sqlite_master keeps this text).
 LAB_TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
@@ -71,6 +76,14 @@ class Layout:
     #: ``core.claim_plan.claim_rank``, reading its queue's stored settings (``settings``: paused, ``max_wait``).
     claim: str = "CLAIM"
     settings: str | None = None
+    #: Columns inserted and compared with the payload (the same id with another value is a ``Conflict``) that a
+    #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``; the lab's tables have none).
+    keys: tuple[str, ...] = ()
+
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """Every column of a job's payload as stored and compared: ``payload``, then ``keys``."""
+        return self.payload + self.keys
 
 
 LAB = Layout(
@@ -92,6 +105,7 @@ PRODUCT = Layout(
     scope="AND queue = :queue",
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
+    keys=("unique_key",),
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -219,4 +233,14 @@ FLOW_CONTROL = (
   action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait')), at_ms INTEGER NOT NULL,
   actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER)""",
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+)
+
+# Version 9: unique while active (docs/flow-control.md). A job's optional ``unique_key``; the partial unique index
+# lets at most one job of a queue hold a key while it is active (``core.lifecycle.UNIQUE_WHILE``: pending, delayed
+# included, or leased). The scope is the queue: the same key in two queues is two keys. A finished job (done, dead)
+# leaves the index, so its key is free again; a redrive must take it again (``engine.redrive`` checks first).
+UNIQUE_KEYS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN unique_key TEXT",
+    "CREATE UNIQUE INDEX IF NOT EXISTS asyncq_jobs_unique ON asyncq_jobs(queue, unique_key)"
+    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
 )

@@ -107,14 +107,22 @@ FROM {jobs} WHERE id IN ({ids})
 
 # One job or many in one statement. ``{rows}`` is a list of ``(?, …, 'pending', 0, ?, 0, ?, ?)`` rows (see
 # ``insert_rows``): the id, the payload columns, then max_attempts, available_at and deadline. A known id
-# inserts nothing (its whole row is kept); the caller then compares payloads. No RETURNING (0.4 µs a job): the
+# inserts nothing (its whole row is kept); the caller then compares payloads. So does a unique key that an active
+# job of the queue holds (``asyncq_jobs_unique``; ``ON CONFLICT`` without a target covers every unique index): the
+# caller reads who holds it (``SELECT_KEY_HOLDERS``). No RETURNING (0.4 µs a job): the
 # cursor's ``rowcount`` says whether every row was inserted, and only when some id was known does
 # ``SELECT_INSERTED`` read the ids of the rows inserted (their seqs pass the greatest before, ``LAST_SEQ``: the write
 # lock is held, and a new row's seq is greater than any row's). Not "consecutive seqs": a known id can use one up.
 INSERT_ROWS = """
 INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
 VALUES {rows}
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT DO NOTHING
+"""
+
+# Who holds each unique key of ``{keys}`` (``(?, ?)`` pairs of queue and key): the index's own condition, verbatim.
+SELECT_KEY_HOLDERS = """
+SELECT queue, unique_key, id FROM {jobs}
+WHERE (queue, unique_key) IN (VALUES {keys}) AND unique_key IS NOT NULL AND status IN ('pending', 'leased')
 """
 
 SELECT_INSERTED = """
@@ -186,7 +194,14 @@ def select_by_ids(layout: Layout, count: int) -> str:
     seven statement texts exist and all stay in the connection's statement cache; fill the list with
     ``padded``."""
     ids = ", ".join("?" * _in_list_size(count))
-    return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=ids)
+    return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.stored), ids=ids)
+
+
+@cache
+def select_key_holders(layout: Layout, count: int) -> str:
+    """``SELECT_KEY_HOLDERS`` for ``count`` (queue, key) pairs (1 … ``IN_LIST_MAX``), rounded up like
+    ``select_by_ids``."""
+    return SELECT_KEY_HOLDERS.format(jobs=layout.jobs, keys=", ".join(["(?, ?)"] * _in_list_size(count)))
 
 
 # A pool's group commit finishes up to 128 jobs (``Pool.batch``): one statement for all of them.
@@ -236,9 +251,9 @@ def insert_rows(layout: Layout, count: int) -> str:
     with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
     instead of 256 halves the connection thread's time per enqueued job (docs/benchmarks.md, "How the design was
     measured")."""
-    row = "(" + ", ".join(["?"] * (1 + len(layout.payload)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
+    row = "(" + ", ".join(["?"] * (1 + len(layout.stored)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
     return INSERT_ROWS.format(
-        jobs=layout.jobs, payload=", ".join(layout.payload), rows=", ".join([row] * _in_list_size(count))
+        jobs=layout.jobs, payload=", ".join(layout.stored), rows=", ".join([row] * _in_list_size(count))
     )
 
 

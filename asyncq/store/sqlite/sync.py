@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 
 from asyncq.core.clock import wall_clock_ms
-from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BODY_BYTES, JobSpec, NewJob
+from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BODY_BYTES, Enqueued, JobSpec, NewJob, OnConflict
 from asyncq.core.jsontext import JSONInput
 from asyncq.core.values import Duration, check_time
 from asyncq.store.sqlite import engine
@@ -28,14 +28,27 @@ def enqueue_sync(
     ttl: Duration | None = None,
     delay: Duration | None = None,
     priority: int = 0,
+    unique_key: str | None = None,
+    on_conflict: OnConflict = "return",
     now_ms: int | None = None,
-) -> bool:
+) -> Enqueued:
     """Add a job through the caller's connection: ``True`` if inserted, ``False`` if the same id and
-    body exist, ``Conflict`` for another body. Creates asyncq's tables in that transaction if needed."""
+    body exist, ``Conflict`` for another body; with a ``unique_key`` an active job of the queue holds, that job's id
+    (``UniqueConflict`` with ``on_conflict="raise"``). Creates asyncq's tables in that transaction if needed."""
     now = wall_clock_ms() if now_ms is None else check_time(now_ms)
     if not isinstance(con, sqlite3.Connection):
         raise TypeError(f"enqueue_sync takes a sqlite3.Connection, not {type(con).__name__}")
-    spec = JobSpec(job_id, body, queue, max_attempts, ttl=ttl, delay=delay, priority=priority)
+    spec = JobSpec(
+        job_id,
+        body,
+        queue,
+        max_attempts,
+        ttl=ttl,
+        delay=delay,
+        priority=priority,
+        unique_key=unique_key,
+        on_conflict=on_conflict,
+    )
     row = spec.to_row(now, MAX_BODY_BYTES)
     if con.in_transaction:
         return _enqueue(con, row)
@@ -43,7 +56,7 @@ def enqueue_sync(
         return _enqueue(con, row)
 
 
-def _enqueue(con: sqlite3.Connection, row: NewJob) -> bool:
+def _enqueue(con: sqlite3.Connection, row: NewJob) -> Enqueued:
     if not is_current(con):
         migrate_in_transaction(con)
     return engine.enqueue_in_transaction(con, PRODUCT, row)
