@@ -110,7 +110,7 @@ def test_enqueue_one_job_from_the_arguments(db: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("enqueued 1 new job(s) into q.db")
     again = run_json("enqueue", "--db", "q.db", "new-1", '{"a": [1, 2], "b": 1}', "--queue", "mail", cwd=cwd)
-    assert again == {"path": "q.db", "added": 0, "unchanged": 1, "total": 1}
+    assert again == {"path": "q.db", "added": 0, "unchanged": 1, "total": 1, "held_by": {}}
     assert rows(db, "SELECT queue, body, status FROM asyncq_jobs WHERE id = 'new-1'") == [
         ("mail", '{"a":[1,2],"b":1}', "pending")
     ]
@@ -125,7 +125,7 @@ def test_enqueue_many_from_json_lines_in_batches(db: Path) -> None:
     lines = "".join(json.dumps({"id": f"b-{n}", "body": {"n": n}}) + "\n" for n in range(1201))
     lines += '\n{"id": "b-x", "body": null, "queue": "mail", "max_attempts": 5, "delay_ms": 60000}\n'
     done = run_json("enqueue", "--db", "q.db", cwd=db.parent, stdin=lines)  # no terminal: no progress bar
-    assert done == {"path": "q.db", "added": 1202, "unchanged": 0, "total": 1202}
+    assert done == {"path": "q.db", "added": 1202, "unchanged": 0, "total": 1202, "held_by": {}}
     assert rows(db, "SELECT count(*) FROM asyncq_jobs WHERE id LIKE 'b-%'") == [(1202,)]
     assert rows(db, "SELECT queue, max_attempts, available_at - 60000 > 0 FROM asyncq_jobs WHERE id = 'b-x'") == [
         ("mail", 5, 1)
@@ -209,7 +209,7 @@ def test_jobs_filters_and_pages(db: Path) -> None:
     assert "body" not in page["jobs"][0] and page["jobs"][0]["redrives"] == 0
     assert set(page["jobs"][0]) == {
         "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-        "lease_until", "reason", "redrives", "priority", "cancel_requested_at",
+        "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key",
     }  # fmt: skip
     rest = run_json("jobs", "--db", "q.db", "--after", str(page["jobs"][-1]["seq"]), "--body", cwd=db.parent)
     assert rest["count"] == 11 and rest["more"] is False and rest["jobs"][-1]["body"] == {"to": "someone"}

@@ -276,3 +276,25 @@ def test_show_and_dead_print_the_errors_a_pool_kept(tmp_path: Path) -> None:
     assert "card-1" in dead and "card declined" in dead
     listed = run_json("dead", "--db", "q.db", cwd=tmp_path)["jobs"]
     assert [job["last_error"]["message"] for job in listed] == ["card declined"]
+
+
+def test_enqueue_takes_a_unique_key_and_reports_the_job_that_holds_it(db: Path) -> None:
+    first = run_json("enqueue", "--db", "q.db", "u-1", "{}", "--unique-key", "digest:42", cwd=db.parent)
+    assert (first["added"], first["held_by"]) == (1, {})
+    second = run_json("enqueue", "--db", "q.db", "u-2", "{}", "--unique-key", "digest:42", cwd=db.parent)
+    assert (second["added"], second["unchanged"], second["held_by"]) == (0, 0, {"u-2": "u-1"})
+    text = run_cli("enqueue", "--db", "q.db", "u-3", "{}", "--unique-key", "digest:42", cwd=db.parent).stdout
+    assert "u-3 (held by u-1)" in text
+    lines = '{"id": "u-4", "body": 1, "unique_key": "other"}\n{"id": "u-5", "body": 2, "unique_key": "other"}\n'
+    piped = run_json("enqueue", "--db", "q.db", cwd=db.parent, stdin=lines)
+    assert (piped["added"], piped["held_by"]) == (1, {"u-5": "u-4"})
+    assert rows(db, "SELECT id, unique_key FROM asyncq_jobs WHERE id LIKE 'u-%' ORDER BY id") == [
+        ("u-1", "digest:42"),
+        ("u-4", "other"),
+    ]
+    shown = run_cli("show", "--db", "q.db", "u-1", cwd=db.parent).stdout
+    assert "unique_key" in shown and "digest:42" in shown
+    listed = run_cli("jobs", "--db", "q.db", "--queue", "default", cwd=db.parent).stdout
+    assert "unique key" in listed.splitlines()[0] and "digest:42" in listed
+    bad = run_cli("enqueue", "--db", "q.db", "u-6", "{}", "--unique-key", " padded", cwd=db.parent)
+    assert bad.returncode == 2 and "unique_key" in bad.stderr and bad.stderr.count("\n") == 1
