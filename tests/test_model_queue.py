@@ -61,7 +61,7 @@ DELAYS = (0,) * 7 + (16, 1024, 65536)  # over the ttl: ValueError, nothing chang
 FORGERIES = ("token", "owner", "attempt", "lease_until", "deadline", "seq")
 JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason,"
-    " cancel_requested_at, priority"
+    " cancel_requested_at, priority, unique_key"
 )
 AUDIT_COLUMNS = "seq, id, token, at_ms, note, action, reason"
 
@@ -377,7 +377,8 @@ class QueueMachine(RuleBasedStateMachine):
             return
         stored = (found.seq, found.id, found.queue, canonical(found.body), found.status, found.attempts,
                   found.max_attempts, found.token, found.available_at, found.deadline, found.owner,
-                  found.lease_until, found.reason, found.cancel_requested_at, found.priority)  # fmt: skip
+                  found.lease_until, found.reason, found.cancel_requested_at, found.priority,
+                  found.unique_key)  # fmt: skip
         assert stored == astuple(row)
 
     @invariant()

@@ -157,11 +157,14 @@ ON CONFLICT DO NOTHING
 RETURNING id
 """
 
-# Who holds each (queue, unique key) now: the index's own condition (``jobs_unique``), so the read seeks it.
+# Who holds each (queue, unique key) now: one seek of ``jobs_unique`` per pair (``LATERAL``, with the index's own
+# condition), whatever the table's statistics say.
 SELECT_KEY_HOLDERS = """
-SELECT j.queue, j.unique_key, j.id FROM {schema}.jobs j
-JOIN unnest($1::text[], $2::text[]) AS k(queue, unique_key) ON j.queue = k.queue AND j.unique_key = k.unique_key
-WHERE j.unique_key IS NOT NULL AND j.status IN ('pending', 'leased')
+SELECT j.queue, j.unique_key, j.id FROM unnest($1::text[], $2::text[]) AS k(queue, unique_key)
+CROSS JOIN LATERAL (
+  SELECT queue, unique_key, id FROM {schema}.jobs
+  WHERE queue = k.queue AND unique_key = k.unique_key AND unique_key IS NOT NULL AND status IN ('pending', 'leased')
+) AS j
 """
 
 # Another active job holding the unique key of the job ``seq`` (a redrive would take it again).

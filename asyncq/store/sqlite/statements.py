@@ -120,9 +120,12 @@ ON CONFLICT DO NOTHING
 """
 
 # Who holds each unique key of ``{keys}`` (``(?, ?)`` pairs of queue and key): the index's own condition, verbatim.
+# A join from the pairs, so that each seeks ``asyncq_jobs_unique`` (a row-value ``IN`` of two pairs or more walks
+# another index over every active job).
 SELECT_KEY_HOLDERS = """
-SELECT queue, unique_key, id FROM {jobs}
-WHERE (queue, unique_key) IN (VALUES {keys}) AND unique_key IS NOT NULL AND status IN ('pending', 'leased')
+SELECT j.queue, j.unique_key, j.id FROM (VALUES {keys}) AS k CROSS JOIN {jobs} j
+WHERE j.queue = k.column1 AND j.unique_key = k.column2 AND j.unique_key IS NOT NULL
+  AND j.status IN ('pending', 'leased')
 """
 
 SELECT_INSERTED = """
