@@ -85,6 +85,8 @@ V5_ONLY = ("DROP TRIGGER asyncq_jobs_count_insert", "DROP TRIGGER asyncq_jobs_co
 V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "DROP TABLE asyncq_queues",
            "DROP TABLE asyncq_queue_audit", "ALTER TABLE asyncq_jobs DROP COLUMN priority",
            "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
+# What version 9 (unique keys) added, undone first: its partial unique index and the column.
+V9_ONLY = ("DROP INDEX asyncq_jobs_unique", "ALTER TABLE asyncq_jobs DROP COLUMN unique_key")
 ENGINE_UPSERT = "INSERT INTO asyncq_counts VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs"
 
 # ``:n`` rows of one kind from ``:start`` on; ``x`` numbers them. Pending rows: a third have retried, one in fifty is
@@ -220,9 +222,9 @@ def plans(con: sqlite3.Connection) -> list[tuple[str, str, str]]:
 
 async def migration_seconds(path: Path, con: sqlite3.Connection, expected: Stats) -> float:
     """Make the file v4 again, then time the open that migrates it to the current version (v5's counts, v6, v7's
-    cancel column, v8's priority indexes: one write transaction; v6's tables are kept)."""
+    cancel column, v8's priority indexes, v9's unique keys: one write transaction; v6's tables are kept)."""
     with write_transaction(con):
-        for statement in (*V8_ONLY, *V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
+        for statement in (*V9_ONLY, *V8_ONLY, *V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
             con.execute(statement)
         con.execute("PRAGMA user_version = 4")
     started = time.perf_counter()
@@ -242,7 +244,7 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
     """CPU seconds to enqueue, claim and finish ``jobs`` jobs, 128 a commit (the engine's set-based statements);
     ``by_engine``: with the prototype's counting in each commit."""
     rows = [
-        NewJob(f"j{n}", {"queue": "default", "body": "{}", "priority": 0}, 3, T0, T0 + 3_600_000)
+        NewJob(f"j{n}", {"queue": "default", "body": "{}", "priority": 0, "unique_key": None}, 3, T0, T0 + 3_600_000)
         for n in range(start, start + jobs)
     ]
     wants = [({"queue": "default"}, BATCH)]
