@@ -111,6 +111,7 @@ class Pool:
         self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._stopping = False
+        self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
         self._workers: list[asyncio.Task[None]] = []
         self._idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
 
@@ -182,7 +183,9 @@ class Pool:
             await self._gather_results()
             try:
                 claimed = await self._cycle(capacity=self._capacity())
-            except StoreBusy as error:  # nothing changed: every result is kept for the next try
+            except StoreBusy as error:  # every result is kept for the next try
+                # A connection lost with the commit in flight: the next try says the results may be there already.
+                self._resend = self._resend or error.may_have_landed
                 await self._busy.wait(error, f"{len(flights.results)} result(s) kept")
                 continue
             self._busy.reset()
@@ -248,12 +251,13 @@ class Pool:
             try:
                 statuses, tickets, counted = await self.queue.commit_cycle(
                     results, self.owner, wants, self.lease_ms, capacity,
-                    start_now=free_now, started=[flight.ticket for flight in started],
+                    start_now=free_now, started=[flight.ticket for flight in started], resend=self._resend,
                 )  # fmt: skip
             except BaseException:
                 flights.restore(kept, started)
                 raise
             flights.counted(started, counted)
+            self._resend = False
         self.counters.commits += 1
         debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job
         self._report.finishes(results, statuses, debug)
