@@ -37,7 +37,7 @@ from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
 from asyncq.queue import Attempt, Queue
 from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with
-from asyncq.worker.flight import Flights, InFlight
+from asyncq.worker.flight import Flights, InFlight, uncancel
 from asyncq.worker.leases import LeaseKeeper
 from asyncq.worker.observer import PoolCounters, PoolObserver
 from asyncq.worker.report import PoolReport
@@ -362,7 +362,7 @@ class Pool:
         except asyncio.CancelledError:
             # The lease keeper cancelled this job's worker because the lease was lost or a cancel was requested:
             # the worker lives on (finishing a cancelled job dead), unless the pool itself is being cancelled too.
-            if not (flight.lost or flight.cancelled) or _uncancel() > 0:
+            if not (flight.lost or flight.cancelled) or uncancel() > 0:
                 raise
             outcome = None if flight.lost else CANCEL
         finally:
@@ -371,11 +371,11 @@ class Pool:
                 self._wake_if_needed()
         if flight.lost:  # no result; if the handler swallowed the cancellation, withdraw it
             if outcome is not None:
-                _uncancel()
+                uncancel()
             self._report.lost(flight.ticket)
         elif outcome is not None:  # always, here: without a result the job raised out above
             if flight.cancelled and outcome != CANCEL:  # the handler swallowed the cancellation: withdraw it
-                _uncancel()
+                uncancel()
             # the result is kept with the job by the same commit as its finish
             stored = value if type(value) is StoredResult else None
             self._flights.results.append((flight, outcome, delay_ms, failure, stored))
@@ -398,10 +398,3 @@ class Pool:
         """``run`` until SIGINT or SIGTERM, then stop claiming and give jobs in flight ``grace`` seconds;
         any still running then are cancelled unfinished (their leases expire and they run again)."""
         await serve(self, grace, burst)
-
-
-def _uncancel() -> int:
-    """Withdraw one cancellation request from the current task; how many remain."""
-    task = asyncio.current_task()
-    assert task is not None
-    return task.uncancel()
