@@ -127,14 +127,16 @@ async def _write_plan(
             [attempt_after(change, row) for change, row in rows],
         )
     }
-    errors, results = kept(items, plan, statuses_after(plan, landed, len(items)))
+    statuses = statuses_after(plan, landed, len(items))
+    errors, results = kept(items, plan, statuses)
     await _keep_errors(conn, schema, errors, now_ms)
     await _keep_results(conn, schema, results, now_ms)
     missed = unlanded(plan, landed) if resend else []
     if missed:  # the same finishes sent again after a reply lost after COMMIT: those that had landed are landed
         now_rows = await conn.fetch(sql(schema, "ROWS_NOW"), missed)
-        landed = landed_before(plan, landed, {found[0]: RowNow(*found) for found in now_rows})
-    return statuses_after(plan, landed, len(items))
+        landed = landed_before(plan, landed, {row[0]: RowNow(*row) for row in now_rows})
+        statuses = statuses_after(plan, landed, len(items))
+    return statuses
 
 
 async def _keep_results(conn: Connection, schema: str, done: Sequence[tuple[int, StoredResult]], now_ms: int) -> None:

@@ -260,11 +260,12 @@ def _finish_held(
         for start in range(0, len(rows), FINISH_ROWS_MAX):
             chunk = [row for _, row in rows[start : start + FINISH_ROWS_MAX]]
             landed.update(seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)))
-    _keep(con, layout, items, plan, statuses_after(plan, landed, len(items)), now_ms)
+    found = statuses_after(plan, landed, len(items))
+    _keep(con, layout, items, plan, found, now_ms)
     missed = unlanded(plan, landed) if resend else []
     if missed:  # the same finishes sent again: those whose first commit did land are landed, not stale
-        landed = landed_before(plan, landed, _rows_now(con, layout, missed))
-    return statuses_after(plan, landed, len(items))
+        found = statuses_after(plan, landed_before(plan, landed, _rows_now(con, layout, missed)), len(items))
+    return found
 
 
 def _rows_now(con: sqlite3.Connection, layout: Layout, seqs: Sequence[int]) -> dict[int, RowNow]:
