@@ -121,12 +121,12 @@ def unlanded(plan: FinishPlan, landed: Collection[int]) -> list[int]:
 
 def landed_before(plan: FinishPlan, landed: Collection[int], rows_now: Mapping[int, RowNow]) -> set[int]:
     """``landed`` and the rows that refused their finish only because that same finish is already there: the row
-    holds, under the lease's own token, what the finish writes (status, reason, attempts; not a retry's due time,
-    which the resend computes from a later ``now``), with no owner. That is its own earlier commit, whose reply was lost (a connection cut after
-    ``COMMIT``), sent again: it landed, and is not stale. No one else writes a token's outcome but its holder; the
-    sweep's and a cancel's ends (``deadline``, ``exhausted``, ``cancelled``) are what the same finish would have
-    written on that row then, so calling them landed says what the row holds. What the finish keeps beside its row
-    (an error, a result) is not kept again: ``kept`` is asked with ``landed`` only."""
+    holds, under the lease's own token and with no owner, what the finish writes (status, reason, attempts; not a
+    retry's due time, which the resend computes from a later ``now``). That is the finish's own earlier commit,
+    whose reply was lost (a connection cut after ``COMMIT``), sent again: it landed, and is not stale. Only the
+    token's holder writes ``done`` or a retry under it; where the sweep ended the row as the finish itself would
+    have (``exhausted``, ``deadline``), calling it landed says what the row holds. What the finish keeps beside its
+    row (an error, a result) is not kept again: ``kept`` is asked with ``landed`` only."""
     found = set(landed)
     for change, rows in plan.items():
         for _position, row in rows:
