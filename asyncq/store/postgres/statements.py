@@ -180,6 +180,9 @@ SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease
 FROM {schema}.jobs WHERE id = ANY($1::text[])
 """
 
+# What a row holds now, for the finishes whose compare-and-set did not land (``core.finish_plan.landed_before``).
+ROWS_NOW = "SELECT seq, status, reason, token, owner, attempts FROM {schema}.jobs WHERE seq = ANY($1)"
+
 # An operator's change reads the row locked: it is decided on the row it writes.
 LOCK_ONE = "SELECT seq, status, token FROM {schema}.jobs WHERE id = $1 FOR UPDATE"
 
@@ -238,6 +241,7 @@ NAMES = {
     "SELECT_BY_IDS": SELECT_BY_IDS,
     "SELECT_KEY_HOLDERS": SELECT_KEY_HOLDERS,
     "KEY_HOLDER_OF": KEY_HOLDER_OF,
+    "ROWS_NOW": ROWS_NOW,
     "LOCK_ONE": LOCK_ONE,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
