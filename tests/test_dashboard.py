@@ -303,3 +303,16 @@ async def test_a_running_job_with_a_cancel_request_shows_it_among_the_leases(
     _status, page, _headers = await get(server[0] + "/")
     row = re.search(r"<tr><td>worker-7</td><td>busy</td>.*?</tr>", table(page, "leases"))
     assert row is not None and f"<td>requested {utc(clock[0])}</td>" in row.group(0)
+
+
+async def test_a_leased_jobs_unique_key_is_shown_among_the_leases(
+    path: Path, clock: list[int], server: tuple[str, Dashboard]
+) -> None:
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        assert await queue.enqueue("keyed", {}, queue="digests", unique_key="digest:42") is True
+        [ticket] = await queue.claim("worker-9", queue="digests", lease=60)
+    assert ticket.id == "keyed"
+    _status, page, _headers = await get(server[0] + "/")
+    assert "<th>unique key</th>" in table(page, "leases")
+    row = re.search(r"<tr><td>worker-9</td><td>keyed</td>.*?</tr>", table(page, "leases"))
+    assert row is not None and row.group(0).endswith("<td>digest:42</td></tr>")

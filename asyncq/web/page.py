@@ -205,9 +205,9 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
         asked = job.cancel_requested_at
         cancel = "" if asked is None else f"requested {utc(asked)}"  # the holder stops it at its next renewal
         values = (job.owner or "", job.id, job.queue, job.priority, job.token, job.attempts, utc(until), remaining,
-                  cancel)  # fmt: skip
+                  cancel, job.unique_key or "")  # fmt: skip
         cells.append(f"<tr>{_cells(values, (3, 4, 5, 7))}</tr>")
-    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left", "cancel")
+    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left", "cancel", "unique key")
     return _table("leases", headers, cells, "no leases in flight")
 
 
