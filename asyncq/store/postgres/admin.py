@@ -19,7 +19,7 @@ from asyncq.core.lifecycle import STATUSES
 from asyncq.core.stats import Stats, StatsReads, assemble_stats
 from asyncq.store.port.queue import JobFilter
 from asyncq.store.postgres.connection import Connection
-from asyncq.store.postgres.schema import FOLD_COUNTS
+from asyncq.store.postgres.schema import ENDED_AT, FOLD_COUNTS, RETENTION_STATE
 
 JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason"
@@ -53,17 +53,15 @@ ATTEMPTS_HISTOGRAM = """
 SELECT attempts, count(*) FROM {schema}.jobs WHERE status IN ('pending', 'leased') GROUP BY attempts ORDER BY attempts
 """
 
-# When a finished job ended (the SQLite driver's rule): finish and cancel stamp ``available_at``; a deadline or
-# exhausted row is dated by its deadline. $1 cutoff, $2 done?, $3 dead?.
-_PRUNABLE = """((($2 AND status = 'done') OR ($3 AND status = 'dead'))
-  AND CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END < $1)"""
+# When a finished job ended (the SQLite driver's rule, ``schema.ENDED_AT``): finish and cancel stamp
+# ``available_at``; a deadline or exhausted row is dated by its deadline. $1 cutoff, $2 done?, $3 dead?.
+_PRUNABLE = f"((($2 AND status = 'done') OR ($3 AND status = 'dead')) AND {ENDED_AT} < $1)"
 PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {{schema}}.jobs WHERE {_PRUNABLE} GROUP BY status"
 PRUNABLE_IDS = f"SELECT id FROM {{schema}}.jobs WHERE {_PRUNABLE} ORDER BY seq LIMIT $4"
-# One bounded batch, walking the primary key from ``$4`` (the last seq of the batch before): each batch is its own
-# short transaction, so a prune holds no lock for long and never rewrites the table. $5 the batch size.
-PRUNE_BATCH = f"""
-WITH doomed AS MATERIALIZED (
-  SELECT seq FROM {{schema}}.jobs WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5 FOR UPDATE SKIP LOCKED
+# Removing the finished jobs ``doomed`` names, shared by prune and retention: their errors and results go with
+# them, audit rows stay. ``doomed`` locks its rows (``FOR UPDATE SKIP LOCKED``: a row a redrive holds is left for
+# the next step) and is re-checked on the row it locked, so a job redriven since the snapshot is never removed.
+_REMOVE_DOOMED = """WITH doomed AS MATERIALIZED ({doomed} FOR UPDATE SKIP LOCKED
 ), errors AS (
   DELETE FROM {{schema}}.errors WHERE job_seq IN (SELECT seq FROM doomed)
 ), results AS (
@@ -71,8 +69,20 @@ WITH doomed AS MATERIALIZED (
 ), deleted AS (
   DELETE FROM {{schema}}.jobs WHERE seq IN (SELECT seq FROM doomed) RETURNING seq
 )
-SELECT (SELECT count(*) FROM deleted), (SELECT max(seq) FROM doomed)
-"""
+SELECT (SELECT count(*) FROM deleted), (SELECT max(seq) FROM doomed)"""
+# One bounded batch, walking the primary key from ``$4`` (the last seq of the batch before): each batch is its own
+# short transaction, so a prune holds no lock for long and never rewrites the table. $5 the batch size.
+PRUNE_BATCH = _REMOVE_DOOMED.format(
+    doomed=f"SELECT seq FROM {{schema}}.jobs WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5"
+)
+# One retention step: one queue's ($1) jobs in one retention state ($2) that ended before $3, oldest end first, one
+# seek of ``jobs_ended`` stopping at the batch ($5); a done job whose result is kept past $4 (now) stays.
+EXPIRED_BATCH = _REMOVE_DOOMED.format(
+    doomed=f"""SELECT seq FROM {{schema}}.jobs j WHERE status IN ('done', 'dead') AND queue = $1
+  AND {RETENTION_STATE} = $2 AND {ENDED_AT} < $3
+  AND NOT EXISTS (SELECT 1 FROM {{schema}}.results r WHERE r.job_seq = j.seq AND r.expires_at > $4)
+  ORDER BY {ENDED_AT} LIMIT $5"""
+)
 PRUNE_BATCH_ROWS = 1_000
 # Results kept past their task's retention, whatever their job's age (the job stays, without it). $1 now.
 PRUNE_EXPIRED_RESULTS = "DELETE FROM {schema}.results WHERE expires_at <= $1"
@@ -180,6 +190,15 @@ async def prune_batch(
     row = await conn.fetchrow(q(PRUNE_BATCH, schema), *params, after, size)
     assert row is not None
     return int(row[0]), None if row[1] is None else int(row[1])
+
+
+async def remove_expired(
+    conn: Connection, schema: str, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int
+) -> int:
+    """One retention step in the caller's transaction (``EXPIRED_BATCH``): how many jobs it removed."""
+    row = await conn.fetchrow(q(EXPIRED_BATCH, schema), queue, state, cutoff_ms, now_ms, limit)
+    assert row is not None
+    return int(row[0])
 
 
 async def prune_expired_results(conn: Connection, schema: str, now_ms: int) -> int:

@@ -180,6 +180,26 @@ FLOW_CONTROL = (
     "CREATE INDEX queue_audit_queue ON {schema}.queue_audit (queue)",
 )
 
+# When a finished job ended and its retention state (the SQLite store's ``schema.ENDED_AT``/``RETENTION_STATE``):
+# the expressions ``jobs_ended`` keys and the retention statement names, word for word.
+ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
+RETENTION_STATE = "(CASE WHEN status = 'done' THEN 'done' WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END)"
+
+# Version 6: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v9). Three windows
+# on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,
+# and ``jobs_ended``: the finished jobs by queue, retention state and end, so a step is one bounded index seek.
+RETENTION = (
+    "ALTER TABLE {schema}.queues ADD COLUMN retain_done_ms bigint, ADD COLUMN retain_dead_ms bigint,"
+    " ADD COLUMN retain_cancelled_ms bigint",
+    "ALTER TABLE {schema}.queue_audit ADD COLUMN retain_done_ms bigint, ADD COLUMN retain_dead_ms bigint,"
+    " ADD COLUMN retain_cancelled_ms bigint",
+    "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
+    "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention'))",
+    f"CREATE INDEX jobs_ended ON {{schema}}.jobs (queue, {RETENTION_STATE}, {ENDED_AT})"
+    " WHERE status IN ('done', 'dead')",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -204,6 +224,7 @@ QUEUE = Migrations(
         ),
         CANCEL_REQUESTS,  # version 4: a cancel requested while a job is leased
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
+        RETENTION,  # version 6: retention per terminal state, its audit, the index of ended jobs
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -15,6 +15,7 @@ from asyncq.store.sqlite.schema import (
     PRODUCT_TABLES,
     RECOUNT,
     RESULT_TABLES,
+    RETENTION,
 )
 
 # Version 1's lifecycle indexes, kept word for word: version 2 replaces them with partial ones.
@@ -42,6 +43,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     RESULT_TABLES,  # version 6: tasks' results
     CANCEL_REQUESTS,  # version 7: a cancel requested while a job is leased
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
+    RETENTION,  # version 9: retention per terminal state, its audit, the index of ended jobs
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

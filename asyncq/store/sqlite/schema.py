@@ -220,3 +220,32 @@ FLOW_CONTROL = (
   actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER)""",
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
 )
+
+# When a finished job ended, and which retention window it falls under (``core.retention``): the expressions the
+# retention index keys and the retention statement names, word for word (SQLite matches an expression index only
+# on the same text). Finish and cancel stamp ``available_at = now``; the sweep stamps nothing, and a row with
+# reason deadline or exhausted is dated by its deadline (``admin``'s prune reads the same rule).
+ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
+RETENTION_STATE = "(CASE WHEN status = 'done' THEN 'done' WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END)"
+
+# Version 9: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
+# settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
+# set (SQLite cannot change a CHECK in place: the table is rebuilt, its rows and their seqs kept, and
+# AUTOINCREMENT goes on from the highest). ``asyncq_jobs_ended`` holds the finished jobs by queue, retention state
+# and end, so a step seeks the expired jobs of one queue and state and stops at its batch, at any depth.
+RETENTION = (
+    "ALTER TABLE asyncq_queues ADD COLUMN retain_done_ms INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN retain_dead_ms INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN retain_cancelled_ms INTEGER",
+    """CREATE TABLE asyncq_queue_audit_v9 (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention')), at_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER, retain_dead_ms INTEGER,
+  retain_cancelled_ms INTEGER)""",
+    "INSERT INTO asyncq_queue_audit_v9 (seq, queue, action, at_ms, actor, note, max_wait_ms)"
+    " SELECT seq, queue, action, at_ms, actor, note, max_wait_ms FROM asyncq_queue_audit",
+    "DROP TABLE asyncq_queue_audit",
+    "ALTER TABLE asyncq_queue_audit_v9 RENAME TO asyncq_queue_audit",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+    f"CREATE INDEX IF NOT EXISTS asyncq_jobs_ended ON asyncq_jobs(queue, {RETENTION_STATE}, {ENDED_AT})"
+    " WHERE status IN ('done', 'dead')",
+)
