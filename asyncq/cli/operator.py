@@ -131,7 +131,7 @@ async def retention(args: argparse.Namespace) -> Report:
     """Set a queue's retention windows (a flag not given keeps the queue's value), or ``--run`` the removal now
     (run after run, each a few bounded transactions, until nothing expired is left); both with ``--run``."""
     given = {state: getattr(args, state) for state in RETENTION_STATES if getattr(args, state) is not MISSING}
-    if args.queue is None and not args.run:
+    if args.queue is None and not args.run_now:
         raise UsageError("name a QUEUE and its windows (--done 7d, --dead none …), or give --run")
     if args.queue is not None and not given:
         raise UsageError("give at least one of --done, --cancelled, --dead (a duration such as 7d, or none)")
@@ -141,7 +141,7 @@ async def retention(args: argparse.Namespace) -> Report:
     async with await writing(args) as queue:
         if args.queue is not None:
             data["audit"] = queue_audit_record(await _set_retention(queue, args, given))
-        if args.run:
+        if args.run_now:
             data["run"] = await _run_retention(queue)
     return report(data, out.render_retention)
 

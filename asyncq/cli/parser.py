@@ -203,8 +203,9 @@ def _add_operator(add: Adder) -> None:
     retention.add_argument("--note", type=note, help="why (kept in the audit)")
     retention.add_argument("--by", type=note, help="who (default: USER@HOST)")
     retention.add_argument(
-        "--run", action="store_true", help="remove the jobs past their queue's retention now, in bounded batches"
-    )
+        "--run", action="store_true", dest="run_now",
+        help="remove the jobs past their queue's retention now, in bounded batches",
+    )  # fmt: skip
     cancel = add(
         "cancel",
         _command("operator", "cancel"),
