@@ -75,13 +75,15 @@ SELECT (SELECT count(*) FROM deleted), (SELECT max(seq) FROM doomed)"""
 PRUNE_BATCH = _REMOVE_DOOMED.format(
     doomed=f"SELECT seq FROM {{schema}}.jobs WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5"
 )
-# One retention step: one queue's ($1) jobs in one retention state ($2) that ended before $3, oldest end first, one
-# seek of ``jobs_ended`` stopping at the batch ($5); a done job whose result is kept past $4 (now) stays.
+# One retention step: one queue's ($1) jobs in one retention state ($2) that ended before $3, from the range of
+# ``jobs_ended`` that holds them (no order: any expired rows will do, so nothing is sorted), at most the batch ($5);
+# a done job whose result is kept past $4 (now) stays. The result is looked up per row by its primary key (a
+# scalar subquery: a NOT EXISTS would become an anti-join reading every result still kept, at each step).
 EXPIRED_BATCH = _REMOVE_DOOMED.format(
     doomed=f"""SELECT seq FROM {{schema}}.jobs j WHERE status IN ('done', 'dead') AND queue = $1
   AND {RETENTION_STATE} = $2 AND {ENDED_AT} < $3
-  AND NOT EXISTS (SELECT 1 FROM {{schema}}.results r WHERE r.job_seq = j.seq AND r.expires_at > $4)
-  ORDER BY {ENDED_AT} LIMIT $5"""
+  AND coalesce((SELECT r.expires_at FROM {{schema}}.results r WHERE r.job_seq = j.seq), 0) <= $4
+  LIMIT $5"""
 )
 PRUNE_BATCH_ROWS = 1_000
 # Results kept past their task's retention, whatever their job's age (the job stays, without it). $1 now.
