@@ -119,12 +119,16 @@ async def test_the_sqlite_retention_step_seeks_the_ended_index(tmp_path: Path) -
         series = "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n)"
         con.execute(f"INSERT INTO asyncq_jobs {_FINISHED_COLUMNS} " + _FINISHED.format(series=series), (DEPTH,))
         con.execute("ANALYZE")
-        params = {"queue": "q1", "state": "done", "cutoff": CUTOFF, "now": NOW, "limit": 500}
-        lines = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + EXPIRED_SEQS, params)]
+        plans = []
+        for status, reason in (("done", None), ("dead", "permanent")):
+            params = {"queue": "q1", "status": status, "reason": reason, "cutoff": CUTOFF, "now": NOW, "limit": 500}
+            plans.append([row[3] for row in con.execute("EXPLAIN QUERY PLAN " + EXPIRED_SEQS, params)])
     finally:
         con.close()
-    assert any("USING INDEX asyncq_jobs_ended (queue=? AND <expr>=? AND <expr><?)" in line for line in lines), lines
-    assert not [line for line in lines if line.startswith("SCAN") or "TEMP B-TREE" in line], lines
+    for lines in plans:
+        seek = "USING INDEX asyncq_jobs_ended (queue=? AND status=? AND reason=? AND available_at<?)"
+        assert any(seek in line for line in lines), lines
+        assert not [line for line in lines if line.startswith("SCAN") or "TEMP B-TREE" in line], lines
 
 
 async def test_the_postgresql_retention_step_seeks_the_ended_index(postgres_url: str) -> None:
@@ -138,10 +142,17 @@ async def test_the_postgresql_retention_step_seeks_the_ended_index(postgres_url:
         rows = _FINISHED.format(series="generate_series(1, $1) i").replace("{}", "{{}}").format()
         await conn.execute(f"INSERT INTO {target.schema}.jobs {_FINISHED_COLUMNS} {rows}", DEPTH)
         await conn.execute(f"ANALYZE {target.schema}.jobs")
-        statement = "EXPLAIN (COSTS OFF) " + q(EXPIRED_BATCH, target.schema)
-        plan = _pg_plan_text(await conn.fetch(statement, "q1", "done", CUTOFF, NOW, 500))
+        plans = []
+        for status, reason in (("done", None), ("dead", "permanent")):
+            statement = "EXPLAIN (COSTS OFF) " + q(EXPIRED_BATCH[reason is None], target.schema)
+            plans.append(_pg_plan_text(await conn.fetch(statement, "q1", status, CUTOFF, NOW, 500, reason)))
     finally:
         await conn.close()
+    for plan in plans:
+        _check_retention_plan(plan)
+
+
+def _check_retention_plan(plan: str) -> None:
     doomed = plan.split("CTE doomed", 1)[1].split("CTE ", 1)[0]
     # A plain or bitmap scan of the range of jobs_ended that holds the expired rows (the planner picks by their
     # number), never the table; each result looked up by its key; nothing sorted.

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from asyncq.core.lifecycle import DEAD, DEAD_REASONS, DONE, REASON_CANCELLED
 from asyncq.core.limits import DAY_MS
 
 if TYPE_CHECKING:
@@ -34,6 +35,22 @@ MAX_RETENTION_MS = 3650 * DAY_MS
 RETENTION_BATCH = 500
 #: Steps one run takes at most before it returns (the pool runs again at its next turn).
 RETENTION_MAX_BATCHES = 20
+
+
+class Cell(NamedTuple):
+    """Rows of one ``(status, reason)``: the prefix a retention step seeks in the ended jobs' index (plain columns,
+    so a finish pays one index entry and no expression)."""
+
+    status: str
+    reason: str | None
+
+
+#: The cells of each retention state: a step of a state seeks them in turn, in one transaction.
+STATE_CELLS: Mapping[str, tuple[Cell, ...]] = {
+    "done": (Cell(DONE, None),),
+    "cancelled": (Cell(DEAD, REASON_CANCELLED),),
+    "dead": tuple(Cell(DEAD, reason) for reason in DEAD_REASONS if reason != REASON_CANCELLED),
+}
 
 
 class Windows(NamedTuple):

@@ -180,14 +180,13 @@ FLOW_CONTROL = (
     "CREATE INDEX queue_audit_queue ON {schema}.queue_audit (queue)",
 )
 
-# When a finished job ended and its retention state (the SQLite store's ``schema.ENDED_AT``/``RETENTION_STATE``):
-# the expressions ``jobs_ended`` keys and the retention statement names, word for word.
+# When a finished job ended (the SQLite store's ``schema.ENDED_AT``).
 ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
-RETENTION_STATE = "(CASE WHEN status = 'done' THEN 'done' WHEN reason = 'cancelled' THEN 'cancelled' ELSE 'dead' END)"
 
 # Version 6: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v9). Three windows
 # on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,
-# and ``jobs_ended``: the finished jobs by queue, retention state and end, so a step is one bounded index seek.
+# and ``jobs_ended``: the finished jobs by queue, status, reason and ``available_at`` (plain columns, as on SQLite),
+# so a step is one bounded index seek per cell (``core.retention.STATE_CELLS``).
 RETENTION = (
     "ALTER TABLE {schema}.queues ADD COLUMN retain_done_ms bigint, ADD COLUMN retain_dead_ms bigint,"
     " ADD COLUMN retain_cancelled_ms bigint",
@@ -196,8 +195,7 @@ RETENTION = (
     "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
     "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
     " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention'))",
-    f"CREATE INDEX jobs_ended ON {{schema}}.jobs (queue, {RETENTION_STATE}, {ENDED_AT})"
-    " WHERE status IN ('done', 'dead')",
+    "CREATE INDEX jobs_ended ON {schema}.jobs (queue, status, reason, available_at) WHERE status IN ('done', 'dead')",
 )
 
 QUEUE = Migrations(
