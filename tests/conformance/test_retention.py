@@ -185,3 +185,17 @@ async def test_a_refused_set_retention_changes_nothing(
         await queue.apply_retention(batch=0)
     expect(before, await dump(store))
     await assert_no_transaction_left(store)
+
+
+async def test_a_job_the_sweep_parked_is_dated_by_its_deadline(store: QueueStore) -> None:
+    clock = Clock()
+    queue = Queue(store, clock=clock)
+    await enqueue(store, new("late", queue="mail", ttl_ms=10_000))
+    assert await claim(store, "w1", T0 + 20_000, queue="mail") == []  # swept: dead, reason deadline, at T0 + 10 s
+    parked = await store.get("late")
+    assert parked is not None and (parked.status, parked.reason) == ("dead", "deadline")
+    await queue.set_retention("mail", dead=60)
+    clock.now = T0 + 70_000  # 70 s after it became ready, 60 s after its deadline: not yet past its window
+    assert (await queue.apply_retention()).removed == ()
+    clock.now = T0 + 70_001
+    assert (await queue.apply_retention()).removed == (Removed("mail", "dead", 1),)
