@@ -95,3 +95,67 @@ async def test_the_postgresql_claim_seeks_the_ranked_and_waiting_indexes_without
     assert "Sort" not in pending and "jobs_ranked" in pending, plan
     late = plan.split("CTE late", 1)[1].split("CTE pending", 1)[0]
     assert "Sort" not in late and "jobs_waiting" in late, plan
+
+
+# A retention step is one seek of the ended jobs' index too, at depth (docs/flow-control.md, "Retention"): the
+# deep table holds pending jobs, done jobs of two queues, and dead ones; the step's plan walks one queue's one
+# state in end order and stops at its batch.
+_FINISHED = (
+    "SELECT 'j' || i, 'q' || (i % 3), '{{}}', CASE WHEN i % 4 = 0 THEN 'pending' WHEN i % 4 = 3 THEN 'dead'"
+    " ELSE 'done' END, 1, 3, 1, i, 10000000000000, CASE WHEN i % 4 = 3 THEN 'permanent' END FROM {series}"
+)
+CUTOFF = DEPTH // 10  # a tenth of the finished jobs has expired: the pool's steady state, a step's batch or two
+_FINISHED_COLUMNS = "(id, queue, body, status, attempts, max_attempts, token, available_at, deadline, reason)"
+
+
+async def test_the_sqlite_retention_step_seeks_the_ended_index(tmp_path: Path) -> None:
+    from asyncq.store.sqlite.admin import EXPIRED_SEQS
+
+    path = tmp_path / "deep.db"
+    async with await Queue.open(str(path)):
+        pass
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        series = "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n)"
+        con.execute(f"INSERT INTO asyncq_jobs {_FINISHED_COLUMNS} " + _FINISHED.format(series=series), (DEPTH,))
+        con.execute("ANALYZE")
+        plans = []
+        for status, reason in (("done", None), ("dead", "permanent")):
+            params = {"queue": "q1", "status": status, "reason": reason, "cutoff": CUTOFF, "now": NOW, "limit": 500}
+            plans.append([row[3] for row in con.execute("EXPLAIN QUERY PLAN " + EXPIRED_SEQS, params)])
+    finally:
+        con.close()
+    for lines in plans:
+        seek = "USING INDEX asyncq_jobs_ended (queue=? AND status=? AND reason=? AND available_at<?)"
+        assert any(seek in line for line in lines), lines
+        assert not [line for line in lines if line.startswith("SCAN") or "TEMP B-TREE" in line], lines
+
+
+async def test_the_postgresql_retention_step_seeks_the_ended_index(postgres_url: str) -> None:
+    from asyncq.store.postgres.admin import EXPIRED_BATCH, q
+
+    async with await Queue.open(postgres_url):
+        pass
+    target = parse_url(postgres_url)
+    conn = await asyncpg.connect(target.dsn, timeout=5)
+    try:
+        rows = _FINISHED.format(series="generate_series(1, $1) i").replace("{}", "{{}}").format()
+        await conn.execute(f"INSERT INTO {target.schema}.jobs {_FINISHED_COLUMNS} {rows}", DEPTH)
+        await conn.execute(f"ANALYZE {target.schema}.jobs")
+        plans = []
+        for status, reason in (("done", None), ("dead", "permanent")):
+            statement = "EXPLAIN (COSTS OFF) " + q(EXPIRED_BATCH[reason is None], target.schema)
+            plans.append(_pg_plan_text(await conn.fetch(statement, "q1", status, CUTOFF, NOW, 500, reason)))
+    finally:
+        await conn.close()
+    for plan in plans:
+        _check_retention_plan(plan)
+
+
+def _check_retention_plan(plan: str) -> None:
+    doomed = plan.split("CTE doomed", 1)[1].split("CTE ", 1)[0]
+    # A plain or bitmap scan of the range of jobs_ended that holds the expired rows (the planner picks by their
+    # number), never the table; each result looked up by its key; nothing sorted.
+    assert "Index Scan on jobs_ended" in doomed or "Index Scan using jobs_ended on jobs" in doomed, plan
+    assert "Seq Scan on jobs" not in doomed and "Sort" not in doomed, plan
+    assert "Seq Scan on results" not in doomed and "results_pkey" in doomed, plan

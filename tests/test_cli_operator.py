@@ -298,3 +298,35 @@ def test_enqueue_takes_a_unique_key_and_reports_the_job_that_holds_it(db: Path) 
     assert "unique key" in listed.splitlines()[0] and "digest:42" in listed
     bad = run_cli("enqueue", "--db", "q.db", "u-6", "{}", "--unique-key", " padded", cwd=db.parent)
     assert bad.returncode == 2 and "unique_key" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_retention_is_set_per_state_shown_in_status_and_run_by_hand(db: Path) -> None:
+    data = run_json("retention", "--db", "q.db", "default", "--done", "7d", "--by", "ops", cwd=db.parent)
+    assert data["audit"]["action"] == "retention" and data["audit"]["actor"] == "ops"
+    assert (data["audit"]["retain_done_ms"], data["audit"]["retain_dead_ms"]) == (7 * DAY_MS, None)
+    both = run_json("retention", "--db", "q.db", "default", "--cancelled", "1d", cwd=db.parent)  # done stays 7d
+    assert [both["audit"][f"retain_{s}_ms"] for s in ("done", "cancelled", "dead")] == [7 * DAY_MS, DAY_MS, None]
+    shown = run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    assert "retention (other queues keep every job):" in shown and "forever" in shown
+    queues = run_json("status", "--db", "q.db", cwd=db.parent)["queues"]
+    assert [(q["queue"], q["retain_done_ms"], q["retain_cancelled_ms"]) for q in queues] == [
+        ("default", 7 * DAY_MS, DAY_MS)
+    ]
+    run = run_json("retention", "--db", "q.db", "--run", cwd=db.parent)["run"]
+    assert run["removed"] == [
+        {"queue": "default", "state": "cancelled", "jobs": 1},
+        {"queue": "default", "state": "done", "jobs": 3},
+    ]
+    assert run["total"] == 4
+    left = {job_id for (job_id,) in rows(db, "SELECT id FROM asyncq_jobs WHERE status IN ('done', 'dead')")}
+    assert {"d-1", "old-perm", "old-dl", "x-cancel"} <= left and not left & {"old-done-1", "old-cancel"}
+    again = run_cli("retention", "--db", "q.db", "--run", cwd=db.parent)
+    assert again.returncode == 0 and "removed 0 job(s)" in again.stdout
+    for bad in (
+        ("retention",),
+        ("retention", "default"),
+        ("retention", "default", "--done", "7x"),
+        ("retention", "--run", "--done", "1d"),
+    ):
+        refused = run_cli(*bad, "--db", "q.db", cwd=db.parent)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused.stderr)

@@ -1,6 +1,7 @@
 """The operator's changes through the ``asyncq`` command: redrive (named jobs at once, or every dead job with a
-reason after a preview), cancel, prune (a preview, then ``--apply``) and the online backup. Previews open the
-queue read-only; changes go through ``Queue``, which writes each audit row and returns it to be printed."""
+reason after a preview), cancel, pause, resume, max-wait, retention, prune (a preview, then ``--apply``) and the
+online backup. Previews open the queue read-only; changes go through ``Queue``, which writes each audit row and
+returns it to be printed."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import socket
 from typing import Any
 
 from asyncq.cli import output as out
+from asyncq.cli.arguments import MISSING
 from asyncq.cli.commands import Report, reading, report, writing
 from asyncq.cli.errors import CliError, UsageError
 from asyncq.cli.records import audit_record, queue_audit_record
 from asyncq.core.clock import wall_clock_ms
+from asyncq.core.flow import QueueAuditEntry
 from asyncq.core.jobs import MAX_BATCH, Job
+from asyncq.core.retention import FOREVER, RETENTION_STATES
 from asyncq.queue import Queue
 
 
@@ -121,6 +125,46 @@ async def max_wait(args: argparse.Namespace) -> Report:
     async with await writing(args) as queue:
         entry = await queue.set_max_wait(args.queue, wait, note=args.note, by=args.by or _operator())
     return report({"path": args.db, "queue": args.queue, "audit": queue_audit_record(entry)}, out.render_queue_move)
+
+
+async def retention(args: argparse.Namespace) -> Report:
+    """Set a queue's retention windows (a flag not given keeps the queue's value), or ``--run`` the removal now
+    (run after run, each a few bounded transactions, until nothing expired is left); both with ``--run``."""
+    given = {state: getattr(args, state) for state in RETENTION_STATES if getattr(args, state) is not MISSING}
+    if args.queue is None and not args.run_now:
+        raise UsageError("name a QUEUE and its windows (--done 7d, --dead none …), or give --run")
+    if args.queue is not None and not given:
+        raise UsageError("give at least one of --done, --cancelled, --dead (a duration such as 7d, or none)")
+    if args.queue is None and (given or args.note is not None or args.by is not None):
+        raise UsageError("--done, --cancelled, --dead, --note and --by go with a QUEUE")
+    data: dict[str, Any] = {"path": args.db, "queue": args.queue, "audit": None, "run": None}
+    async with await writing(args) as queue:
+        if args.queue is not None:
+            data["audit"] = queue_audit_record(await _set_retention(queue, args, given))
+        if args.run_now:
+            data["run"] = await _run_retention(queue)
+    return report(data, out.render_retention)
+
+
+async def _set_retention(queue: Queue, args: argparse.Namespace, given: dict[str, int | None]) -> QueueAuditEntry:
+    current = next((each.retention for each in await queue.queue_settings() if each.queue == args.queue), FOREVER)
+    windows = {state: current.of(state) for state in RETENTION_STATES} | given
+    seconds = {state: None if ms is None else ms / 1000 for state, ms in windows.items()}
+    return await queue.set_retention(args.queue, **seconds, note=args.note, by=args.by or _operator())
+
+
+async def _run_retention(queue: Queue) -> dict[str, Any]:
+    removed: dict[tuple[str, str], int] = {}
+    batches = 0
+    while True:
+        done = await queue.apply_retention()
+        batches += done.batches
+        for item in done.removed:
+            removed[item.queue, item.state] = removed.get((item.queue, item.state), 0) + item.jobs
+        if done.complete:
+            break
+    rows = [{"queue": name, "state": state, "jobs": jobs} for (name, state), jobs in sorted(removed.items())]
+    return {"removed": rows, "total": sum(removed.values()), "batches": batches}
 
 
 async def prune(args: argparse.Namespace) -> Report:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from asyncq.cli.records import one_line_error
+from asyncq.core.retention import RETENTION_STATES
 
 _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
 
@@ -243,13 +244,39 @@ def queue_settings_text(queues: Sequence[dict[str, Any]], now_ms: int) -> str:
         lines = ["paused queues (no worker claims from them):", table(["queue", "since", "by", "note"], rows)]
     waits = [f"{q['queue']} {span(q['max_wait_ms'])}" for q in queues if q["max_wait_ms"] is not None]
     lines.append(f"max_wait: {', '.join(waits) if waits else 'none (strict priorities)'}")
+    kept = [(q["queue"], *(_window(q[f"retain_{state}_ms"]) for state in RETENTION_STATES)) for q in queues]
+    kept = [row for row in kept if row[1:] != ("forever",) * len(RETENTION_STATES)]
+    if kept:
+        lines += ["retention (other queues keep every job):", table(["queue", *RETENTION_STATES], kept)]
+    else:
+        lines.append("retention: none (every queue keeps every job)")
+    return "\n".join(lines)
+
+
+def _window(ms: int | None) -> str:
+    return "forever" if ms is None else span(ms) if ms else "0s"
+
+
+def render_retention(data: dict[str, Any]) -> str:
+    """The windows set (and their audit row), then what a ``--run`` removed."""
+    lines = []
+    audit = data["audit"]
+    if audit is not None:
+        windows = ", ".join(f"{state} {_window(audit[f'retain_{state}_ms'])}" for state in RETENTION_STATES)
+        lines.append(
+            f"set retention {windows} on queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']}"
+        )
+    run = data["run"]
+    if run is not None:
+        shown = ", ".join(f"{row['queue']} {row['state']} {row['jobs']}" for row in run["removed"]) or "nothing"
+        lines.append(f"removed {run['total']} job(s) past their retention in {run['batches']} batch(es): {shown}")
     return "\n".join(lines)
 
 
 def render_queue_move(data: dict[str, Any]) -> str:
     audit = data["audit"]
     wait = audit["max_wait_ms"]
-    done = {"pause": "paused", "resume": "resumed"}.get(audit["action"])
+    done = {"pause": "paused", "resume": "resumed", "retention": "set retention on"}.get(audit["action"])
     if done is None:
         done = f"set max_wait {'none' if wait is None else span(wait)} on"
     return f"{done} queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']} note {audit['note']}"

@@ -27,6 +27,8 @@ from asyncq.cli.errors import UsageError
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
 from asyncq.core.limits import MAX_CONCURRENCY, MAX_PRIORITY, MAX_WAIT_MS, MIN_LEASE_MS, MIN_PRIORITY
+from asyncq.core.retention import MAX_RETENTION_MS as MAX_WINDOW_MS
+from asyncq.core.retention import RETENTION_STATES
 from asyncq.worker.settings import DEFAULT_CONCURRENCY
 
 DEFAULT_TIMEOUT = 5.0
@@ -192,6 +194,23 @@ def _add_operator(add: Adder) -> None:
     )  # fmt: skip
     max_wait.add_argument("--note", type=note, help="why (kept in the audit)")
     max_wait.add_argument("--by", type=note, help="who (default: USER@HOST)")
+    retention = add(
+        "retention",
+        _command("operator", "retention"),
+        "Set how long a queue keeps its done, cancelled and dead jobs (audited), or --run the removal now.",
+    )
+    retention.add_argument("queue", type=identifier, metavar="QUEUE", nargs="?")
+    for state in RETENTION_STATES:
+        retention.add_argument(
+            f"--{state}", type=optional_duration(0, MAX_WINDOW_MS), default=MISSING, metavar="DURATION|none",
+            help=f"keep {state} jobs this long after they ended (none: for ever; not given: as it is)",
+        )  # fmt: skip
+    retention.add_argument("--note", type=note, help="why (kept in the audit)")
+    retention.add_argument("--by", type=note, help="who (default: USER@HOST)")
+    retention.add_argument(
+        "--run", action="store_true", dest="run_now",
+        help="remove the jobs past their queue's retention now, in bounded batches",
+    )  # fmt: skip
     cancel = add(
         "cancel",
         _command("operator", "cancel"),

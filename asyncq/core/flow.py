@@ -1,5 +1,6 @@
 """A queue's flow-control state, as stores keep it (no I/O here): whether it is paused (when, by whom, why) and
-its ``max_wait``, and the audit of every operator move on a queue.
+its ``max_wait``, how long it keeps its finished jobs per state (``core.retention``), and the audit of every
+operator move on a queue.
 
 The state is a row per queue that the claim statement itself reads (``docs/flow-control.md``): a paused queue is
 claimed from by no process on any host, from the first claim that begins after the pause committed.
@@ -9,23 +10,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncq.core.retention import Windows
+
 #: The moves on a queue that its audit keeps.
 PAUSE = "pause"
 RESUME = "resume"
 MAX_WAIT = "max_wait"
-QUEUE_ACTIONS = (PAUSE, RESUME, MAX_WAIT)
+RETENTION = "retention"
+QUEUE_ACTIONS = (PAUSE, RESUME, MAX_WAIT, RETENTION)
 
 
 @dataclass(frozen=True)
 class QueueSettings:
     """One queue's stored settings: ``paused_at`` (ms; ``None`` while it runs), who paused it (``paused_by``) and
-    why (``note``), and ``max_wait_ms`` (``None``: strict priorities)."""
+    why (``note``), ``max_wait_ms`` (``None``: strict priorities), and its retention windows in ms per terminal
+    state (``None``: kept for ever, as on a queue never set)."""
 
     queue: str
     paused_at: int | None
     paused_by: str | None
     note: str | None
     max_wait_ms: int | None
+    retain_done_ms: int | None = None
+    retain_dead_ms: int | None = None
+    retain_cancelled_ms: int | None = None
+
+    @property
+    def retention(self) -> Windows:
+        return Windows(self.retain_done_ms, self.retain_dead_ms, self.retain_cancelled_ms)
 
     @property
     def paused(self) -> bool:
@@ -34,8 +46,9 @@ class QueueSettings:
 
 @dataclass(frozen=True)
 class QueueAuditEntry:
-    """One operator move on a queue: ``action`` (``pause``, ``resume``, ``max_wait``), when, who and why;
-    ``max_wait_ms`` is the value a ``max_wait`` move set (``None`` otherwise, or when it cleared it)."""
+    """One operator move on a queue: ``action`` (``pause``, ``resume``, ``max_wait``, ``retention``), when, who
+    and why; ``max_wait_ms`` is the value a ``max_wait`` move set (``None`` otherwise, or when it cleared it), the
+    ``retain_*_ms`` the windows a ``retention`` move set (``None``: for ever, and on every other move)."""
 
     seq: int
     queue: str
@@ -44,6 +57,13 @@ class QueueAuditEntry:
     actor: str
     note: str
     max_wait_ms: int | None
+    retain_done_ms: int | None = None
+    retain_dead_ms: int | None = None
+    retain_cancelled_ms: int | None = None
+
+    @property
+    def retention(self) -> Windows:
+        return Windows(self.retain_done_ms, self.retain_dead_ms, self.retain_cancelled_ms)
 
 
 def pause_refused(queue: str, paused: bool, settings: QueueSettings | None) -> str | None:

@@ -58,6 +58,7 @@ from prometheus_client.registry import Collector
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
+from asyncq.core.retention import RETENTION_STATES
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.queue import Queue
@@ -112,6 +113,12 @@ class PoolMetrics:
             "Store calls that found the lock held elsewhere past the busy timeout (retried).",
             registry=into,
         )
+        self.retention_removed = Counter(
+            "asyncq_retention_removed", "Finished jobs this pool's retention step removed, by state.", ["state"],
+            registry=into,
+        )  # fmt: skip
+        for state in RETENTION_STATES:
+            self.retention_removed.labels(state)
         self.delivery = Histogram(
             "asyncq_delivery_seconds", "Handler time by outcome.", ["outcome"], buckets=DELIVERY_BUCKETS, registry=into
         )
@@ -148,6 +155,10 @@ class PoolMetrics:
     def on_store_busy(self) -> None:
         """Another process held the store's lock past the busy timeout; the pool waits and tries again."""
         self.store_busy.inc()
+
+    def on_retention(self, state: str, jobs: int) -> None:
+        """The pool's retention step removed ``jobs`` finished jobs in ``state``."""
+        self.retention_removed.labels(state).inc(jobs)
 
 
 class QueueCollector(Collector):
@@ -187,15 +198,24 @@ class QueueCollector(Collector):
         paused = GaugeMetricFamily(
             "asyncq_queue_paused", "1 while a queue is paused (queues with stored settings).", labels=["queue"]
         )
+        retention = GaugeMetricFamily(
+            "asyncq_queue_retention_seconds",
+            "How long a queue keeps its finished jobs, by state (queues with a window set; absent: for ever).",
+            labels=["queue", "state"],
+        )
         for each in settings:
             paused.add_metric([each.queue], int(each.paused))
+            for state in RETENTION_STATES:
+                window = each.retention.of(state)
+                if window is not None:
+                    retention.add_metric([each.queue, state], window / 1000)
         if stats is not None:
             for status, count in stats.by_status.items():
                 jobs.add_metric([status], count)
             for reason, count in sorted(stats.dead_by_reason.items()):
                 dead.add_metric([reason], count)
             oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
-        return [jobs, dead, oldest, file_up, paused]
+        return [jobs, dead, oldest, file_up, paused, retention]
 
 
 class InboxCollector(Collector):

@@ -24,6 +24,9 @@ class PoolCounters:
     cancels_requested: int = 0
     #: Handlers this pool cancelled on such a request (their jobs finished dead, reason ``cancelled``).
     cancelled: int = 0
+    #: Jobs this pool's retention step removed, by retention state (``done``, ``cancelled``, ``dead``), and its runs.
+    retention_removed: dict[str, int] = field(default_factory=dict)
+    retention_runs: int = 0
 
     def count_status(self, status: str | None) -> None:
         if status is None:
@@ -34,7 +37,8 @@ class PoolCounters:
 
 class PoolObserver(Protocol):
     """What a pool reports as it works (``asyncq.web.metrics.PoolMetrics`` is one). Called on the event loop:
-    each method must return at once and never raise."""
+    each method must return at once and never raise. An observer may also have ``on_retention(state, jobs)``
+    (optional, so that observers written before it still fit): jobs its retention step removed in ``state``."""
 
     def on_claimed(self, count: int) -> None: ...
 

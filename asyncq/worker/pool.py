@@ -42,6 +42,7 @@ from asyncq.worker.leases import LeaseKeeper
 from asyncq.worker.observer import PoolCounters, PoolObserver
 from asyncq.worker.report import PoolReport
 from asyncq.worker.results import kept_result
+from asyncq.worker.retention import RetentionKeeper
 from asyncq.worker.settings import PoolOptions, PoolSettings
 from asyncq.worker.supervision import BusyStore, serve, wait_for_work
 
@@ -109,6 +110,8 @@ class Pool:
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
         grace = settings.cancel_grace_seconds  # before a handler is cancelled on a cancel request
         self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
+        every = settings.retention_every_ms
+        self.retention = None if every is None else RetentionKeeper(queue, every, self.poll_max, report)
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._stopping = False
         self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
@@ -159,6 +162,8 @@ class Pool:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._leases.run)
+                if self.retention is not None:
+                    group.start_soon(self.retention.run)
                 self._idle_workers.clear()
                 self._workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
                 yield

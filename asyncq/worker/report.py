@@ -11,6 +11,7 @@ from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, classify, error_text
 from asyncq.core.jobs import Ticket
 from asyncq.core.lifecycle import DEAD, PERMANENT, RETRY, OutcomeName
+from asyncq.core.retention import RetentionReport
 from asyncq.worker.context import job_fields
 from asyncq.worker.flight import Finish
 from asyncq.worker.observer import NoObserver, PoolCounters, PoolObserver
@@ -57,6 +58,18 @@ class PoolReport:
         self.counters.store_busy += 1
         self.observe("on_store_busy")
         log.warning("store busy (%s): %s", error, what)
+
+    def retention(self, done: RetentionReport) -> None:
+        """A retention run removed ``done``: counted, told to an observer that has ``on_retention``, logged."""
+        counters = self.counters
+        counters.retention_runs += 1
+        for state, jobs in done.by_state().items():
+            counters.retention_removed[state] = counters.retention_removed.get(state, 0) + jobs
+            if jobs and self.observed and callable(getattr(self.observer, "on_retention", None)):
+                self.observe("on_retention", state, jobs)
+        if done.total:
+            log.info("retention removed %d job(s) in %d batch(es)%s", done.total, done.batches,
+                     "" if done.complete else ", more left for the next run")  # fmt: skip
 
     def claimed(self, count: int) -> None:
         self.counters.claimed += count

@@ -33,6 +33,8 @@ COMMIT_JOBS = 128
 COMMIT_ROUNDS = 8
 LINGER_MAX = 0.06  # the default linger: long enough for 128 results at ~2,000 jobs/s
 DEFAULT_CONCURRENCY = 16
+DEFAULT_RETENTION_EVERY = 60.0  # seconds between a pool's retention runs (each a few bounded transactions)
+MAX_RETENTION_EVERY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,9 @@ class PoolSettings:
         the free slots; a handler's return value (not ``None``) is kept with its job ``result_ttl`` seconds (default a
     week: ``asyncq.worker.results``); ``cancel_grace`` is how long a handler whose job's cancel was requested
     (``Queue.cancel``) may go on before it is cancelled (default 0: at once; ``asyncq.shield`` protects a critical
-    section). A bad value is ``TypeError``/``ValueError`` when the settings are built.
+    section); ``retention_every`` is how often (seconds of the queue's clock) the pool removes the finished jobs past
+    their queue's retention (``Queue.apply_retention``; default a minute, ``None``: never, another process does it).
+    A bad value is ``TypeError``/``ValueError`` when the settings are built.
 
         The fields after ``linger`` are resolved from the others: what the pool runs with."""
 
@@ -58,6 +62,7 @@ class PoolSettings:
     linger: float | None = None
     result_ttl: Duration = DEFAULT_RESULT_TTL
     cancel_grace: Duration = 0.0
+    retention_every: Duration | None = DEFAULT_RETENTION_EVERY
     #: ``lease`` in milliseconds, as the store takes it.
     lease_ms: int = field(init=False)
     #: How many results a commit waits for (fewer when a slot starves or the oldest result has lingered).
@@ -73,6 +78,8 @@ class PoolSettings:
     result_keep_ms: int = field(init=False)
     #: ``cancel_grace`` in seconds.
     cancel_grace_seconds: float = field(init=False)
+    #: ``retention_every`` in milliseconds, or ``None``.
+    retention_every_ms: int | None = field(init=False)
 
     def __post_init__(self) -> None:
         concurrency = check_int(self.concurrency, "concurrency", 1, MAX_CONCURRENCY)
@@ -100,6 +107,9 @@ class PoolSettings:
             "job_timeout_seconds": timeout,
             "result_keep_ms": round(check_duration(self.result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL) * 1000),
             "cancel_grace_seconds": check_duration(self.cancel_grace, "cancel_grace", 0.0, MAX_JOB_TIMEOUT_SECONDS),
+            "retention_every_ms": None
+            if self.retention_every is None
+            else duration_ms(self.retention_every, "retention_every", 0, 0, MAX_RETENTION_EVERY_MS),
         }
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -119,6 +129,7 @@ class PoolOptions(TypedDict, total=False):
     linger: float | None
     result_ttl: Duration
     cancel_grace: Duration
+    retention_every: Duration | None
 
 
 def settings_fields() -> list[str]:

@@ -111,12 +111,37 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert ticket.id == "old"
     con = sqlite3.connect(path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 9
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 10
         indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" not in indexes  # v8: ranked instead
         assert {"asyncq_jobs_ranked", "asyncq_jobs_waiting"} <= indexes
     finally:
         con.close()
+
+
+async def test_a_version_8_file_keeps_its_queue_audit_through_the_retention_migration(path: Path) -> None:
+    """Version 9 rebuilds the queue audit (its action check gains ``retention``): the rows and their seqs stay, and
+    the next move's seq goes on from the highest."""
+    from asyncq.store.sqlite.migrations import MIGRATIONS
+
+    con = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:8]:
+        for statement in step:
+            con.execute(statement)
+    con.execute(
+        "INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms)"
+        " VALUES ('mail', 'max_wait', 1, 'ops', 'bound it', 60000)"
+    )
+    con.execute("INSERT INTO asyncq_queues (queue, max_wait_ms) VALUES ('mail', 60000)")
+    con.execute("PRAGMA user_version = 8")
+    con.close()
+    async with await Queue.open(str(path), clock=lambda: T0) as queue:
+        [old] = await queue.queue_audit("mail")
+        assert (old.seq, old.action, old.max_wait_ms, old.retention) == (1, "max_wait", 60000, (None, None, None))
+        entry = await queue.set_retention("mail", done=60)
+        assert entry.seq == 2 and entry.retention == (60_000, None, None)
+        [settings] = await queue.queue_settings()
+        assert (settings.max_wait_ms, settings.retain_done_ms) == (60000, 60_000)
 
 
 # --- enqueue_sync: the caller's own sqlite3 transaction ----------------------------------------------------

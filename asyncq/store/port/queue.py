@@ -18,6 +18,8 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   holds a unique key, enforced by the store's own partial unique index; every transition into those statuses
   keeps it (a retry or release keeps the key its job holds; a redrive whose key is taken is ``UniqueConflict``),
   and no driver's integrity error ever escapes.
+- **Retention by the stored windows.** A retention step removes only ended jobs past their queue's window for
+  their state, at most its batch, in one transaction; never a pending or leased row.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -34,6 +36,7 @@ from typing import Any, Protocol
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
+from asyncq.core.retention import Windows
 from asyncq.core.stats import Stats
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 
@@ -180,8 +183,20 @@ class QueueStore(Protocol):
         """Set ``queue``'s ``max_wait`` (``None``: none, strict priorities) with an audit row, which is returned."""
         ...
 
+    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        """Set ``queue``'s retention windows (each ``None``: for ever) with an audit row, which is returned."""
+        ...
+
+    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
+        """One retention step, one transaction: remove (with their errors and results; audit rows stay) up to
+        ``limit`` of ``queue``'s jobs in retention ``state`` (``core.retention.RETENTION_STATES``) that ended before
+        ``cutoff_ms``, found by an index seek; never a pending or leased row, nor a done job whose result is kept
+        past ``now_ms``. How many it removed."""
+        ...
+
     async def queue_settings(self) -> list[QueueSettings]:
-        """Every queue's stored settings (paused or not, ``max_wait``), by name; a queue never set has none."""
+        """Every queue's stored settings (paused or not, ``max_wait``, retention), by name; a queue never set has
+        none."""
         ...
 
     async def queue_audit(self, queue: str | None, limit: int) -> list[QueueAuditEntry]:

@@ -1,22 +1,28 @@
 """A queue's stored flow-control settings on PostgreSQL (``queues``) and their audit (``queue_audit``): pause,
-resume and ``max_wait``, each in the caller's transaction with its audit row, decided on the settings row locked.
-The claim statement reads the row itself (``statements.CLAIM``): a claim that begins after a pause committed
+resume, ``max_wait`` and retention, each in the caller's transaction with its audit row, decided on the settings
+row locked. The claim statement reads the row itself (``statements.CLAIM``): a claim that begins after a pause committed
 takes nothing from the queue, on any host."""
 
 from __future__ import annotations
 
-from asyncq.core.flow import MAX_WAIT, PAUSE, RESUME, QueueAuditEntry, QueueSettings, pause_refused
+from asyncq.core.flow import MAX_WAIT, PAUSE, RESUME, RETENTION, QueueAuditEntry, QueueSettings, pause_refused
+from asyncq.core.retention import FOREVER, Windows
 from asyncq.store.postgres.connection import Connection
 
-_COLUMNS = "queue, paused_at, paused_by, note, max_wait_ms"
+_RETAIN = "retain_done_ms, retain_dead_ms, retain_cancelled_ms"
+_COLUMNS = f"queue, paused_at, paused_by, note, max_wait_ms, {_RETAIN}"
 ENSURE_ROW = "INSERT INTO {schema}.queues (queue) VALUES ($1) ON CONFLICT (queue) DO NOTHING"
 LOCK_SETTINGS = f"SELECT {_COLUMNS} FROM {{schema}}.queues WHERE queue = $1 FOR UPDATE"
 ALL_SETTINGS = f"SELECT {_COLUMNS} FROM {{schema}}.queues ORDER BY queue"
 SET_PAUSED = "UPDATE {schema}.queues SET paused_at = $2, paused_by = $3, note = $4 WHERE queue = $1"
 SET_MAX_WAIT = "UPDATE {schema}.queues SET max_wait_ms = $2 WHERE queue = $1"
-_AUDIT_COLUMNS = "seq, queue, action, at_ms, actor, note, max_wait_ms"
+SET_RETENTION = (
+    "UPDATE {schema}.queues SET retain_done_ms = $2, retain_dead_ms = $3, retain_cancelled_ms = $4 WHERE queue = $1"
+)
+_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}"
 AUDIT_MOVE = f"""
-INSERT INTO {{schema}}.queue_audit (queue, action, at_ms, actor, note, max_wait_ms) VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO {{schema}}.queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN})
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 RETURNING {_AUDIT_COLUMNS}
 """
 AUDIT_LOG = f"""
@@ -54,6 +60,15 @@ async def set_max_wait(
     return await _audit(conn, schema, queue, MAX_WAIT, now_ms, actor, note, max_wait_ms)
 
 
+async def set_retention(
+    conn: Connection, schema: str, queue: str, windows: Windows, now_ms: int, note: str, actor: str
+) -> QueueAuditEntry:
+    """Set ``queue``'s three retention windows (``None``: for ever) with their audit row, which is returned."""
+    await _locked(conn, schema, queue)
+    await conn.execute(SET_RETENTION.format(schema=schema), queue, *windows)
+    return await _audit(conn, schema, queue, RETENTION, now_ms, actor, note, None, windows)
+
+
 async def _audit(
     conn: Connection,
     schema: str,
@@ -63,8 +78,10 @@ async def _audit(
     actor: str,
     note: str,
     max_wait_ms: int | None,
+    windows: Windows = FOREVER,
 ) -> QueueAuditEntry:
-    row = await conn.fetchrow(AUDIT_MOVE.format(schema=schema), queue, action, now_ms, actor, note, max_wait_ms)
+    statement = AUDIT_MOVE.format(schema=schema)
+    row = await conn.fetchrow(statement, queue, action, now_ms, actor, note, max_wait_ms, *windows)
     assert row is not None  # INSERT … RETURNING returns the row it inserted
     return QueueAuditEntry(*row)
 

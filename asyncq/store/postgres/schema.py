@@ -193,6 +193,24 @@ UNIQUE_KEYS = (
     f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
 )
 
+# When a finished job ended (the SQLite store's ``schema.ENDED_AT``).
+ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
+
+# Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
+# on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,
+# and ``jobs_ended``: the finished jobs by queue, status, reason and ``available_at`` (plain columns, as on SQLite),
+# so a step is one bounded index seek per cell (``core.retention.STATE_CELLS``).
+RETENTION = (
+    "ALTER TABLE {schema}.queues ADD COLUMN retain_done_ms bigint, ADD COLUMN retain_dead_ms bigint,"
+    " ADD COLUMN retain_cancelled_ms bigint",
+    "ALTER TABLE {schema}.queue_audit ADD COLUMN retain_done_ms bigint, ADD COLUMN retain_dead_ms bigint,"
+    " ADD COLUMN retain_cancelled_ms bigint",
+    "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
+    "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention'))",
+    "CREATE INDEX jobs_ended ON {schema}.jobs (queue, status, reason, available_at) WHERE status IN ('done', 'dead')",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -218,6 +236,7 @@ QUEUE = Migrations(
         CANCEL_REQUESTS,  # version 4: a cancel requested while a job is leased
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
+        RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
+from asyncq.core.retention import STATE_CELLS
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite.connection import check_path, write_transaction
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
-from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.schema import ENDED_AT, PRODUCT
 
 _JOBS, _AUDIT = PRODUCT.jobs, PRODUCT.audit
 JOB_COLUMNS = (
@@ -62,20 +63,34 @@ LAST_ERRORS = f"""SELECT e.job_seq, e.attempt, e.at_ms, e.type, e.message, e.tra
 WHERE e.seq IN (SELECT max(seq) FROM {PRODUCT.errors} WHERE job_seq IN (SELECT value FROM json_each(?))
 GROUP BY job_seq)"""
 
-# When a finished job ended. Finish and cancel stamp ``available_at = now``; the sweep stamps nothing, and a row
-# with reason deadline or exhausted does not say which of them parked it, so those are dated by their deadline:
-# never before they ended, except a job the sweep parked after its deadline (then the earliest it could have).
-_ENDED_AT = "CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END"
-_PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {_ENDED_AT} < :cutoff"
+# When a finished job ended (``schema.ENDED_AT``: finish and cancel stamp ``available_at = now``; the sweep stamps
+# nothing, and a row with reason deadline or exhausted does not say which of them parked it, so those are dated by
+# their deadline: never before they ended, except a job the sweep parked after its deadline).
+_PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff"
 PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP BY status"
 PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
-PRUNE = f"DELETE FROM {_JOBS} WHERE {_PRUNABLE}"
-PRUNE_ERRORS = f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN (SELECT seq FROM {_JOBS} WHERE {_PRUNABLE})"
-RESULT_OF = f"SELECT value FROM {PRODUCT.results} WHERE job_seq = ?"
-# A result goes with its job, or alone once its retention is over (its job stays, without it, until its own prune).
-PRUNE_RESULTS = (
-    f"DELETE FROM {PRODUCT.results} WHERE expires_at <= :now OR job_seq IN (SELECT seq FROM {_JOBS} WHERE {_PRUNABLE})"
+PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} WHERE {_PRUNABLE}"
+# One queue's jobs of one cell (status, reason) that ended before the cutoff, oldest first: one seek of
+# ``asyncq_jobs_ended`` (its WHERE repeated word for word), stopping at the batch; the end (``ENDED_AT``) is checked
+# on the rows found. A done job whose result is still kept stays (a caller may be waiting for it).
+EXPIRED_SEQS = f"""
+SELECT seq FROM {_JOBS} j WHERE status IN ('done', 'dead') AND queue = :queue AND status = :status
+  AND reason IS :reason AND available_at < :cutoff AND {ENDED_AT} < :cutoff
+  AND NOT EXISTS (SELECT 1 FROM {PRODUCT.results} r WHERE r.job_seq = j.seq AND r.expires_at > :now)
+ORDER BY available_at LIMIT :limit
+"""
+# Removing finished jobs, shared by prune and retention: their errors and results go with them, audit rows stay.
+# The job's own delete re-checks that it has ended, so a row redriven since it was chosen is never removed.
+_SEQS = "(SELECT value FROM json_each(:seqs))"
+REMOVE_JOBS = (
+    f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN {_SEQS}",
+    f"DELETE FROM {PRODUCT.results} WHERE job_seq IN {_SEQS}",
+    f"DELETE FROM {_JOBS} WHERE seq IN {_SEQS} AND status IN ('done', 'dead')",
 )
+REMOVE_CHUNK = 10_000  # seqs per statement of a prune (a JSON array each)
+RESULT_OF = f"SELECT value FROM {PRODUCT.results} WHERE job_seq = ?"
+# A result alone once its retention is over (its job stays, without it, until its own prune).
+PRUNE_EXPIRED_RESULTS = f"DELETE FROM {PRODUCT.results} WHERE expires_at <= :now"
 
 AUTO_VACUUM = {0: "none", 1: "full", 2: "incremental"}
 
@@ -274,9 +289,9 @@ def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum:
     """Delete the prunable jobs in one transaction (audit rows stay), then give the space back."""
     size = os.path.getsize(path)
     with write_transaction(con):
-        con.execute(PRUNE_ERRORS, params)
-        con.execute(PRUNE_RESULTS, params)
-        deleted = con.execute(PRUNE, params).rowcount
+        seqs = [seq for (seq,) in con.execute(PRUNABLE_SEQS, params)]
+        deleted = sum(remove_jobs(con, seqs[at : at + REMOVE_CHUNK]) for at in range(0, len(seqs), REMOVE_CHUNK))
+        con.execute(PRUNE_EXPIRED_RESULTS, params)
     free = int(con.execute("PRAGMA freelist_count").fetchone()[0])
     auto_vacuum = AUTO_VACUUM.get(int(con.execute("PRAGMA auto_vacuum").fetchone()[0]), "unknown")
     if auto_vacuum == "incremental":
@@ -291,6 +306,29 @@ def prune(con: sqlite3.Connection, path: str, params: dict[str, Any], *, vacuum:
         con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
     # bytes_after: the store adds it once the checkpoint has run
     return {"deleted": deleted, "free_pages": free, "vacuum": done, "bytes_before": size, "bytes_after": size}
+
+
+def remove_jobs(con: sqlite3.Connection, seqs: Sequence[int]) -> int:
+    """Delete the ended jobs among ``seqs`` with their errors and results, inside the caller's write transaction;
+    how many jobs."""
+    params = {"seqs": json.dumps(list(seqs))}
+    for statement in REMOVE_JOBS[:-1]:
+        con.execute(statement, params)
+    return int(con.execute(REMOVE_JOBS[-1], params).rowcount)
+
+
+def remove_expired(con: sqlite3.Connection, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
+    """One retention step, one write transaction: remove up to ``limit`` of ``queue``'s jobs in ``state`` that
+    ended before ``cutoff_ms`` (``EXPIRED_SEQS``, cell by cell of the state); how many."""
+    params: dict[str, Any] = {"queue": queue, "cutoff": cutoff_ms, "now": now_ms}
+    seqs: list[int] = []
+    with write_transaction(con):
+        for cell in STATE_CELLS[state]:
+            cell_params = params | cell._asdict() | {"limit": limit - len(seqs)}
+            seqs += [seq for (seq,) in con.execute(EXPIRED_SEQS, cell_params)]
+            if len(seqs) >= limit:
+                break
+        return remove_jobs(con, seqs)
 
 
 def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> BackupReport:

@@ -1,5 +1,5 @@
 """A queue's stored flow-control settings on SQLite (``asyncq_queues``) and their audit (``asyncq_queue_audit``):
-pause, resume and ``max_wait``, each one write transaction with its audit row. The claim statement reads the
+pause, resume, ``max_wait`` and retention, each one write transaction with its audit row. The claim statement reads the
 settings row itself (``statements.CLAIM_RANKED``), so a pause holds for every connection from its commit on."""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from asyncq.core.flow import MAX_WAIT, PAUSE, RESUME, QueueAuditEntry, QueueSettings, pause_refused
+from asyncq.core.flow import MAX_WAIT, PAUSE, RESUME, RETENTION, QueueAuditEntry, QueueSettings, pause_refused
+from asyncq.core.retention import FOREVER, Windows
 from asyncq.store.sqlite.connection import write_transaction
 
-_COLUMNS = "queue, paused_at, paused_by, note, max_wait_ms"
+_RETAIN = "retain_done_ms, retain_dead_ms, retain_cancelled_ms"
+_COLUMNS = f"queue, paused_at, paused_by, note, max_wait_ms, {_RETAIN}"
 SETTINGS_OF = f"SELECT {_COLUMNS} FROM asyncq_queues WHERE queue = :queue"
 ALL_SETTINGS = f"SELECT {_COLUMNS} FROM asyncq_queues ORDER BY queue"
 SET_PAUSED = """
@@ -22,10 +24,15 @@ SET_MAX_WAIT = """
 INSERT INTO asyncq_queues (queue, max_wait_ms) VALUES (:queue, :max_wait_ms)
 ON CONFLICT (queue) DO UPDATE SET max_wait_ms = excluded.max_wait_ms
 """
-_AUDIT_COLUMNS = "seq, queue, action, at_ms, actor, note, max_wait_ms"
+SET_RETENTION = f"""
+INSERT INTO asyncq_queues (queue, {_RETAIN}) VALUES (:queue, :done_ms, :dead_ms, :cancelled_ms)
+ON CONFLICT (queue) DO UPDATE SET retain_done_ms = excluded.retain_done_ms,
+  retain_dead_ms = excluded.retain_dead_ms, retain_cancelled_ms = excluded.retain_cancelled_ms
+"""
+_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}"
 AUDIT_MOVE = f"""
-INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms)
-VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms)
+INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN})
+VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms)
 RETURNING {_AUDIT_COLUMNS}
 """
 AUDIT_LOG = f"""
@@ -68,11 +75,27 @@ def set_max_wait(
         return _audit(con, queue, MAX_WAIT, now_ms, actor, note, max_wait_ms)
 
 
+def set_retention(
+    con: sqlite3.Connection, queue: str, windows: Windows, now_ms: int, note: str, actor: str
+) -> QueueAuditEntry:
+    """Set ``queue``'s three retention windows (``None``: for ever) with their audit row, which is returned."""
+    with write_transaction(con):
+        con.execute(SET_RETENTION, {"queue": queue, **windows._asdict()})
+        return _audit(con, queue, RETENTION, now_ms, actor, note, None, windows)
+
+
 def _audit(
-    con: sqlite3.Connection, queue: str, action: str, now_ms: int, actor: str, note: str, max_wait_ms: int | None
+    con: sqlite3.Connection,
+    queue: str,
+    action: str,
+    now_ms: int,
+    actor: str,
+    note: str,
+    max_wait_ms: int | None,
+    windows: Windows = FOREVER,
 ) -> QueueAuditEntry:
     params = {"queue": queue, "action": action, "now": now_ms, "actor": actor, "note": note}
-    row = con.execute(AUDIT_MOVE, params | {"max_wait_ms": max_wait_ms}).fetchone()
+    row = con.execute(AUDIT_MOVE, params | {"max_wait_ms": max_wait_ms, **windows._asdict()}).fetchone()
     return QueueAuditEntry(*row)
 
 

@@ -15,6 +15,7 @@ from asyncq.store.sqlite.schema import (
     PRODUCT_TABLES,
     RECOUNT,
     RESULT_TABLES,
+    RETENTION,
     UNIQUE_KEYS,
 )
 
@@ -44,6 +45,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     CANCEL_REQUESTS,  # version 7: a cancel requested while a job is leased
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
+    RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

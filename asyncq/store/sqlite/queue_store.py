@@ -17,6 +17,7 @@ from typing import Any
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
+from asyncq.core.retention import Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
@@ -233,6 +234,14 @@ class SqliteQueueStore:
     ) -> QueueAuditEntry:
         entry: QueueAuditEntry = await self._write(flow.set_max_wait, queue, max_wait_ms, now_ms, note, actor)
         return entry
+
+    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, windows, now_ms, note, actor)
+        return entry
+
+    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
+        removed: int = await self._write(admin.remove_expired, queue, state, cutoff_ms, now_ms, limit)
+        return removed
 
     async def queue_settings(self) -> list[QueueSettings]:
         found: list[QueueSettings] = await self._file.run(flow.all_settings)

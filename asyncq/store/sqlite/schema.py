@@ -244,3 +244,32 @@ UNIQUE_KEYS = (
     "CREATE UNIQUE INDEX IF NOT EXISTS asyncq_jobs_unique ON asyncq_jobs(queue, unique_key)"
     f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
 )
+
+# When a finished job ended (``admin``'s prune and retention read it): finish and cancel stamp ``available_at =
+# now``; the sweep stamps nothing, and a row with reason deadline or exhausted is dated by its deadline.
+ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
+
+# Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
+# settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
+# set (SQLite cannot change a CHECK in place: the table is rebuilt, its rows and their seqs kept, and
+# AUTOINCREMENT goes on from the highest). ``asyncq_jobs_ended`` holds the finished jobs by queue, status, reason and
+# ``available_at`` (plain columns: an expression index cost a finish twice as much, measured with ab_pool), so a
+# step seeks the expired rows of one queue and cell (``core.retention.STATE_CELLS``) and stops at its batch, at any
+# depth. A row dated by its deadline has ``available_at`` at or before it (its last ready time), so the seek's
+# ``available_at < cutoff`` never misses one, and the deadline is checked on the rows the seek found.
+RETENTION = (
+    "ALTER TABLE asyncq_queues ADD COLUMN retain_done_ms INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN retain_dead_ms INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN retain_cancelled_ms INTEGER",
+    """CREATE TABLE asyncq_queue_audit_v9 (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention')), at_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER, retain_dead_ms INTEGER,
+  retain_cancelled_ms INTEGER)""",
+    "INSERT INTO asyncq_queue_audit_v9 (seq, queue, action, at_ms, actor, note, max_wait_ms)"
+    " SELECT seq, queue, action, at_ms, actor, note, max_wait_ms FROM asyncq_queue_audit",
+    "DROP TABLE asyncq_queue_audit",
+    "ALTER TABLE asyncq_queue_audit_v9 RENAME TO asyncq_queue_audit",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_ended ON asyncq_jobs(queue, status, reason, available_at)"
+    " WHERE status IN ('done', 'dead')",
+)
