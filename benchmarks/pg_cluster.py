@@ -103,7 +103,12 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
         for pid in [postmaster, *children]:
             _wait_gone(pid)
+        # A killed postmaster may stay a zombie a while (this machine's pid 1 may not reap orphans), and a zombie's
+        # pid still answers kill(pid, 0): the next start would take the lock files for a live server's. Every
+        # process of the server is dead, so they are stale.
         (self.folder / "data" / "postmaster.pid").unlink(missing_ok=True)
+        for lock in self.folder.glob(f".s.PGSQL.{self.port}*"):
+            lock.unlink(missing_ok=True)
 
     def crash_restart(self) -> None:
         """``pg_ctl restart -m immediate``: every backend killed without a checkpoint (as a crash), the server
@@ -174,7 +179,10 @@ def running_cluster(address: str, trusted: Sequence[str] = ()) -> Iterator[Clust
 
 
 def _stop(binaries: Path, data: Path) -> None:
-    """Stop the server: fast shutdown (ends its connections), immediate if that does not end in time."""
+    """Stop the server: fast shutdown (ends its connections), immediate if that does not end in time; nothing if
+    it is not running (a test killed it and failed before starting it again)."""
+    if not (data / "postmaster.pid").exists():
+        return
     try:
         _run([str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop"], 45)
     except (RuntimeError, subprocess.TimeoutExpired):

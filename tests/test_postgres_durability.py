@@ -1,0 +1,154 @@
+"""Durability on PostgreSQL, shown: what asyncq acknowledged is on the server after a SIGKILL of the server.
+
+On a cluster the test owns (``pg_cluster_support``: ``fsync=on``, ``synchronous_commit=on``), 32 tasks enqueue (or
+claim and finish) jobs one at a time through one ``Queue`` with a pool of 16 connections, so that many commits are
+in flight at every moment. The task whose ``enqueue`` (or ``finish``) has just returned, once a few hundred have,
+SIGKILLs the postmaster and every backend (``Cluster.kill``: no shutdown, no checkpoint, the server's shared
+memory with its WAL buffers gone), before the loop runs again. The server is started again (recovery from the
+WAL) and every acknowledged job is read back: enqueued ones present with their body, finished ones ``done``.
+Four rounds a test, each on the data the previous rounds left.
+
+A commit acknowledged before its WAL reached the kernel would be lost here: with ``synchronous_commit=off`` the
+WAL writer flushes every 200 ms, and a SIGKILL of every server process loses the WAL buffers' tail. asyncq's
+connections are asserted to read ``synchronous_commit`` back as ``on`` and the server to run with ``fsync=on``.
+(A SIGKILL leaves the kernel's page cache, so this shows what a server crash keeps, not a power cut: that is
+``fsync``'s part, which the server is asserted to have on.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+from collections.abc import Awaitable, Callable, Iterator
+
+import asyncpg
+import pytest
+from pg_cluster_support import Cluster, cluster_problem, running_cluster
+from rabbit_support import unavailable
+
+from asyncq import JobSpec, Queue
+from asyncq.errors import StoreError
+
+ROUNDS = 4
+WRITERS = 32
+POOL = 16
+
+pytestmark = [pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A fresh cluster of the test's own on loopback (skip, or fail under CI, where none can be started)."""
+    problem = cluster_problem()
+    if problem is not None:
+        unavailable(problem)
+    with running_cluster("127.0.0.1") as started:
+        yield started
+
+
+def url(cluster: Cluster) -> str:
+    return f"{cluster.url()}?pool_size={POOL}"
+
+
+async def assert_durable_settings(cluster: Cluster, queue: Queue) -> None:
+    """The server runs with ``fsync`` on, and asyncq's own connection commits synchronously."""
+    async with queue.transaction() as tx:
+        assert [tuple(row) for row in await tx.execute("SHOW synchronous_commit")] == [("on",)]
+    conn = await asyncpg.connect(cluster.url(), timeout=10)
+    try:
+        assert await conn.fetchval("SHOW fsync") == "on"
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await conn.close()
+
+
+async def hammer(write: Callable[[int], Awaitable[str | None]], kill_after: int, kill: Callable[[], None]) -> set[str]:
+    """Run ``WRITERS`` tasks calling ``write(n)`` (the id it acknowledged, or ``None``) until the server is gone;
+    the task whose call returned the ``kill_after``-th acknowledgment kills it at once. The acknowledged ids."""
+    acknowledged: set[str] = set()
+    counter = iter(range(10**9))
+    killed = False
+
+    async def writer() -> None:
+        nonlocal killed
+        while not killed:
+            job_id = await write(next(counter))
+            if job_id is not None:
+                acknowledged.add(job_id)
+            if len(acknowledged) >= kill_after and not killed:
+                kill()  # blocks the loop: no other task runs between this return and the kill
+                killed = True
+
+    results = await asyncio.gather(*(writer() for _ in range(WRITERS)), return_exceptions=True)
+    # Every writer ended: the killer (and any that returned between its call and the kill) by returning, the
+    # others, whose calls the kill caught in flight, by the error of their lost connection.
+    in_flight = [result for result in results if isinstance(result, BaseException)]
+    assert killed and len(in_flight) >= WRITERS // 2, results
+    assert all(isinstance(error, StoreError) for error in in_flight), in_flight
+    return acknowledged
+
+
+async def stored(cluster: Cluster, sql: str) -> dict[str, str]:
+    conn = await asyncpg.connect(cluster.url(), timeout=30)
+    try:
+        return {str(job_id): str(value) for job_id, value in await conn.fetch(sql)}
+    finally:
+        await conn.close()
+
+
+async def close(queue: Queue) -> None:
+    with contextlib.suppress(Exception):  # its connections died with the server
+        await asyncio.wait_for(queue.close(), 30)
+
+
+async def test_every_acknowledged_enqueue_survives_a_sigkill_of_the_server(cluster: Cluster) -> None:
+    rng = random.Random(5)
+    every: set[str] = set()
+    for round_ in range(ROUNDS):
+        queue = await Queue.open(url(cluster))
+        await assert_durable_settings(cluster, queue)
+
+        async def enqueue(n: int, queue: Queue = queue, round_: int = round_) -> str:
+            job_id = f"r{round_}-{n:06d}"
+            await queue.enqueue(job_id, {"n": n})
+            return job_id
+
+        acknowledged = await hammer(enqueue, rng.randint(200, 800), cluster.kill)
+        await close(queue)
+        cluster.start()
+        rows = await stored(cluster, "SELECT id, body FROM asyncq.jobs")
+        missing = acknowledged - set(rows)
+        assert not missing, f"round {round_}: {len(missing)} acknowledged enqueues lost: {sorted(missing)[:10]}"
+        assert all(json.loads(rows[job_id]) == {"n": int(job_id.split("-")[1])} for job_id in acknowledged)
+        every |= acknowledged
+    assert len(every) >= ROUNDS * 200
+
+
+async def test_every_acknowledged_finish_survives_a_sigkill_of_the_server(cluster: Cluster) -> None:
+    rng = random.Random(7)
+    async with await Queue.open(url(cluster)) as queue:
+        for start in range(0, ROUNDS * 1000, 500):
+            await queue.enqueue_many([JobSpec(f"job-{n:06d}", {"n": n}) for n in range(start, start + 500)])
+    finished_all: set[str] = set()
+    for round_ in range(ROUNDS):
+        queue = await Queue.open(url(cluster))
+        await assert_durable_settings(cluster, queue)
+
+        async def claim_and_finish(_n: int, queue: Queue = queue, round_: int = round_) -> str | None:
+            tickets = await queue.claim(f"owner-{round_}", lease=300)
+            if not tickets:
+                return None
+            status = await queue.finish(tickets[0], "ok")
+            assert status == "done"
+            return tickets[0].id
+
+        finished = await hammer(claim_and_finish, rng.randint(100, 400), cluster.kill)
+        await close(queue)
+        cluster.start()
+        rows = await stored(cluster, "SELECT id, status FROM asyncq.jobs")
+        not_done = {job_id: rows.get(job_id) for job_id in finished if rows.get(job_id) != "done"}
+        assert not not_done, f"round {round_}: {len(not_done)} finishes lost: {list(not_done.items())[:10]}"
+        finished_all |= finished
+    assert len(finished_all) >= ROUNDS * 100
