@@ -179,6 +179,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     with started_store(args.store, folder, args.db) as (store, server):
         fleet, nemesis, drained_in, ends = exercise(args, folder, store, server, specs, started)
         report: dict[str, Any] = {"store": args.store, "seed": args.seed, "jobs": args.jobs, "workers": args.workers}
+        report["duration"] = args.duration
         report |= check(store, fleet.inbox, fleet.options.events, set(ids), nemesis.held_at_kills)
         report |= nemesis_figures(nemesis, fleet)
         report |= server.figures() if server is not None else {}
