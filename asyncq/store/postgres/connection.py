@@ -23,6 +23,11 @@ from asyncq.errors import StoreError
 from asyncq.store.port.queue import is_store_url
 from asyncq.store.postgres.failures import TRANSIENT, PostgresBusy, is_lost
 
+# What opening a pool or a connection may raise. ``InternalClientError`` ("cannot switch to state 11; another
+# operation (2) is in progress") is asyncpg's for a new connection whose backend was ended during the pool's
+# ``init`` (``_check_durable``): seen killing a chaos worker on its way up (benchmarks/chaos.py --store postgresql).
+OPEN_FAILURES = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError)
+
 DEFAULT_SCHEMA = "asyncq"
 #: How waiting workers learn of new rows: ``listen`` (LISTEN/NOTIFY, polling as the fallback) or ``poll`` only
 #: (for a PgBouncer in transaction mode, which drops a session's LISTEN).
@@ -140,7 +145,7 @@ async def open_pool(target: Target, *, size: int | None = None, read_only: bool 
             # Statements are prepared and cached per connection; none survives a PgBouncer in transaction mode.
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+    except OPEN_FAILURES as error:
         if isinstance(error, TRANSIENT) or is_lost(error):  # not there yet, starting, full: a worker waits it out
             raise PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}") from error
         raise StoreError(f"cannot open {target.location}: {error}") from error
@@ -162,7 +167,7 @@ async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connect
             server_settings=_server_settings(target, read_only),
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+    except OPEN_FAILURES as error:
         if isinstance(error, TRANSIENT) or is_lost(error):  # not there yet, starting, full: a worker waits it out
             raise PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}") from error
         raise StoreError(f"cannot open {target.location}: {error}") from error
