@@ -5,8 +5,8 @@ Three runs, each once for the module (``docs/reliability.md`` has their figures 
 - the main run, on each store: 10,000 jobs, 3 worker processes delivering over HTTP to the inbox receiver, 20 s
   of SIGKILLs (a worker holding leases every 200-300 ms, then the receiver too), a worker SIGSTOPped past its
   lease, another while it holds the write lock; then the quiet drain and the checker (40-80 s on 2 shared
-  cores). On PostgreSQL (a cluster the harness starts) it is smaller, 5,000 jobs and 15 s (about 30 s in all),
-  and the nemesis also ends every client backend every 0.5-1 s and crash-restarts the server once in each kill
+  cores). On PostgreSQL (a cluster the harness starts) its kills are shorter, 15 s (about 30 s in all), and
+  the nemesis also ends every client backend every 0.5-1 s and crash-restarts the server once in each kill
   phase; the write lock it stops a worker holding is a transaction open (``chaos_pg``);
 - a short run with one attempt per job and no stops (8 s of kills, about 15 s): with a single attempt, any
   attempt a kill spends on a job no handler started leaves that job dead, never sent; only a lease claimed for
@@ -36,7 +36,7 @@ SCRIPT = ROOT / "benchmarks" / "chaos.py"
 SEED = int(os.environ.get("ASYNCQ_CHAOS_SEED", "19"))
 JOBS = int(os.environ.get("ASYNCQ_CHAOS_JOBS", "10000"))
 DURATION = float(os.environ.get("ASYNCQ_CHAOS_DURATION", "20"))
-PG_JOBS = int(os.environ.get("ASYNCQ_CHAOS_PG_JOBS", "5000"))
+PG_JOBS = int(os.environ.get("ASYNCQ_CHAOS_PG_JOBS", "10000"))
 PG_DURATION = float(os.environ.get("ASYNCQ_CHAOS_PG_DURATION", "15"))
 SIZES = {"sqlite": (JOBS, DURATION), "postgresql": (PG_JOBS, PG_DURATION)}
 LEASE_MS = 1000
