@@ -64,7 +64,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-attempts", type=int, default=3, help="each job's attempts (the CLI's default: 3)")
     parser.add_argument("--stop-past-lease", type=float, help="seconds (default: 2.5 leases)")
     parser.add_argument(
-        "--stop-holding-lock", type=float, default=6.0, help="seconds (default 6: past the 5 s busy timeout)"
+        "--stop-holding-lock",
+        type=float,
+        default=6.0,
+        help="seconds (default 6: past SQLite's 5 s busy timeout; on PostgreSQL a transaction held open)",
     )
     parser.add_argument("--drain-timeout", type=float, default=120.0)
     parser.add_argument("--store", choices=sorted(STORES), default="sqlite")
