@@ -6,7 +6,9 @@ in flight at every moment. The task whose ``enqueue`` (or ``finish``) has just r
 SIGKILLs the postmaster and every backend (``Cluster.kill``: no shutdown, no checkpoint, the server's shared
 memory with its WAL buffers gone), before the loop runs again. The server is started again (recovery from the
 WAL) and every acknowledged job is read back: enqueued ones present with their body, finished ones ``done``.
-Four rounds a test, each on the data the previous rounds left.
+Four rounds a test, each on the data the previous rounds left. The third test finishes through a ``Pool`` (32
+tasks, its group commits): a finish counts as acknowledged when the pool logs it ``done``, which it does once the
+commit has returned, and the kill runs inside that log call.
 
 A commit acknowledged before its WAL reached the kernel would be lost here: with ``synchronous_commit=off`` the
 WAL writer flushes every 200 ms, and a SIGKILL of every server process loses the WAL buffers' tail. asyncq's
@@ -20,15 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
 from pg_cluster_support import Cluster, cluster_problem, running_cluster
 from rabbit_support import unavailable
+from waiting import eventually
 
-from asyncq import JobSpec, Queue
+from asyncq import JobContext, JobSpec, Pool, Queue
 from asyncq.errors import StoreError
 
 ROUNDS = 4
@@ -152,3 +157,65 @@ async def test_every_acknowledged_finish_survives_a_sigkill_of_the_server(cluste
         assert not not_done, f"round {round_}: {len(not_done)} finishes lost: {list(not_done.items())[:10]}"
         finished_all |= finished
     assert len(finished_all) >= ROUNDS * 100
+
+
+class AcknowledgedFinishes(logging.Handler):
+    """The pool's own acknowledgment of each finish: its ``job %s token %d -> %s`` debug line, written once the
+    group commit returned; after the ``kill_after``-th ``done`` one, ``kill`` runs at once, in that same call."""
+
+    def __init__(self, kill_after: int, kill: Callable[[], None]) -> None:
+        super().__init__(logging.DEBUG)
+        self.done: set[str] = set()
+        self.kill_after, self.kill, self.killed = kill_after, kill, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args
+        if record.msg == "job %s token %d -> %s" and isinstance(args, tuple) and args[2] == "done":
+            if self.killed.is_set():
+                return
+            self.done.add(str(args[0]))
+            if len(self.done) >= self.kill_after:
+                self.kill()
+                self.killed.set()
+
+
+async def test_every_finish_a_pool_acknowledged_survives_a_sigkill_of_the_server(cluster: Cluster) -> None:
+    """The same through ``Pool``'s group commits (32 tasks, claims and finishes batched): every job whose finish the
+    pool logged as ``done`` is ``done`` after the server's SIGKILL and recovery."""
+    rng = random.Random(11)
+    async with await Queue.open(url(cluster)) as queue:
+        for start in range(0, ROUNDS * 1500, 500):
+            await queue.enqueue_many([JobSpec(f"job-{n:06d}", {"n": n}) for n in range(start, start + 500)])
+    pool_log = logging.getLogger("asyncq.worker.pool")
+    for round_ in range(ROUNDS):
+        acknowledged = AcknowledgedFinishes(rng.randint(200, 600), cluster.kill)
+        pool_log.addHandler(acknowledged)
+        level, pool_log.level = pool_log.level, logging.DEBUG
+        queue = await Queue.open(url(cluster))
+        try:
+            await assert_durable_settings(cluster, queue)
+            pool = Pool(queue, concurrency=WRITERS, owner=f"pool-{round_}", lease=300)
+
+            @pool.handler()
+            async def handle(body: Any, context: JobContext) -> None:
+                pass
+
+            serving = asyncio.ensure_future(pool.run())
+
+            def ended(serving: asyncio.Future[None] = serving) -> str | None:
+                return "the pool ended" if serving.done() else None
+
+            await eventually(acknowledged.killed.is_set, "the kill after the acks", timeout=60, stop=ended)
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await serving
+        finally:
+            pool_log.removeHandler(acknowledged)
+            pool_log.level = level
+            await close(queue)
+        cluster.start()
+        rows = await stored(cluster, "SELECT id, status FROM asyncq.jobs")
+        not_done = {job_id: rows.get(job_id) for job_id in acknowledged.done if rows.get(job_id) != "done"}
+        assert not not_done, f"round {round_}: {len(not_done)} finishes lost: {list(not_done.items())[:10]}"
+        assert len(acknowledged.done) >= acknowledged.kill_after
+        print(f"round {round_}: {len(acknowledged.done)} finishes acknowledged, all done after the restart")
