@@ -78,4 +78,9 @@ class StoreError(AsyncqError):
 
 class StoreBusy(StoreError):
     """Another writer held the store's lock for longer than the busy timeout: the call changed nothing and may be
-    tried again (a worker pool does, with backoff). On SQLite it is also a ``sqlite3.OperationalError``."""
+    tried again (a worker pool does, with backoff). On SQLite it is also a ``sqlite3.OperationalError``.
+
+    ``may_have_landed`` is true when the connection was lost while a commit was in flight (PostgreSQL): the call
+    may have changed its rows after all; a pool sends its finishes again as a resend (``Queue.commit_cycle``)."""
+
+    may_have_landed: bool = False

@@ -270,10 +270,12 @@ class Queue(StoreFacade[QueueStore]):
         *,
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
+        resend: bool = False,
     ) -> Settled:
         """The worker pool's group commit: ``settle_and_claim``, where only the first ``start_now`` claimed jobs
         (those for free slots) count an attempt at once, and the jobs claimed ahead that handlers have
-        ``started`` since count theirs now (``QueueStore.settle_and_claim``)."""
+        ``started`` since count theirs now (``QueueStore.settle_and_claim``). ``resend``: the results were sent
+        before by a call whose commit may have landed (``StoreBusy.may_have_landed``)."""
         check_identifier(owner, "owner")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         items = [_finish_item(*result) for result in _results(results)]
@@ -284,7 +286,7 @@ class Queue(StoreFacade[QueueStore]):
             check_int(start_now, "start_now", 0, MAX_BATCH)
         begun = [_ticket(ticket) for ticket in started]
         settled = await self.store.settle_and_claim(
-            items, self.now(), owner, lease_ms, checked, total, start_now=start_now, started=begun
+            items, self.now(), owner, lease_ms, checked, total, start_now=start_now, started=begun, resend=resend
         )
         self._note_ends(settled.statuses)
         return settled

@@ -22,10 +22,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
-from pgbouncer_support import running_bouncer
+from pgbouncer_support import running_bouncer, schema_alias
 from postgres_support import SERVER_URL, fresh_schema, run_in_thread
 from postgres_support import execute as pg_execute
 
@@ -235,22 +234,9 @@ def _bouncer_target(folder: Path, name: str) -> AbstractAsyncContextManager[str]
     @asynccontextmanager
     async def target() -> AsyncIterator[str]:
         async with fresh_schema() as (url, schema):
-            database, role = urlsplit(url).path.lstrip("/"), f"asyncq_{schema}"
-            server = url.split("?")[0]
-            await pg_execute(server, f"CREATE ROLE {role} LOGIN")
-            try:
-                await pg_execute(server, f"GRANT CREATE, CONNECT ON DATABASE {database} TO {role}")
-                await pg_execute(server, f"ALTER ROLE {role} SET search_path = {schema}")
-                bouncer = running_bouncer(SERVER_URL)
-                alias = bouncer.alias(database, schema, role)
-                try:
-                    yield bouncer.url(alias, schema=schema, wakeups="poll")
-                finally:
-                    bouncer.drop(alias)
-                    await pg_execute(server, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            finally:
-                await pg_execute(server, f"DROP OWNED BY {role}")
-                await pg_execute(server, f"DROP ROLE {role}")
+            bouncer = running_bouncer(SERVER_URL)
+            async with schema_alias(bouncer, url, schema) as alias:
+                yield bouncer.url(alias, schema=schema, wakeups="poll")
 
     return target()
 

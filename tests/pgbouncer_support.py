@@ -27,13 +27,14 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from pg_cluster_support import SERVER_USER, free_port
-from postgres_support import SERVER_URL
+from postgres_support import SERVER_URL, execute
 from rabbit_support import unavailable
 
 BINARY = "/usr/sbin/pgbouncer"
@@ -160,6 +161,26 @@ class Bouncer:
                 self.process.kill()
             self.process = None
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def schema_alias(bouncer: Bouncer, url: str, schema: str) -> AsyncIterator[str]:
+    """A PgBouncer alias for ``schema`` of the database ``url`` names, logging in as a role of its own whose default
+    ``search_path`` is the schema; the schema (with everything in it), the role and the alias go at the end."""
+    server, database, role = url.split("?")[0], urlsplit(url).path.lstrip("/"), f"asyncq_{schema}"
+    await execute(server, f"CREATE ROLE {role} LOGIN")
+    try:
+        await execute(server, f"GRANT CREATE, CONNECT ON DATABASE {database} TO {role}")
+        await execute(server, f"ALTER ROLE {role} SET search_path = {schema}")
+        alias = bouncer.alias(database, schema, role)
+        try:
+            yield alias
+        finally:
+            bouncer.drop(alias)
+            await execute(server, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    finally:
+        await execute(server, f"DROP OWNED BY {role}")
+        await execute(server, f"DROP ROLE {role}")
 
 
 _running: list[Bouncer] = []

@@ -24,7 +24,7 @@ from asyncq.core.jobs import AttemptError, Job, JobSpec
 from asyncq.core.stats import Stats
 from asyncq.queue import Queue
 from asyncq.web.dashboard import DASHBOARD_KEY, Dashboard, make_dashboard_app
-from asyncq.web.page import Snapshot, render_page
+from asyncq.web.page import Snapshot, render_page, utc
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -290,3 +290,16 @@ def test_the_asyncq_command_serves_the_dashboard(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         _out, err = process.communicate(timeout=20)
     assert process.returncode == 0 and err == ""
+
+
+async def test_a_running_job_with_a_cancel_request_shows_it_among_the_leases(
+    path: Path, clock: list[int], server: tuple[str, Dashboard]
+) -> None:
+    _status, page, _headers = await get(server[0] + "/")
+    assert "requested" not in table(page, "leases")  # the leased job has no request yet
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        outcome = await queue.cancel("busy", note="customer left")
+    assert outcome.state == "requested"
+    _status, page, _headers = await get(server[0] + "/")
+    row = re.search(r"<tr><td>worker-7</td><td>busy</td>.*?</tr>", table(page, "leases"))
+    assert row is not None and f"<td>requested {utc(clock[0])}</td>" in row.group(0)

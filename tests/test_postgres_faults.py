@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -31,7 +32,7 @@ from pg_cluster_support import Cluster, cluster_problem, running_cluster
 from rabbit_support import unavailable
 from waiting import eventually
 
-from asyncq import JobSpec, Queue
+from asyncq import JobSpec, Pool, Queue
 from asyncq.errors import StoreBusy
 
 WORKER = Path(__file__).resolve().parent / "pg_fault_worker.py"
@@ -259,3 +260,83 @@ async def test_low_statement_and_idle_in_transaction_timeouts_fail_an_apps_long_
             worker.send_signal(signal.SIGTERM)
             code = worker.wait(30)
         assert code == 0
+
+
+class CommitCutter:
+    """A TCP proxy on 127.0.0.1 in front of a PostgreSQL server that, once ``armed``, forwards the next ``COMMIT``
+    a client sends and then closes that client's connection without passing on the server's reply: the commit
+    lands, the client never hears it (``cuts`` counts those)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.armed = False
+        self.cuts = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(self.host, self.port)
+        cut = asyncio.Event()
+
+        async def upstream() -> None:
+            while data := await client_r.read(65536):
+                server_w.write(data)
+                await server_w.drain()
+                if self.armed and b"COMMIT" in data:
+                    self.armed = False
+                    self.cuts += 1
+                    cut.set()
+                    return
+
+        async def downstream() -> None:
+            while not cut.is_set() and (data := await server_r.read(65536)):
+                if cut.is_set():
+                    return
+                client_w.write(data)
+                await client_w.drain()
+
+        tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if cut.is_set():
+            await asyncio.sleep(0.2)  # let the server finish the commit before it sees the client go
+        for task in tasks:
+            task.cancel()
+        for writer in (client_w, server_w):
+            writer.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_a_finish_whose_commit_reply_is_lost_is_counted_landed_not_stale(postgres_url: str) -> None:
+    """The pool's group commit reaches the server, which commits it, and the connection is cut before the reply
+    (a proxy between them). The pool sees a lost connection whose commit may have landed, waits, and sends the
+    same finish again as a resend: it finds the job done under its token and counts the finish as landed. Before,
+    the second send was refused as stale and counted so."""
+    target = urlsplit(postgres_url)
+    cutter = CommitCutter(target.hostname or "127.0.0.1", target.port or 5432)
+    port = await cutter.start()
+    url = postgres_url.replace(f"{target.hostname}:{target.port}", f"127.0.0.1:{port}", 1)
+    try:
+        async with await Queue.open(url) as queue:
+            await queue.enqueue("reply-lost", {"n": 1})
+            pool = Pool(queue, concurrency=1, poll_min=0.01, poll_max=0.05)
+
+            @pool.handler()
+            async def handle(body: object, context: object) -> None:
+                cutter.armed = True  # the next COMMIT on the wire is this job's finish
+
+            await pool.run(burst=True)
+            assert cutter.cuts == 1
+            job = await queue.get("reply-lost")
+            assert job is not None and job.status == "done" and job.attempts == 1
+            assert pool.counters.store_busy >= 1  # the cut was met ...
+            assert pool.counters.stale_finishes == 0  # ... and the resend counted as landed
+            assert pool.counters.finished == {"done": 1}
+    finally:
+        await cutter.close()

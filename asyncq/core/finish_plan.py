@@ -103,6 +103,47 @@ def plan_held(items: Sequence[Finish], now_ms: int) -> FinishPlan:
     return plan
 
 
+class RowNow(NamedTuple):
+    """What a row holds now, read for a finish whose compare-and-set did not land (``landed_before``)."""
+
+    seq: int
+    status: str
+    reason: str | None
+    token: int
+    owner: str | None
+    attempts: int
+
+
+def unlanded(plan: FinishPlan, landed: Collection[int]) -> list[int]:
+    """The ``seq`` of every planned row whose compare-and-set did not land (to read for ``landed_before``)."""
+    return [row.seq for rows in plan.values() for _position, row in rows if row.seq not in landed]
+
+
+def landed_before(plan: FinishPlan, landed: Collection[int], rows_now: Mapping[int, RowNow]) -> set[int]:
+    """``landed`` and the rows that refused their finish only because that same finish is already there: the row
+    holds, under the lease's own token and with no owner, what the finish writes (status, reason, attempts; not a
+    retry's due time, which the resend computes from a later ``now``). That is the finish's own earlier commit,
+    whose reply was lost (a connection cut after ``COMMIT``), sent again: it landed, and is not stale. Only the
+    token's holder writes ``done`` or a retry under it; where the sweep ended the row as the finish itself would
+    have (``exhausted``, ``deadline``), calling it landed says what the row holds. What the finish keeps beside its
+    row (an error, a result) is not kept again: ``kept`` is asked with ``landed`` only."""
+    found = set(landed)
+    for change, rows in plan.items():
+        for _position, row in rows:
+            now = rows_now.get(row.seq)
+            if row.seq in found or now is None:
+                continue
+            if (
+                now.token == row.token
+                and now.owner is None
+                and now.status == change.status
+                and now.reason == change.reason
+                and now.attempts == attempt_after(change, row)
+            ):
+                found.add(row.seq)
+    return found
+
+
 def attempt_after(change: FinishChange, row: FinishRow) -> int:
     """The attempts a landed finish leaves on its row: the number of the attempt that ended, which is the one
     kept with its error (for a job claimed ahead, the finish counts the attempt: one more than the claim's)."""

@@ -202,9 +202,12 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
         until = job.lease_until or 0
         left = (until - now_ms) / 1000
         remaining = f"{left:.1f} s" if left > 0 else "expired"
-        values = (job.owner or "", job.id, job.queue, job.priority, job.token, job.attempts, utc(until), remaining)
+        asked = job.cancel_requested_at
+        cancel = "" if asked is None else f"requested {utc(asked)}"  # the holder stops it at its next renewal
+        values = (job.owner or "", job.id, job.queue, job.priority, job.token, job.attempts, utc(until), remaining,
+                  cancel)  # fmt: skip
         cells.append(f"<tr>{_cells(values, (3, 4, 5, 7))}</tr>")
-    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left")
+    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left", "cancel")
     return _table("leases", headers, cells, "no leases in flight")
 
 

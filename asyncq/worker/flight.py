@@ -120,3 +120,11 @@ class Flights:
         if not flight.lost and not recorded:
             self.results.append((flight, RETRY, DEFAULT_RETRY_BASE_MS, error, None))
         self.wake.set()
+
+
+def uncancel() -> int:
+    """Withdraw one cancellation request from the current task (a job's worker whose job was cancelled under it: the
+    worker lives on); how many remain."""
+    task = asyncio.current_task()
+    assert task is not None
+    return task.uncancel()

@@ -37,7 +37,7 @@ from asyncq.delivery.base import JsonText
 from asyncq.errors import StoreBusy
 from asyncq.queue import Attempt, Queue
 from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver_with
-from asyncq.worker.flight import Flights, InFlight
+from asyncq.worker.flight import Flights, InFlight, uncancel
 from asyncq.worker.leases import LeaseKeeper
 from asyncq.worker.observer import PoolCounters, PoolObserver
 from asyncq.worker.report import PoolReport
@@ -111,6 +111,7 @@ class Pool:
         self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._stopping = False
+        self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
         self._workers: list[asyncio.Task[None]] = []
         self._idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
 
@@ -182,7 +183,9 @@ class Pool:
             await self._gather_results()
             try:
                 claimed = await self._cycle(capacity=self._capacity())
-            except StoreBusy as error:  # nothing changed: every result is kept for the next try
+            except StoreBusy as error:  # every result is kept for the next try
+                # A connection lost with the commit in flight: the next try says the results may be there already.
+                self._resend = self._resend or error.may_have_landed
                 await self._busy.wait(error, f"{len(flights.results)} result(s) kept")
                 continue
             self._busy.reset()
@@ -248,12 +251,13 @@ class Pool:
             try:
                 statuses, tickets, counted = await self.queue.commit_cycle(
                     results, self.owner, wants, self.lease_ms, capacity,
-                    start_now=free_now, started=[flight.ticket for flight in started],
+                    start_now=free_now, started=[flight.ticket for flight in started], resend=self._resend,
                 )  # fmt: skip
             except BaseException:
                 flights.restore(kept, started)
                 raise
             flights.counted(started, counted)
+            self._resend = False
         self.counters.commits += 1
         debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job
         self._report.finishes(results, statuses, debug)
@@ -358,7 +362,7 @@ class Pool:
         except asyncio.CancelledError:
             # The lease keeper cancelled this job's worker because the lease was lost or a cancel was requested:
             # the worker lives on (finishing a cancelled job dead), unless the pool itself is being cancelled too.
-            if not (flight.lost or flight.cancelled) or _uncancel() > 0:
+            if not (flight.lost or flight.cancelled) or uncancel() > 0:
                 raise
             outcome = None if flight.lost else CANCEL
         finally:
@@ -367,11 +371,11 @@ class Pool:
                 self._wake_if_needed()
         if flight.lost:  # no result; if the handler swallowed the cancellation, withdraw it
             if outcome is not None:
-                _uncancel()
+                uncancel()
             self._report.lost(flight.ticket)
         elif outcome is not None:  # always, here: without a result the job raised out above
             if flight.cancelled and outcome != CANCEL:  # the handler swallowed the cancellation: withdraw it
-                _uncancel()
+                uncancel()
             # the result is kept with the job by the same commit as its finish
             stored = value if type(value) is StoredResult else None
             self._flights.results.append((flight, outcome, delay_ms, failure, stored))
@@ -394,10 +398,3 @@ class Pool:
         """``run`` until SIGINT or SIGTERM, then stop claiming and give jobs in flight ``grace`` seconds;
         any still running then are cancelled unfinished (their leases expire and they run again)."""
         await serve(self, grace, burst)
-
-
-def _uncancel() -> int:
-    """Withdraw one cancellation request from the current task; how many remain."""
-    task = asyncio.current_task()
-    assert task is not None
-    return task.uncancel()

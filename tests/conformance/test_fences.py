@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from asyncq.core.failures import ErrorText
 from asyncq.core.jobs import Ticket
 from asyncq.core.lifecycle import Fence
 from asyncq.store.port.queue import QueueStore
@@ -190,3 +191,45 @@ async def test_empty_batches_return_nothing_and_change_nothing(store: QueueStore
     assert await store.release([], T0 + 1) == []
     assert await store.settle_and_claim([], T0 + 1, "w1", 1_000, [], None) == ([], [], [])
     expect(before, await dump(store))
+
+
+@pytest.mark.parametrize("result", ["ok", "retry", "permanent"])
+async def test_a_finish_sent_again_as_a_resend_counts_as_landed_and_changes_nothing_more(
+    store: QueueStore, result: str
+) -> None:
+    """A pool whose group commit lost its reply after ``COMMIT`` (``StoreBusy.may_have_landed``) sends the same
+    finishes again as a ``resend``: one already in its row under its token is landed (its status, not stale), and
+    nothing more is written (no second error row). Sent again without ``resend``, the same finish is stale, as any
+    repeated finish is."""
+    await enqueue(store, new("j", max_attempts=3))
+    (ticket,) = await claim(store, "w1", NOW)
+    error = ErrorText("ValueError", "boom", "") if result != "ok" else None
+    finish = outcome(ticket, result, 5_000 if result == "retry" else 0, error=error)
+    first = await store.settle_and_claim([finish], NOW + 1, "w1", 1_000, [], 0)
+    assert first.statuses[0] is not None
+    after = await dump(store, NOW + 1)
+    plain = await store.settle_and_claim([finish], NOW + 2, "w1", 1_000, [], 0)
+    assert plain.statuses == [None]  # a repeated finish, as ever
+    again = await store.settle_and_claim([finish], NOW + 2, "w1", 1_000, [], 0, resend=True)
+    assert again.statuses == first.statuses  # the first commit landed: so does the resend
+    assert await dump(store, NOW + 1) == after  # and it wrote nothing more
+
+
+async def test_a_resend_whose_first_commit_did_not_land_lands_now(store: QueueStore) -> None:
+    await enqueue(store, new("j"))
+    (ticket,) = await claim(store, "w1", NOW)
+    before = await dump(store, NOW)
+    settled = await store.settle_and_claim([outcome(ticket, "ok")], NOW + 1, "w1", 1_000, [], 0, resend=True)
+    assert settled.statuses == ["done"]
+    assert (await dump(store, NOW + 1)) != before
+
+
+async def test_a_resend_does_not_take_another_ending_of_the_job_for_its_own(store: QueueStore) -> None:
+    """The same token's row ended another way (cancelled by an operator while it ran): the resend of an ``ok`` is
+    stale, not landed."""
+    await enqueue(store, new("j"))
+    (ticket,) = await claim(store, "w1", NOW)
+    settled = await store.settle_and_claim([outcome(ticket, "cancel")], NOW + 1, "w1", 1_000, [], 0)
+    assert settled.statuses == ["dead"]
+    again = await store.settle_and_claim([outcome(ticket, "ok")], NOW + 2, "w1", 1_000, [], 0, resend=True)
+    assert again.statuses == [None]

@@ -116,8 +116,11 @@ class QueueStore(Protocol):
         *,
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
+        resend: bool = False,
     ) -> Settled:
-        """A pool's group commit, one transaction: count the attempt of each job claimed ahead that a handler
+        """A pool's group commit, one transaction (``resend``: these finishes were sent before by a call whose commit
+        may have landed, ``StoreBusy.may_have_landed``: a finish found already in its row, under its token, counts as
+        landed, ``core.finish_plan.landed_before``): count the attempt of each job claimed ahead that a handler
         has ``started`` (fenced on its lease), finish ``finishes`` (the new status each, ``None`` if stale), then
         claim up to ``n`` jobs of each ``(queue, n)`` in ``wants`` (at most ``total`` in all). The first
         ``start_now`` claimed (all, if ``None``) count an attempt now; the rest are claimed ahead, uncounted

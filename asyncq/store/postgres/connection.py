@@ -119,6 +119,23 @@ def redact(url: str) -> str:
 # -- the pool -----------------------------------------------------------------------------------------------
 
 
+def _open_failed(error: BaseException, target: Target) -> StoreError:
+    """Why a connection could not be opened: a ``PostgresBusy`` for a server not there yet, starting, shutting down or
+    full (a worker waits it out), a ``StoreError`` saying so for a pooler refusing asyncq's startup settings (the URL
+    lacks ``?wakeups=poll``), else a ``StoreError`` with the driver's message."""
+    if isinstance(error, asyncpg.ProtocolViolationError):
+        if "unsupported startup parameter" in str(error) and target.wakeups != "poll":
+            return StoreError(
+                f"cannot open {target.location}: {error}: a connection pooler (PgBouncer?) answers at this address;"
+                " behind a pooler in transaction mode add ?wakeups=poll to the URL (no LISTEN, no prepared-statement"
+                " cache, no startup settings)"
+            )
+        return StoreError(f"cannot open {target.location}: {error}")
+    if isinstance(error, TRANSIENT) or is_lost(error):
+        return PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}")
+    return StoreError(f"cannot open {target.location}: {error}")
+
+
 def _server_settings(target: Target, read_only: bool) -> dict[str, str]:
     """The settings a connection starts with. Behind a pooler (``?wakeups=poll``) only ``application_name``: PgBouncer
     refuses any other startup parameter ("unsupported startup parameter"), and a session setting would not
@@ -146,9 +163,7 @@ async def open_pool(target: Target, *, size: int | None = None, read_only: bool 
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
     except OPEN_FAILURES as error:
-        if isinstance(error, TRANSIENT) or is_lost(error):  # not there yet, starting, full: a worker waits it out
-            raise PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}") from error
-        raise StoreError(f"cannot open {target.location}: {error}") from error
+        raise _open_failed(error, target) from error
     assert pool is not None
     return pool
 
@@ -168,9 +183,7 @@ async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connect
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
     except OPEN_FAILURES as error:
-        if isinstance(error, TRANSIENT) or is_lost(error):  # not there yet, starting, full: a worker waits it out
-            raise PostgresBusy(f"cannot open {target.location} now: {type(error).__name__}: {error}") from error
-        raise StoreError(f"cannot open {target.location}: {error}") from error
+        raise _open_failed(error, target) from error
     try:
         await _check_durable(conn)
     except BaseException:

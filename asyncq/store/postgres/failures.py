@@ -57,10 +57,14 @@ def as_busy(error: BaseException, location: str) -> BaseException:
             f"{location}: the server is read-only ({error}): a standby after a failover, or"
             " default_transaction_read_only=on; nothing changed, try again once it is writable"
         )
-    if isinstance(error, TRANSIENT):
-        return PostgresBusy(f"{location}: {type(error).__name__}: {error} (nothing changed)")
+    # Lost before transient: asyncpg's ConnectionDoesNotExistError is a PostgresConnectionError too, and a connection
+    # closed in the middle of a COMMIT may have committed (it was read as "nothing changed" before).
     if is_lost(error):
-        return PostgresBusy(
+        lost = PostgresBusy(
             f"{location}: connection lost ({type(error).__name__}: {error}); a commit in flight may have landed"
         )
+        lost.may_have_landed = True
+        return lost
+    if isinstance(error, TRANSIENT):
+        return PostgresBusy(f"{location}: {type(error).__name__}: {error} (nothing changed)")
     return error

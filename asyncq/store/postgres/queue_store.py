@@ -167,12 +167,13 @@ class PostgresQueueStore:
         *,
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
+        resend: bool = False,
     ) -> Settled:
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
 
         async def cycle(conn: Connection, schema: str) -> tuple[list[str | None], list[Ticket], list[bool]]:
             activated = await transitions.activate(conn, schema, begun)
-            statuses = await transitions.finish(conn, schema, finishes, now_ms) if finishes else []
+            statuses = await transitions.finish(conn, schema, finishes, now_ms, resend=resend) if finishes else []
             await self._notify_if_pending(conn, statuses)
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:

@@ -160,6 +160,9 @@ SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease
 FROM {schema}.jobs WHERE id = ANY($1::text[])
 """
 
+# What a row holds now, for the finishes whose compare-and-set did not land (``core.finish_plan.landed_before``).
+ROWS_NOW = "SELECT seq, status, reason, token, owner, attempts FROM {schema}.jobs WHERE seq = ANY($1)"
+
 # An operator's change reads the row locked: it is decided on the row it writes.
 LOCK_ONE = "SELECT seq, status, token FROM {schema}.jobs WHERE id = $1 FOR UPDATE"
 
@@ -216,6 +219,7 @@ NAMES = {
     "RELEASE_ROWS": RELEASE_ROWS,
     "INSERT_ROWS": INSERT_ROWS,
     "SELECT_BY_IDS": SELECT_BY_IDS,
+    "ROWS_NOW": ROWS_NOW,
     "LOCK_ONE": LOCK_ONE,
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,

@@ -13,12 +13,15 @@ from asyncq.core.claim_plan import ClaimPlan, Rank, claim_rank, next_claim
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
     FinishPlan,
+    RowNow,
     attempt_after,
     decide_each,
     kept,
+    landed_before,
     plan_held,
     rows_to_read,
     statuses_after,
+    unlanded,
 )
 from asyncq.core.jobs import Finish, NewJob, StoredResult
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
@@ -80,25 +83,27 @@ async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> 
 # -- finishing ----------------------------------------------------------------------------------------------
 
 
-async def finish(conn: Connection, schema: str, items: Sequence[Finish], now_ms: int) -> list[str | None]:
+async def finish(
+    conn: Connection, schema: str, items: Sequence[Finish], now_ms: int, *, resend: bool = False
+) -> list[str | None]:
     """Apply each item's outcome, each fenced on its own: the new status per item, ``None`` for a stale one
     (its row is left unchanged). Items with the claim's snapshot naming distinct jobs (a pool's group commit)
     are decided without a read and written as one statement; others are decided on their rows, read first,
     and written one by one, so that a second item of a job the batch already finished is refused as stale.
     The decisions are ``core.finish_plan``'s."""
     if all_held_once(items):
-        return await _write_plan(conn, schema, items, plan_held(items, now_ms), now_ms)
+        return await _write_plan(conn, schema, items, plan_held(items, now_ms), now_ms, resend)
     states = await read_states(conn, schema, rows_to_read(items))
     found = {job_id: (seq, state) for job_id, (seq, _payload, state) in states.items()}
     statuses: list[str | None] = []
     for item, decided in zip(items, decide_each(items, found, now_ms), strict=True):
         plan: FinishPlan = {} if decided is None else {decided[0]: [(0, decided[1])]}
-        statuses += await _write_plan(conn, schema, [item], plan, now_ms)
+        statuses += await _write_plan(conn, schema, [item], plan, now_ms, resend)
     return statuses
 
 
 async def _write_plan(
-    conn: Connection, schema: str, items: Sequence[Finish], plan: FinishPlan, now_ms: int
+    conn: Connection, schema: str, items: Sequence[Finish], plan: FinishPlan, now_ms: int, resend: bool = False
 ) -> list[str | None]:
     """One compare-and-set statement for every row of ``plan``, then what the landed finishes keep."""
     if not plan:
@@ -122,11 +127,16 @@ async def _write_plan(
             [attempt_after(change, row) for change, row in rows],
         )
     }
-    found = statuses_after(plan, landed, len(items))
-    errors, results = kept(items, plan, found)
+    statuses = statuses_after(plan, landed, len(items))
+    errors, results = kept(items, plan, statuses)
     await _keep_errors(conn, schema, errors, now_ms)
     await _keep_results(conn, schema, results, now_ms)
-    return found
+    missed = unlanded(plan, landed) if resend else []
+    if missed:  # the same finishes sent again after a reply lost after COMMIT: those that had landed are landed
+        now_rows = await conn.fetch(sql(schema, "ROWS_NOW"), missed)
+        landed = landed_before(plan, landed, {row[0]: RowNow(*row) for row in now_rows})
+        statuses = statuses_after(plan, landed, len(items))
+    return statuses
 
 
 async def _keep_results(conn: Connection, schema: str, done: Sequence[tuple[int, StoredResult]], now_ms: int) -> None:

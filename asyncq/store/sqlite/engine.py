@@ -19,11 +19,14 @@ from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
     FinishRow,
+    RowNow,
     decide_each,
     kept,
+    landed_before,
     plan_held,
     rows_to_read,
     statuses_after,
+    unlanded,
 )
 from asyncq.core.jobs import Claimed, Finish, NewJob
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
@@ -40,6 +43,7 @@ from asyncq.store.sqlite.statements import (
     finish_rows,
     insert_rows,
     padded,
+    rows_now,
     select_by_ids,
     sql,
 )
@@ -223,6 +227,7 @@ def finish_in_transaction(
     *,
     expect: dict[str, Any] | None = None,
     fault: Hook = None,
+    resend: bool = False,
 ) -> list[str | None]:
     """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change).
 
@@ -230,7 +235,7 @@ def finish_in_transaction(
     it, on the claim's snapshot: the same decision while the fence holds, and the compare-and-set refuses
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
     if fault is None and expect is None and all_held_once(items):
-        return _finish_held(con, layout, items, now_ms)
+        return _finish_held(con, layout, items, now_ms, resend)
     on_rows = expect or {}
     reads = rows_to_read(items, on_rows)
     states = read_states(con, layout, reads) if reads else {}
@@ -243,7 +248,9 @@ def finish_in_transaction(
     return [_finish_one(con, layout, item, each, now_ms, fault) for item, each in zip(items, decided, strict=True)]
 
 
-def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int) -> list[str | None]:
+def _finish_held(
+    con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int, resend: bool = False
+) -> list[str | None]:
     """``finish_in_transaction`` for items that all carry ``held``, one job each: the plan's decisions
     (``core.finish_plan``), then one compare-and-set statement per change and ``FINISH_ROWS_MAX`` rows, instead
     of one per row."""
@@ -255,6 +262,17 @@ def _finish_held(con: sqlite3.Connection, layout: Layout, items: Sequence[Finish
             landed.update(seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)))
     found = statuses_after(plan, landed, len(items))
     _keep(con, layout, items, plan, found, now_ms)
+    missed = unlanded(plan, landed) if resend else []
+    if missed:  # the same finishes sent again: those whose first commit did land are landed, not stale
+        found = statuses_after(plan, landed_before(plan, landed, _rows_now(con, layout, missed)), len(items))
+    return found
+
+
+def _rows_now(con: sqlite3.Connection, layout: Layout, seqs: Sequence[int]) -> dict[int, RowNow]:
+    found: dict[int, RowNow] = {}
+    for begin in range(0, len(seqs), IN_LIST_MAX):
+        chunk = padded(list(seqs[begin : begin + IN_LIST_MAX]))
+        found.update((row[0], RowNow(*row)) for row in con.execute(rows_now(layout, len(chunk)), chunk))
     return found
 
 
@@ -394,6 +412,7 @@ def settle_and_claim_in_transaction(
     total: int | None = None,
     start_now: int | None = None,
     started: Sequence[tuple[int, str, Fence]] = (),
+    resend: bool = False,
 ) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
@@ -402,7 +421,7 @@ def settle_and_claim_in_transaction(
     now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
     them were counted, and the activations. The claims are ``core.claim_plan``'s."""
     activated = _activate(con, layout, started) if started else []
-    found = finish_in_transaction(con, layout, items, now_ms)
+    found = finish_in_transaction(con, layout, items, now_ms, resend=resend)
     plan = plan_claim([limit for _scope, limit in wants], total, start_now)
     if plan.sweep:
         _sweep(con, layout, now_ms)

@@ -155,6 +155,7 @@ class SqliteQueueStore:
         *,
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
+        resend: bool = False,
     ) -> Settled:
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
@@ -170,6 +171,7 @@ class SqliteQueueStore:
             total,
             start_now,
             begun,
+            resend,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
         self._notify_if_pending(statuses)

@@ -189,6 +189,18 @@ def select_by_ids(layout: Layout, count: int) -> str:
     return SELECT_BY_IDS.format(jobs=layout.jobs, payload=", ".join(layout.payload), ids=ids)
 
 
+# What a row holds now, for the finishes whose compare-and-set did not land (``core.finish_plan.landed_before``).
+ROWS_NOW = """
+SELECT seq, status, reason, token, owner, attempts FROM {jobs} WHERE seq IN ({seqs})
+"""
+
+
+@cache
+def rows_now(layout: Layout, count: int) -> str:
+    """``ROWS_NOW`` for ``count`` seqs (1 … ``IN_LIST_MAX``, rounded up as ``select_by_ids``; fill with ``padded``)."""
+    return ROWS_NOW.format(jobs=layout.jobs, seqs=", ".join("?" * _in_list_size(count)))
+
+
 # A pool's group commit finishes up to 128 jobs (``Pool.batch``): one statement for all of them.
 FINISH_ROWS_MAX = 128
 _CHANGE_WIDTH = len(FinishChange._fields)
