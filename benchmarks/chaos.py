@@ -1,10 +1,13 @@
 """Chaos: worker processes delivering over HTTP to an inbox receiver, under a seeded nemesis; one JSON verdict.
 
     python benchmarks/chaos.py --seed 1 --jobs 5000 --workers 3 --duration 60
+    python benchmarks/chaos.py --store postgresql [--db postgresql://…] --jobs 3000 --duration 30
 
 What happens, all on this machine (docs/reliability.md tells the figures of a long run and a CI-sized one):
 
-1. ``--jobs`` jobs go into a queue file, each with ``--max-attempts`` attempts, in parts: as each step of the
+1. ``--jobs`` jobs go into a queue file (``--store sqlite``) or a PostgreSQL schema of the run's own
+   (``--store postgresql``: on ``--db URL``, else on a cluster the harness starts and removes, ``pg_cluster``),
+   each with ``--max-attempts`` attempts, in parts: as each step of the
    nemesis starts (60 %, 30 %, 5 %, 5 %, and one probe job during the last stop), so every fault has work.
 2. The project's receiver starts (``python -m asyncq.inbox --effect stock``, its own SQLite file), and
    ``--workers`` worker processes, each an ``asyncq.Pool`` delivering with ``HttpTransport`` + ``deliver_with``
@@ -12,7 +15,9 @@ What happens, all on this machine (docs/reliability.md tells the figures of a lo
 3. The nemesis (``chaos_nemesis.py``, seeded by ``--seed``) SIGKILLs a random worker holding leases every
    200-300 ms and restarts it, for 60 % of ``--duration``; then also SIGKILLs and restarts the receiver every
    1-2 s, for the other 40 %; then SIGSTOPs a worker past its lease and resumes it; then SIGSTOPs a worker while
-   it holds the store's write lock (and enqueues the probe job meanwhile) and resumes it.
+   it holds the store's write lock (on PostgreSQL: a transaction open) (and enqueues the probe job meanwhile)
+   and resumes it. On PostgreSQL the two kill phases also end every client backend every 0.5-1 s and
+   crash-restart the server once each (``chaos_pg.PostgresServer``; no restart on a ``--db`` server).
 4. A quiet drain: no more faults, until no job is pending or leased (``--drain-timeout`` at most); then every
    process gets SIGTERM.
 5. The checker (``chaos_check.py``) reads every store through fresh connections and prints one JSON line on
@@ -41,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chaos_check import body_of, check, failed, percentile
 from chaos_fleet import Fleet, SelfExit, WorkerOptions
-from chaos_nemesis import Nemesis, Plan, RecoveryWatch
+from chaos_nemesis import Nemesis, Plan, RecoveryWatch, Server
 from chaos_store import STORES
+from chaos_store import started as started_store
 
 from asyncq import JobSpec
 
@@ -58,14 +64,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-attempts", type=int, default=3, help="each job's attempts (the CLI's default: 3)")
     parser.add_argument("--stop-past-lease", type=float, help="seconds (default: 2.5 leases)")
     parser.add_argument(
-        "--stop-holding-lock", type=float, default=6.0, help="seconds (default 6: past the 5 s busy timeout)"
+        "--stop-holding-lock",
+        type=float,
+        default=6.0,
+        help="seconds (default 6: past SQLite's 5 s busy timeout; on PostgreSQL a transaction held open)",
     )
     parser.add_argument("--drain-timeout", type=float, default=120.0)
     parser.add_argument("--store", choices=sorted(STORES), default="sqlite")
+    parser.add_argument("--db", help="--store postgresql: the server's URL (default: a cluster of the run's own)")
     parser.add_argument("--dir", type=Path, help="where the files go (default: a new temporary folder)")
     args = parser.parse_args(argv)
     if args.jobs < 2 or args.workers < 2:
         parser.error("--jobs and --workers must be at least 2")
+    if args.db is not None and args.store != "postgresql":
+        parser.error("--db is for --store postgresql")
     return args
 
 
@@ -131,12 +143,15 @@ class Exercised(NamedTuple):
     ends: list[SelfExit]
 
 
-def exercise(args: argparse.Namespace, folder: Path, store: Any, specs: list[JobSpec], started: float) -> Exercised:
+def exercise(
+    args: argparse.Namespace, folder: Path, store: Any, server: Server | None, specs: list[JobSpec], started: float
+) -> Exercised:
     """Start the processes, run the nemesis, drain, stop everything."""
     feeding = parts(specs[:-1])
     options = WorkerOptions(args.store, store.location, folder / "events.log", args.concurrency, args.lease_ms)
     fleet = Fleet(folder, options)
     nemesis = Nemesis(fleet, store, random.Random(args.seed), RecoveryWatch(store))
+    nemesis.server, nemesis.server_rng = server, random.Random(args.seed + 1)
     stop_past_lease = 2.5 * args.lease_ms / 1000 if args.stop_past_lease is None else args.stop_past_lease
     plan = Plan(0.6 * args.duration, 0.4 * args.duration, stop_past_lease, args.stop_holding_lock)
 
@@ -162,18 +177,20 @@ def exercise(args: argparse.Namespace, folder: Path, store: Any, specs: list[Job
 def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """The whole run; the report's figures, the headline first."""
     started = time.monotonic()
-    store = STORES[args.store](folder)
     ids = [f"job-{n:06d}" for n in range(args.jobs)]
     specs = [JobSpec(job_id, json.loads(body_of(job_id)), max_attempts=args.max_attempts) for job_id in ids]
-    fleet, nemesis, drained_in, ends = exercise(args, folder, store, specs, started)
-    report: dict[str, Any] = {"store": args.store, "seed": args.seed, "jobs": args.jobs, "workers": args.workers}
-    report |= check(store, fleet.inbox, fleet.options.events, set(ids), nemesis.held_at_kills)
-    report |= nemesis_figures(nemesis, fleet)
+    with started_store(args.store, folder, args.db) as (store, server):
+        fleet, nemesis, drained_in, ends = exercise(args, folder, store, server, specs, started)
+        report: dict[str, Any] = {"store": args.store, "seed": args.seed, "jobs": args.jobs, "workers": args.workers}
+        report["duration"] = args.duration
+        report |= check(store, fleet.inbox, fleet.options.events, set(ids), nemesis.held_at_kills)
+        report |= nemesis_figures(nemesis, fleet)
+        report |= server.figures() if server is not None else {}
     report["final_exit_codes"] = dict(Counter(str(end.code) for end in ends))
     report["unclean_stops"] = [vars(end) for end in ends if end.code not in (0, -15)]
     report["drain_s"] = drained_in
     report |= {"wall_s": round(time.monotonic() - started, 1), "dir": str(folder)}
-    return {key: report[key] for key in HEADLINE} | report
+    return {key: report[key] for key in HEADLINE if key in report} | report
 
 
 # The figures the JSON line starts with, in this order (the details follow).
@@ -194,6 +211,8 @@ HEADLINE = (
     "drain_s",
     "self_exits",
     "self_exit_causes",
+    "server_restarts",
+    "backends_ended",
 )
 
 

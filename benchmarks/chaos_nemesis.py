@@ -12,6 +12,12 @@ of the jobs is enqueued (``feed``), so that every fault has work to hit however 
    between is resumed and the catch tried again), held for ``stop_holding_lock_s``, then resumed. Meanwhile
    the one job held back from every part is enqueued (the probe), to see whether a producer gets through.
 
+On PostgreSQL (``server``: ``chaos_pg.PostgresServer``) the kill phases also hurt the server, on a second
+``random.Random(seed + 1)`` so the worker kills' schedule is the same as on SQLite: every 0.5-1 s every client
+backend is ended (``pg_terminate_backend``), and once in each kill phase, at a random 30-70 % of it, the server
+is crash-restarted (``pg_ctl restart -m immediate``; the nemesis waits until it accepts connections again). Step 4's
+"write lock" is, on PostgreSQL, a transaction held open (``PostgresStore.write_lock_holder``).
+
 Meanwhile the nemesis restarts any process that exited on its own (``Fleet.restart_exited``), and a thread
 polls the jobs the killed workers held: the time from a kill to the job's re-claim (a new token) is the
 recovery time.
@@ -24,7 +30,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,8 +46,17 @@ class Store(Protocol):
     def leases_of(self, owner: str) -> dict[str, Held]: ...
     def lease_owners(self) -> set[str]: ...
     def lease_states(self, ids: list[str]) -> dict[str, tuple[str, int]]: ...
-    def write_lock_holder(self) -> int | None: ...
+    def write_lock_holder(self, candidates: Collection[int] = ()) -> int | None: ...
     def counts(self) -> dict[str, int]: ...
+
+
+class Server(Protocol):
+    """What the nemesis does to a store's server (``chaos_pg.PostgresServer``)."""
+
+    @property
+    def can_restart(self) -> bool: ...
+    def end_backends(self) -> None: ...
+    def crash_restart(self) -> None: ...
 
 
 @dataclass
@@ -124,6 +139,8 @@ class Nemesis:
     probe: dict[str, Any] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
     held_at_kills: list[tuple[str, Held]] = field(default_factory=list)  # each lease a killed worker held
+    server: Server | None = None  # the server faults, on a store that has a server
+    server_rng: random.Random = field(default_factory=random.Random)
 
     def run(self, plan: Plan, feed: Callable[[str], None], enqueue_probe: Callable[[], None]) -> None:
         """The four steps in order (a stop of 0 seconds is skipped). As each starts, ``feed(step)`` enqueues
@@ -168,16 +185,30 @@ class Nemesis:
         now = time.monotonic()
         end, next_kill = now + seconds, now + self.rng.uniform(0.2, 0.3)
         next_receiver = now + self.rng.uniform(1.0, 2.0) if receiver else float("inf")
+        next_end, restart_at = self.server_schedule(now, seconds)
         while True:
-            self.idle_until(min(next_kill, next_receiver, end))
+            self.idle_until(min(next_kill, next_receiver, end, next_end, restart_at))
             if time.monotonic() >= end:
                 return
+            if self.server is not None and time.monotonic() >= restart_at:
+                self.server.crash_restart()
+                restart_at = float("inf")
+            if self.server is not None and time.monotonic() >= next_end:
+                self.server.end_backends()
+                next_end = time.monotonic() + self.server_rng.uniform(0.5, 1.0)
             if time.monotonic() >= next_kill:
                 self.kill_a_worker()
                 next_kill = time.monotonic() + self.rng.uniform(0.2, 0.3)
             if time.monotonic() >= next_receiver:
                 self.kill_receiver(self.rng.uniform(0.05, 0.3))
                 next_receiver = time.monotonic() + self.rng.uniform(1.0, 2.0)
+
+    def server_schedule(self, now: float, seconds: float) -> tuple[float, float]:
+        """When the first backends are ended and when the server is crash-restarted (never: ``inf``)."""
+        if self.server is None:
+            return float("inf"), float("inf")
+        restart_at = now + self.server_rng.uniform(0.3, 0.7) * seconds if self.server.can_restart else float("inf")
+        return now + self.server_rng.uniform(0.5, 1.0), restart_at
 
     def kill_a_worker(self) -> None:
         """Kill a random worker among those holding leases. A worker still starting up holds nothing to lose,
@@ -216,7 +247,7 @@ class Nemesis:
             if slot.process is not None and self.store.leases_of(slot.owner):
                 pid = slot.process.pid
                 os.kill(pid, signal.SIGSTOP)
-                if wait_stopped(pid) and self.store.write_lock_holder() != pid:
+                if wait_stopped(pid) and self.store.write_lock_holder([pid]) != pid:
                     held = len(self.store.leases_of(slot.owner))
                     self.idle_until(time.monotonic() + seconds)
                     os.kill(pid, signal.SIGCONT)
@@ -232,10 +263,10 @@ class Nemesis:
         deadline, misses, next_tick = time.monotonic() + seconds, 0, 0.0
         pids = self.fleet.pids()
         while time.monotonic() < deadline:
-            holder = self.store.write_lock_holder()
+            holder = self.store.write_lock_holder(pids)
             if holder in pids:
                 os.kill(holder, signal.SIGSTOP)
-                if wait_stopped(holder) and self.store.write_lock_holder() == holder:
+                if wait_stopped(holder) and self.store.write_lock_holder([holder]) == holder:
                     return pids[holder], misses
                 os.kill(holder, signal.SIGCONT)  # it committed between the question and the stop
                 misses += 1

@@ -1,8 +1,16 @@
 """The chaos harness's store-specific part: opening the queue, reading it from outside, and checking its file.
 
 Everything the harness knows about how a store keeps its jobs is here, behind ``Store``; the conductor, the
-nemesis, the workers and the checker see only these methods. Today the project has one store (SQLite), so
-``STORES`` has one entry. A new store is a class with the same methods added to ``STORES`` (``--store NAME``).
+nemesis, the workers and the checker see only these methods. ``STORES`` names the two stores of the project,
+``sqlite`` (one file) and ``postgresql`` (a server: ``--db URL``, or a cluster the harness starts itself,
+``pg_cluster.running_cluster``; the class is in ``chaos_pg``); ``started`` opens either. A new store is a class
+with the same methods, named in ``STORES`` (``--store NAME``) and opened by ``started``.
+
+A store that can be hurt as a server also hands the nemesis a ``ServerFaults`` (PostgreSQL: backends ended with
+``pg_terminate_backend``, and crash-restarts, ``pg_ctl restart -m immediate``, when the harness owns the cluster).
+PostgreSQL has no file write lock: its ``write_lock_holder`` is the worker whose backend sits ``idle in
+transaction`` (it sent ``BEGIN`` and statements, not yet ``COMMIT``), so the nemesis's last stop freezes a worker
+holding a transaction open, with its row locks.
 
 The inbox receiver keeps its events in SQLite whatever the queue's store is (``python -m asyncq.inbox``), so
 reading its file is here too (``read_inbox``), apart from the queue's methods.
@@ -15,12 +23,15 @@ import json
 import os
 import sqlite3
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asyncq import JobSpec, Queue
+
+if TYPE_CHECKING:
+    from chaos_pg import PostgresServer
 
 ENQUEUE_BATCH = 1000
 
@@ -115,8 +126,8 @@ class SqliteStore:
         """The store's own consistency check: ``'ok'`` or what it found."""
         return integrity_check(self.path)
 
-    def write_lock_holder(self) -> int | None:
-        """The pid of the process holding the queue's write lock now, or ``None``.
+    def write_lock_holder(self, candidates: Collection[int] = ()) -> int | None:
+        """The pid of the process holding the queue's write lock now, or ``None`` (``candidates``: unused here).
 
         In WAL mode a writer holds, from its ``BEGIN IMMEDIATE`` to its ``COMMIT``, SQLite's WAL write lock: a
         POSIX record lock on byte 120 of the ``-shm`` file (the unix VFS's ``UNIX_SHM_BASE`` plus lock 0).
@@ -138,12 +149,26 @@ class SqliteStore:
 
 async def open_queue(store: str, location: str) -> Queue:
     """The queue a worker process runs its pool on."""
-    if store == "sqlite":
+    if store in STORES:
         return await Queue.open(location)
     raise ValueError(f"unknown store {store!r}")
 
 
-STORES = {"sqlite": SqliteStore}
+STORES = ("postgresql", "sqlite")
+
+
+@contextmanager
+def started(name: str, folder: Path, db: str | None) -> Iterator[tuple[Any, PostgresServer | None]]:
+    """The run's store, and what the nemesis may do to its server (``None`` for SQLite). PostgreSQL without
+    ``db``: a cluster of the harness's own in ``folder``'s temporary sibling, stopped when the block ends."""
+    if name == "sqlite":
+        yield SqliteStore(folder), None
+        return
+    from chaos_pg import PostgresServer, PostgresStore, owned_cluster  # it imports this module's rows
+
+    with owned_cluster(db) as (url, cluster):
+        store = PostgresStore(url)
+        yield store, PostgresServer(store, cluster)
 
 
 class InboxRows(NamedTuple):

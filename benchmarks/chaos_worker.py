@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos_store import open_queue
 
 from asyncq import HttpTransport, Pool, deliver_with
+from asyncq.worker.pool import PoolSettings
 
 
 class EventLog:
@@ -93,21 +94,21 @@ async def work(args: argparse.Namespace) -> None:
     """Serve a pool on the queue until SIGTERM."""
     events = EventLog(args.events, args.owner)
     transport = StartLogged(HttpTransport(args.url, timeout=args.delivery_timeout), events)
-    queue = await open_queue(args.store, args.queue)
+    settings = PoolSettings(
+        concurrency=args.concurrency, owner=args.owner, lease=args.lease_ms / 1000, poll_max=args.poll_max
+    )
     try:
-        pool = Pool(
-            queue,
-            concurrency=args.concurrency,
-            owner=args.owner,
-            lease=args.lease_ms / 1000,
-            poll_max=args.poll_max,
-            observer=LoggingObserver(events),
-        )
+        # The open waits out a store that is busy or (PostgreSQL) not up yet, as a running pool does.
+        pool = await Pool.open(lambda: open_queue(args.store, args.queue), settings, observer=LoggingObserver(events))
+    except BaseException:
+        await transport.close()
+        raise
+    try:
         pool.register("default", deliver_with(transport))
         await pool.serve(grace=2.0)
     finally:
         await transport.close()
-        await queue.close()
+        await pool.queue.close()
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,15 +1,20 @@
 """The chaos harness (``benchmarks/chaos.py``) at CI size, as a child process: its verdict and its nemesis.
 
-Two runs, each once for the module (``docs/reliability.md`` has their figures and a longer run's):
+Three runs, each once for the module (``docs/reliability.md`` has their figures and a longer run's):
 
-- the main run: 10,000 jobs, 3 worker processes delivering over HTTP to the inbox receiver, 20 s of SIGKILLs
-  (a worker holding leases every 200-300 ms, then the receiver too), a worker SIGSTOPped past its lease,
-  another while it holds the write lock; then the quiet drain and the checker (40-80 s on 2 shared cores);
+- the main run, on each store: 10,000 jobs, 3 worker processes delivering over HTTP to the inbox receiver, 20 s
+  of SIGKILLs (a worker holding leases every 200-300 ms, then the receiver too), a worker SIGSTOPped past its
+  lease, another while it holds the write lock; then the quiet drain and the checker (40-80 s on 2 shared
+  cores). On PostgreSQL (a cluster the harness starts) its kills are shorter, 15 s (about 30 s in all), and
+  the nemesis also ends every client backend every 0.5-1 s and crash-restarts the server once in each kill
+  phase; the write lock it stops a worker holding is a transaction open (``chaos_pg``);
 - a short run with one attempt per job and no stops (8 s of kills, about 15 s): with a single attempt, any
   attempt a kill spends on a job no handler started leaves that job dead, never sent; only a lease claimed for
   a free slot (counted in the claim's commit) that a kill caught before its handler began may do so.
 
-Sizes and seed can be changed: ``ASYNCQ_CHAOS_JOBS``, ``ASYNCQ_CHAOS_DURATION``, ``ASYNCQ_CHAOS_SEED``.
+Sizes and seed can be changed: ``ASYNCQ_CHAOS_JOBS``, ``ASYNCQ_CHAOS_DURATION``, ``ASYNCQ_CHAOS_SEED`` (and
+``ASYNCQ_CHAOS_PG_JOBS``, ``ASYNCQ_CHAOS_PG_DURATION`` for the PostgreSQL run). Without PostgreSQL's server
+binaries the PostgreSQL run is skipped, and fails under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -23,12 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_cluster_support import cluster_problem
+from rabbit_support import unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "chaos.py"
 SEED = int(os.environ.get("ASYNCQ_CHAOS_SEED", "19"))
 JOBS = int(os.environ.get("ASYNCQ_CHAOS_JOBS", "10000"))
 DURATION = float(os.environ.get("ASYNCQ_CHAOS_DURATION", "20"))
+PG_JOBS = int(os.environ.get("ASYNCQ_CHAOS_PG_JOBS", "10000"))
+PG_DURATION = float(os.environ.get("ASYNCQ_CHAOS_PG_DURATION", "15"))
+SIZES = {"sqlite": (JOBS, DURATION), "postgresql": (PG_JOBS, PG_DURATION)}
 LEASE_MS = 1000
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240 + int(DURATION) * 3)]
@@ -55,11 +65,14 @@ def run_chaos(folder: Path, *options: str) -> tuple[int, dict[str, Any]]:
     return harness.returncode, report
 
 
-@pytest.fixture(scope="module")
-def main_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any]]:
-    options = ["--seed", str(SEED), "--jobs", str(JOBS), "--workers", "3", "--duration", str(DURATION)]
-    options += ["--store", "sqlite"]  # every store the project has: today, only SQLite (chaos_store.STORES)
-    return run_chaos(tmp_path_factory.mktemp("chaos"), *options)
+@pytest.fixture(scope="module", params=sorted(SIZES, reverse=True))  # every store (chaos_store.STORES)
+def main_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any]]:
+    store: str = request.param
+    if store == "postgresql" and (problem := cluster_problem()) is not None:
+        unavailable(problem)
+    jobs, duration = SIZES[store]
+    options = ["--seed", str(SEED), "--jobs", str(jobs), "--workers", "3", "--duration", str(duration)]
+    return run_chaos(tmp_path_factory.mktemp(f"chaos-{store}"), *options, "--store", store)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +96,7 @@ def test_chaos_loses_nothing_applies_nothing_twice_and_leaves_nothing_unfinished
     code, report = main_run
     for name in ("kills", "redeliveries", "duplicates_absorbed", "dead", "dead_never_started", "drain_s"):
         record_property(name, report[name])
-    assert report["jobs"] == JOBS
+    assert report["jobs"] == SIZES[report["store"]][0]
     assert_nothing_lost_duplicated_unexpected_or_left(code, report)
     assert report["unexpected_by_kind"] == {}
     assert report["unclean_stops"] == []
@@ -92,7 +105,7 @@ def test_chaos_loses_nothing_applies_nothing_twice_and_leaves_nothing_unfinished
 def test_the_nemesis_really_killed_and_stopped_processes_that_held_work(main_run: tuple[int, dict[str, Any]]) -> None:
     _code, report = main_run
     # A kill every 200-300 ms (skipped when no worker holds a lease: on a loaded machine, many are starting).
-    assert report["kills"] + report["kills_skipped"] >= DURATION / 0.3 * 0.5
+    assert report["kills"] + report["kills_skipped"] >= report["duration"] / 0.3 * 0.5
     assert report["kills"] >= 3 and report["receiver_kills"] >= 2
     assert all(jobs > 0 for jobs in report["backlog"].values()), report["backlog"]  # each step had work to hit
     assert report["orphaned_by_kills"] > 0
@@ -115,6 +128,16 @@ def test_no_worker_exits_while_another_is_stopped_holding_the_write_lock(main_ru
     holding_lock = report["stops"][-1]
     assert holding_lock["kind"] == "holding_write_lock"
     assert holding_lock["self_exits_meanwhile"] == 0, report["self_exit_causes"]
+
+
+@pytest.mark.parametrize("main_run", ["postgresql"], indirect=True)  # the server faults are PostgreSQL's
+def test_on_postgresql_the_server_was_crash_restarted_and_its_backends_ended_and_no_worker_died(
+    main_run: tuple[int, dict[str, Any]],
+) -> None:
+    _code, report = main_run
+    assert report["server_restarts"] == 2 and report["restarts_skipped"] is None  # once in each kill phase
+    assert report["backend_terminations"] >= report["duration"] / 1.0 * 0.5 and report["backends_ended"] > 0
+    assert report["self_exits"] == 0, report["self_exit_causes"]  # a lost connection is a fault, not an exit
 
 
 def test_the_one_attempt_run_is_correct_and_killed_workers_that_held_jobs(

@@ -3,12 +3,15 @@
 A queue file and an inbox file (the project's ``Inbox`` with the ``stock`` effect, as ``python -m asyncq.inbox
 --effect stock`` runs it) are built by the product's own calls; then one of each fault is written into them
 (a done job the receiver never applied, an effect applied twice, an event for no job, a job left pending, a
-dead job no handler started), and the checker must count each one, and nothing else.
+dead job no handler started), and the checker must count each one, and nothing else. And the nemesis's probe for
+its last stop names the right process: on SQLite the one inside ``BEGIN IMMEDIATE``, on PostgreSQL the one whose
+backend is ``idle in transaction`` (this run's server, ``postgres_url``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +24,7 @@ from asyncq import Inbox, JobSpec, Queue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from chaos_check import body_of, check, failed
+from chaos_pg import PostgresStore, split_url
 from chaos_store import SqliteStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -134,3 +138,52 @@ def test_the_write_lock_holder_is_the_process_inside_a_write_transaction(
         store.close()
     assert reader.execute("SELECT count(*) FROM asyncq_jobs").fetchone() == (1,)
     reader.close()
+
+
+PG_HOLDER = """
+import asyncio, sys
+import asyncpg
+
+async def main(dsn, begin):
+    conn = await asyncpg.connect(dsn)
+    for statement in filter(None, begin.split(";")):
+        await conn.execute(statement)
+    print("holding", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    if conn.is_in_transaction():
+        await conn.execute("COMMIT")
+    print("released", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+PG_WRITER = "BEGIN; SELECT id FROM {jobs} FOR UPDATE"  # a transaction open, its row locked, waiting for its client
+PG_IDLE = "SELECT count(*) FROM {jobs}"  # connected and idle, no transaction
+
+
+@pytest.mark.parametrize(("begin", "writer"), [(PG_WRITER, True), (PG_IDLE, False)], ids=["in-transaction", "idle"])
+async def test_on_postgresql_the_write_lock_holder_is_the_process_holding_a_transaction_open(
+    postgres_url: str, begin: str, writer: bool
+) -> None:
+    """The nemesis's last stop on PostgreSQL: the worker whose backend is ``idle in transaction``, found from the
+    backend's ``client_port`` among the sockets of the candidate processes (this one's own connection aside)."""
+    store = PostgresStore(postgres_url)
+    await store.enqueue([JobSpec("job-000000", {"qty": 1})])
+    dsn, schema = split_url(postgres_url)
+    command = [sys.executable, "-c", PG_HOLDER, dsn, begin.format(jobs=f"{schema}.jobs")]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    candidates = [os.getpid(), child.pid]
+    try:
+        assert await asyncio.to_thread(child.stdout.readline) == "holding\n"
+        holder = await asyncio.to_thread(store.write_lock_holder, candidates)
+        assert holder == (child.pid if writer else None)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert await asyncio.to_thread(child.stdout.readline) == "released\n"
+        assert await asyncio.to_thread(store.write_lock_holder, candidates) is None  # alive, its transaction over
+    finally:
+        child.kill()
+        child.wait()
+        await asyncio.to_thread(store.close)

@@ -21,7 +21,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import is_store_url
-from asyncq.store.postgres.failures import TRANSIENT, PostgresBusy, is_lost
+from asyncq.store.postgres.failures import DRIVER_ERRORS, TRANSIENT, PostgresBusy, is_lost
 
 DEFAULT_SCHEMA = "asyncq"
 #: How waiting workers learn of new rows: ``listen`` (LISTEN/NOTIFY, polling as the fallback) or ``poll`` only
@@ -157,7 +157,7 @@ async def open_pool(target: Target, *, size: int | None = None, read_only: bool 
             # Statements are prepared and cached per connection; none survives a PgBouncer in transaction mode.
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+    except DRIVER_ERRORS as error:
         raise _open_failed(error, target) from error
     assert pool is not None
     return pool
@@ -177,7 +177,7 @@ async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connect
             server_settings=_server_settings(target, read_only),
             statement_cache_size=0 if target.wakeups == "poll" else 100,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+    except DRIVER_ERRORS as error:
         raise _open_failed(error, target) from error
     try:
         await _check_durable(conn)

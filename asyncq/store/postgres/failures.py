@@ -28,6 +28,12 @@ TRANSIENT = (
     exceptions.ReadOnlySQLTransactionError,  # a standby after a failover, or default_transaction_read_only=on
 )
 LOST = (asyncpg.ConnectionDoesNotExistError, exceptions.ConnectionFailureError, OSError, TimeoutError)
+# Everything asyncpg raises for a failed call, to catch where a connection is opened or used outside a pooled
+# transaction (then told apart with ``is_lost`` and ``TRANSIENT``). ``InternalClientError`` is none of the others:
+# "cannot switch to state 11/12; another operation (2) is in progress", raised on a connection whose backend was
+# ended during its first statement (a pool's ``init``, a listener's ``LISTEN``), it killed chaos workers on their
+# way up (benchmarks/chaos.py --store postgresql).
+DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, exceptions.InternalClientError)
 # What asyncpg raises on a connection a fault left unusable: closed under a transaction ("cannot call
 # Transaction.__aexit__(): the underlying connection is closed"), or left in the middle of an operation by a call
 # the server ended ("cannot switch to state 15; another operation (2) is in progress"). Both were seen escaping a

@@ -21,6 +21,7 @@ import asyncpg
 
 from asyncq.errors import StoreError
 from asyncq.store.postgres.connection import Target, connect
+from asyncq.store.postgres.failures import DRIVER_ERRORS
 from asyncq.store.postgres.statements import channel as queue_channel
 
 log = logging.getLogger("asyncq.store.postgres")
@@ -83,7 +84,7 @@ class Wakeups:
         self._closed = True
         listener, self._listener = self._listener, None
         if listener is not None:
-            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            with contextlib.suppress(*DRIVER_ERRORS):
                 await listener.close(timeout=5)
 
     @property
@@ -107,7 +108,7 @@ class Wakeups:
         self._next_try = time.monotonic() + RETRY_SECONDS
         try:
             self._listener = await self._listen()
-        except (StoreError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        except (StoreError, *DRIVER_ERRORS) as error:
             self.lost += 1
             log.warning(
                 "%s: cannot listen for new %s (polling until it can): %s", self._target.location, self._what, error
