@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cli_support import build_queue
 from messaging_support import place  # noqa: F401  (an outbox's and an inbox's stores on each driver)
+from pg_cluster_support import cluster  # noqa: F401  (a PostgreSQL cluster of the test's own)
 from pgbouncer_support import pgbouncer  # noqa: F401  (this run's PgBouncer in transaction mode)
 from postgres_support import postgres_database, postgres_url  # noqa: F401  (this run's database, a fresh schema)
 

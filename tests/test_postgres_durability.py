@@ -24,13 +24,12 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 import pytest
-from pg_cluster_support import Cluster, cluster_problem, running_cluster
-from rabbit_support import unavailable
+from pg_cluster_support import Cluster
 from waiting import eventually
 
 from asyncq import JobContext, JobSpec, Pool, Queue
@@ -41,16 +40,6 @@ WRITERS = 32
 POOL = 16
 
 pytestmark = [pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    """A fresh cluster of the test's own on loopback (skip, or fail under CI, where none can be started)."""
-    problem = cluster_problem()
-    if problem is not None:
-        unavailable(problem)
-    with running_cluster("127.0.0.1") as started:
-        yield started
 
 
 def url(cluster: Cluster) -> str:

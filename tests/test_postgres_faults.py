@@ -22,14 +22,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
-from pg_cluster_support import Cluster, cluster_problem, running_cluster
-from rabbit_support import unavailable
+from pg_cluster_support import Cluster
 from waiting import eventually
 
 from asyncq import JobSpec, Pool, Queue
@@ -43,16 +41,6 @@ TERMINATE_EVERY_S = 0.4
 RESTARTS_AT_S = (3.0, 7.0)
 
 pytestmark = [pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    """A fresh cluster of the test's own on loopback (skip, or fail under CI, where none can be started)."""
-    problem = cluster_problem()
-    if problem is not None:
-        unavailable(problem)
-    with running_cluster("127.0.0.1") as started:
-        yield started
 
 
 def start_worker(url: str, folder: Path, index: int) -> subprocess.Popen[bytes]:
