@@ -1,18 +1,18 @@
 """The asyncio worker pool: claim → await the handler with no transaction open → finish.
 
-One batcher task owns the queue's writes: each cycle it finishes every handler result gathered so far
-and claims jobs for the free slots in the same transaction (a group commit) into a buffer. A commit
-carries up to ``COMMIT_JOBS`` results when jobs end that fast (at most ``COMMIT_ROUNDS`` rounds of the slots,
-at least one: ``asyncq.worker.settings``), so its fsync and its hop to the connection's thread are shared by many
-jobs. ``concurrency`` worker tasks take jobs from the buffer, one at a time each: a worker that ends a job starts
-the next one in the same step, without a task per job and without waiting for a turn of the event loop.
-The batcher and the per-job path are this module's, in one frame; the jobs in flight are
-``asyncq.worker.flight``'s, their leases ``asyncq.worker.leases``', the counters, observer and log
+One batcher task owns the queue's writes: each cycle it finishes every handler result gathered so far and claims
+jobs for the free slots in the same transaction (a group commit) into a buffer. A commit carries up to
+``COMMIT_JOBS`` results when jobs end that fast (at most ``COMMIT_ROUNDS`` rounds of the slots, at least one:
+``asyncq.worker.settings``), so its fsync and its hop to the connection's thread are shared by many jobs.
+``concurrency`` worker tasks take jobs from the buffer, one at a time each: a worker that ends a job starts the next
+one in the same step, without a task per job and without waiting for a turn of the event loop. The batcher and the
+per-job path are this module's, in one frame; the jobs in flight are ``asyncq.worker.flight``'s, their leases
+``asyncq.worker.leases``', retention ``asyncq.worker.retention``'s, the counters, observer and log
 ``asyncq.worker.report``'s.
 
-The outer structure (signals, the batcher and renewer) uses anyio; the per-job path uses plain asyncio
-tasks because anyio's per-task cancel scopes cost more than the whole queue cycle (measured: 2.3x
-slower end to end; docs/benchmarks.md).
+The outer structure (signals, the batcher and renewer) uses anyio; the per-job path uses plain asyncio tasks because
+anyio's per-task cancel scopes cost more than the whole queue cycle (measured: 2.3x slower end to end;
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from asyncq.worker.leases import LeaseKeeper
 from asyncq.worker.observer import PoolCounters, PoolObserver
 from asyncq.worker.report import PoolReport
 from asyncq.worker.results import kept_result
-from asyncq.worker.retention import RetentionKeeper
+from asyncq.worker.retention import retention_keepers
 from asyncq.worker.settings import PoolOptions, PoolSettings
 from asyncq.worker.supervision import BusyStore, serve, wait_for_work
 
@@ -56,14 +56,10 @@ log = logging.getLogger("asyncq.worker.pool")
 class Pool:
     """Run registered handlers for a queue's jobs with ``concurrency`` tasks in one process."""
 
-    def __init__(
-        self,
-        queue: Queue,
-        settings: PoolSettings | None = None,
-        *,
-        observer: PoolObserver | None = None,
-        **options: Unpack[PoolOptions],
-    ) -> None:
+    # fmt: off
+    def __init__(self, queue: Queue, settings: PoolSettings | None = None, *, observer: PoolObserver | None = None,
+                 **options: Unpack[PoolOptions]) -> None:
+        # fmt: on
         """Settings as a ``PoolSettings`` or as its fields (``concurrency``, ``lease``, ``retry`` …: see there),
         not both; ``observer`` is told what the pool does (``asyncq.web.metrics.PoolMetrics`` is one). Bad input
         is ``TypeError``/``ValueError`` here, before anything runs."""
@@ -110,8 +106,8 @@ class Pool:
         self._fences = asyncio.Lock()  # a renewal and a group commit never overlap
         grace = settings.cancel_grace_seconds  # before a handler is cancelled on a cancel request
         self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
-        every = settings.retention_every_ms
-        self.retention = None if every is None else RetentionKeeper(queue, every, self.poll_max, report)
+        keepers = retention_keepers(queue, settings.retention_every_ms, self.poll_max, report)  # none when off
+        self._beside = [self._leases.run, *(keeper.run for keeper in keepers)]  # what runs beside the batcher
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._stopping = False
         self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
@@ -161,9 +157,8 @@ class Pool:
             raise ValueError("register a handler before running the pool")
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._leases.run)
-                if self.retention is not None:
-                    group.start_soon(self.retention.run)
+                for run_beside in self._beside:
+                    group.start_soon(run_beside)
                 self._idle_workers.clear()
                 self._workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
                 yield

@@ -16,6 +16,11 @@ from asyncq.worker.report import PoolReport
 log = logging.getLogger("asyncq.worker.pool")
 
 
+def retention_keepers(queue: Queue, every_ms: int | None, check: float, report: PoolReport) -> list[RetentionKeeper]:
+    """A pool's retention keeper, running every ``every_ms`` of the queue's clock (none for ``None``: turned off)."""
+    return [] if every_ms is None else [RetentionKeeper(queue, every_ms, check, report)]
+
+
 class RetentionKeeper:
     """Runs ``queue.apply_retention()`` when ``every_ms`` of the queue's clock have passed since its last run
     (the first at once), looking every ``check`` seconds; counted in the pool's report."""
