@@ -241,7 +241,8 @@ class Nemesis:
     def stop_past_lease(self, seconds: float) -> None:
         """SIGSTOP a worker that holds leases, but not the write lock (that is the next step), for
         ``seconds``, then SIGCONT it."""
-        deadline = time.monotonic() + 10
+        # Up to 30 s: after the kill phases (and on PostgreSQL its restarts) the workers may all be starting again.
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.backlog["stop_past_lease"]:
             slot = self.rng.choice(self.fleet.slots)
             if slot.process is not None and self.store.leases_of(slot.owner):
@@ -256,7 +257,7 @@ class Nemesis:
                     return
                 os.kill(pid, signal.SIGCONT)  # caught holding the write lock: try another moment
             self.idle_until(time.monotonic() + TICK)
-        self.stops.append({"kind": "past_lease", "skipped": "no worker held a lease"})
+        self.stops.append({"kind": "past_lease", "skipped": "no worker held a lease (and not the write lock) in 30 s"})
 
     def catch_write_lock(self, seconds: float) -> tuple[Slot | None, int]:
         """Stop a worker holding the write lock (checked while it is frozen); the slot and the near misses."""

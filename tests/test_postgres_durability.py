@@ -179,7 +179,10 @@ async def test_every_finish_a_pool_acknowledged_survives_a_sigkill_of_the_server
     for round_ in range(ROUNDS):
         acknowledged = AcknowledgedFinishes(rng.randint(200, 600), cluster.kill)
         pool_log.addHandler(acknowledged)
-        level, pool_log.level = pool_log.level, logging.DEBUG
+        # setLevel, not the attribute: a logger caches isEnabledFor's answers, and an earlier test of the run may
+        # have asked it at INFO (the pool logs each finish at DEBUG only when enabled: the acks are read from it).
+        level = pool_log.level
+        pool_log.setLevel(logging.DEBUG)
         queue = await Queue.open(url(cluster))
         try:
             await assert_durable_settings(cluster, queue)
@@ -200,7 +203,7 @@ async def test_every_finish_a_pool_acknowledged_survives_a_sigkill_of_the_server
                 await serving
         finally:
             pool_log.removeHandler(acknowledged)
-            pool_log.level = level
+            pool_log.setLevel(level)
             await close(queue)
         cluster.start()
         rows = await stored(cluster, "SELECT id, status FROM asyncq.jobs")
