@@ -316,3 +316,16 @@ async def test_a_leased_jobs_unique_key_is_shown_among_the_leases(
     assert "<th>unique key</th>" in table(page, "leases")
     row = re.search(r"<tr><td>worker-9</td><td>keyed</td>.*?</tr>", table(page, "leases"))
     assert row is not None and row.group(0).endswith("<td>digest:42</td></tr>")
+
+
+async def test_the_queues_section_shows_each_ended_states_retention(
+    path: Path, clock: list[int], server: tuple[str, Dashboard]
+) -> None:
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        await queue.set_retention("mail", done=7 * 86400, cancelled=3600, note="keep a week", by="ops")
+    _status, page, _headers = await get(server[0] + "/")
+    queues = table(page, "queues")
+    assert "<th>done kept</th><th>cancelled kept</th><th>dead kept</th>" in queues
+    row = re.search(r'<tr data-queue="mail">.*?</tr>', queues)
+    assert row is not None and row.group(0).endswith("<td>604800 s</td><td>3600 s</td><td>forever</td></tr>")
+    assert "<td>mail</td><td>retention</td><td>ops</td>" in table(page, "queue-moves")

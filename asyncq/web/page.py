@@ -11,6 +11,7 @@ from html import escape
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
+from asyncq.core.retention import RETENTION_STATES
 from asyncq.core.stats import Stats
 
 CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
@@ -180,17 +181,25 @@ def render_audit(rows: Sequence[AuditEntry]) -> str:
     return _table("audit", ("at", "job", "action", "token", "note", "reason"), cells, "no audit rows yet")
 
 
+def _window(ms: int | None) -> str:
+    """A retention window as the page shows it (``None``: kept for ever)."""
+    return "forever" if ms is None else f"{ms / 1000:g} s"
+
+
 def render_queues(queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEntry]) -> str:
-    """The queues with stored settings (paused: since, by whom, why; max_wait), then the newest moves on queues."""
+    """The queues with stored settings (paused: since, by whom, why; max_wait; how long each ended state is kept),
+    then the newest moves on queues."""
     cells = [
         f'<tr data-queue="{escape(q.queue)}">'
         + _cells((q.queue, "paused" if q.paused else "running", utc(q.paused_at), q.paused_by or "", q.note or "",
-                  "" if q.max_wait_ms is None else f"{q.max_wait_ms / 1000:g} s"))
+                  "" if q.max_wait_ms is None else f"{q.max_wait_ms / 1000:g} s",
+                  *(_window(q.retention.of(state)) for state in RETENTION_STATES)))
         + "</tr>"
         for q in queues
     ]  # fmt: skip
-    headers = ("queue", "state", "paused since", "by", "note", "max wait")
-    settings = _table("queues", headers, cells, "no queue paused or given a max wait: every queue runs")
+    kept = tuple(f"{state} kept" for state in RETENTION_STATES)
+    headers = ("queue", "state", "paused since", "by", "note", "max wait", *kept)
+    settings = _table("queues", headers, cells, "no queue paused, given a max wait or a retention: every queue runs")
     rows = [f"<tr>{_cells((utc(m.at_ms), m.queue, m.action, m.actor, m.note))}</tr>" for m in moves]
     return settings + _table("queue-moves", ("at", "queue", "action", "by", "note"), rows, "no moves on queues yet")
 
