@@ -8,8 +8,10 @@ its lease expires while the worker is stopped with SIGSTOP (and then the job is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -151,7 +153,7 @@ async def test_a_cancel_while_the_worker_is_stopped_lands_when_its_lease_expires
     async with await Queue.open(target) as queue:
         await queue.enqueue("long", {"n": 1})
         await eventually(lambda: worker.starts("long"), "the worker starts the job", stop=worker.dead)
-        worker.proc.send_signal(signal.SIGSTOP)
+        await stop_outside_a_write(worker.proc, target)
         try:
             outcome = await queue.cancel("long", note="customer left")
             assert outcome.state == "requested"  # its lease is still live
@@ -172,6 +174,50 @@ async def test_a_cancel_while_the_worker_is_stopped_lands_when_its_lease_expires
         assert await status_of(queue, "long") == ("dead", "cancelled")
     assert worker.starts("long") == 1 and worker.applied("long") == 0  # never run again
     assert counters["leases_lost"] == 1 and counters["finished"] == {}, counters
+
+
+async def stop_outside_a_write(proc: subprocess.Popen[bytes], target: str) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no write open on ``target`` (SQLite: the file's write lock; PostgreSQL:
+    an open transaction), else this test's own cancel would wait for a frozen process: a worker renews and commits
+    every few ms, so a stop lands inside a write now and then. Caught inside one, it is resumed and tried again."""
+    for _ in range(200):
+        proc.send_signal(signal.SIGSTOP)
+        await eventually(lambda: _state(proc.pid) == "T", "the worker stopped")
+        if not await _writing(target):
+            return
+        proc.send_signal(signal.SIGCONT)
+        await asyncio.sleep(0)
+    raise AssertionError("the worker was inside a write at every stop")
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def _writing(target: str) -> bool:
+    if "://" not in target:  # SQLite: the write lock, tried without waiting
+        con = sqlite3.connect(target, timeout=0, isolation_level=None)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError:
+            return True
+        finally:
+            con.close()
+    import asyncpg
+
+    from asyncq.store.postgres.connection import parse_url
+
+    conn = await asyncpg.connect(parse_url(target).dsn, timeout=5)
+    try:
+        open_transactions: int = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+        )
+        return open_transactions > 0
+    finally:
+        await conn.close()
 
 
 async def _is(queue: Queue, job_id: str, wanted: tuple[str, str | None]) -> bool:
