@@ -252,8 +252,8 @@ async def test_low_statement_and_idle_in_transaction_timeouts_fail_an_apps_long_
 
 class CommitCutter:
     """A TCP proxy on 127.0.0.1 in front of a PostgreSQL server that, once ``armed``, forwards the next ``COMMIT``
-    a client sends and then closes that client's connection without passing on the server's reply: the commit
-    lands, the client never hears it (``cuts`` counts those)."""
+    a client sends, reads the server's answer (the commit has landed) and closes that client's connection without
+    passing it on: the client never hears it (``cuts`` counts those)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
@@ -280,8 +280,8 @@ class CommitCutter:
                     return
 
         async def downstream() -> None:
-            while not cut.is_set() and (data := await server_r.read(65536)):
-                if cut.is_set():
+            while data := await server_r.read(65536):
+                if cut.is_set():  # the COMMIT's own answer: the server has committed; the client never sees it
                     return
                 client_w.write(data)
                 await client_w.drain()
@@ -289,7 +289,7 @@ class CommitCutter:
         tasks = [asyncio.ensure_future(upstream()), asyncio.ensure_future(downstream())]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         if cut.is_set():
-            await asyncio.sleep(0.2)  # let the server finish the commit before it sees the client go
+            await tasks[1]  # until the server answered the COMMIT (it has landed), then drop the connection
         for task in tasks:
             task.cancel()
         for writer in (client_w, server_w):

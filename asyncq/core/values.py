@@ -35,9 +35,15 @@ def check_note(value: object, name: str = "note") -> str:
     script; no control characters, no line breaks), not starting or ending with whitespace."""
     if type(value) is not str:
         raise ValueError(f"{name} must be a str, not {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_NOTE_CHARS or not value.isprintable() or value.strip() != value:
+    return _printable_text(value, name, MAX_NOTE_CHARS)
+
+
+def _printable_text(value: str, name: str, most: int) -> str:
+    """``value`` if it is 1-``most`` printable characters (no control characters, no line breaks), not starting or
+    ending with whitespace: an operator's note and a unique key alike."""
+    if not 1 <= len(value) <= most or not value.isprintable() or value.strip() != value:
         raise ValueError(
-            f"{name} must be 1-{MAX_NOTE_CHARS} printable characters with no control characters"
+            f"{name} must be 1-{most} printable characters with no control characters"
             " and no leading or trailing whitespace"
         )
     return value
@@ -61,12 +67,7 @@ def check_unique_key(value: object, name: str = "unique_key") -> str | None:
         return None
     if type(value) is not str:
         raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_UNIQUE_KEY_CHARS or not value.isprintable() or value.strip() != value:
-        raise ValueError(
-            f"{name} must be 1-{MAX_UNIQUE_KEY_CHARS} printable characters with no control characters"
-            " and no leading or trailing whitespace"
-        )
-    return value
+    return _printable_text(value, name, MAX_UNIQUE_KEY_CHARS)
 
 
 #: What a second job with a unique key held by an active job does: ``return`` (the default) inserts nothing and
