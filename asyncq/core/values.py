@@ -91,6 +91,13 @@ def check_int(value: object, name: str, low: int, high: int) -> int:
     return value
 
 
+def check_flag(value: object, name: str) -> bool:
+    """Return ``value`` if it is an exact ``bool`` (``TypeError`` otherwise: ``1`` or ``"yes"`` is not a flag)."""
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
 def check_time(value: object, name: str = "now_ms") -> int:
     """A millisecond timestamp on the queue's shared time base: an exact int in 0 … 10**15 - 60000."""
     return check_int(value, name, 0, TIME_MAX_MS)

@@ -19,6 +19,7 @@ from asyncq.core.limits import MAX_ATTEMPTS
 from asyncq.core.values import (
     Duration,
     check_duration,
+    check_flag,
     check_identifier,
     check_int,
     check_on_conflict,
@@ -106,7 +107,7 @@ class Task(Generic[P, R]):
             check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS),
             ttl,
             priority=check_priority(priority),
-            unique=_check_flag(unique, "unique"),
+            unique=check_flag(unique, "unique"),
         )
         self.timeout = None if timeout is None else check_duration(timeout, "timeout", 0.001, 86_400.0 * 7)
         self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL)
@@ -223,9 +224,3 @@ class Deferral(Generic[P, R]):
             if span is not None:
                 span.set_attribute("messaging.message.id", job_id)
             yield
-
-
-def _check_flag(value: object, name: str) -> bool:
-    if type(value) is not bool:
-        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
-    return value
