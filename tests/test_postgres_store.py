@@ -129,7 +129,9 @@ async def test_the_jobs_table_is_set_for_a_hot_table_of_short_lived_rows(queue: 
 
 def test_urls_are_checked_before_anything_connects_and_shown_without_password() -> None:
     target = parse_url("postgresql://app:s3cret@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require")
-    assert (target.schema, target.wakeups, target.pool_size) == ("jobs", "poll", 4)
+    assert (target.schema, target.wakeups, target.pool_size, target.pooler) == ("jobs", "poll", 4, None)
+    assert parse_url("postgresql://h/db?pooler=transaction").wakeups == "poll"  # no LISTEN through it
+    assert parse_url("postgresql://h/db?pooler=session&application_name=x&sslmode=disable").wakeups == "listen"
     assert target.location == "postgresql://app@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require"
     assert target.dsn == "postgresql://app:s3cret@db.example:6432/prod?sslmode=require"
     assert "s3cret" not in redact("postgres://u:s3cret@h/db?password=s3cret")
@@ -139,6 +141,10 @@ def test_urls_are_checked_before_anything_connects_and_shown_without_password() 
         "postgresql://h/db?schema=" + "x" * 51: "schema",
         "postgresql://h/db?schema=a;drop": "schema",
         "postgresql://h/db?wakeups=sometimes": "wakeups",
+        "postgresql://h/db?pooler=statement": "pooler must be",
+        "postgresql://h/db?pooler=transaction&wakeups=listen": "wakeups=listen cannot work",
+        "postgresql://h/db?pooler=session&search_path=app": "search_path in the URL would be a startup setting",
+        "postgresql://h/db?pooler=transaction&options=-c%20x%3D1": "options in the URL",
         "postgresql://h/db?pool_size=0": "pool_size",
         "postgresql://h/db?pool_size=1e3": "pool_size",
         "postgresql://h/db?schema=a&schema=b": "twice",
