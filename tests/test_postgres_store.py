@@ -127,6 +127,33 @@ async def test_the_jobs_table_is_set_for_a_hot_table_of_short_lived_rows(queue: 
     assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.01" in options
 
 
+async def test_a_version_7_schema_gains_the_task_column_with_its_rows_kept(postgres_url: str) -> None:
+    """Queue version 8 adds ``task`` (and its index) without reading any body: a row stored before has none, and
+    the same id and body again is still the same job (the column is not compared); new task jobs get theirs."""
+    from asyncq.store.postgres.connection import Migrations, migrate
+    from asyncq.store.postgres.schema import QUEUE
+
+    schema = parse_url(postgres_url).schema
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
+    try:
+        assert await migrate(conn, schema, Migrations(QUEUE.component, QUEUE.steps[:7])) == 0
+        await conn.execute(
+            f"INSERT INTO {schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at,"
+            """ deadline) VALUES ('old', 'default', '{"args":{},"task":"send"}', 'done', 1, 3, 1, 0, 9999999999999)"""
+        )
+    finally:
+        await conn.close()
+    async with await Queue.open(postgres_url) as queue:
+        assert (await queue.describe())["schema_version"] == PG_SCHEMA_VERSION == 8
+        old = await queue.get("old")
+        assert old is not None and (old.status, old.task) == ("done", None)
+        assert await queue.enqueue("old", {"task": "send", "args": {}}) is False
+        assert await queue.enqueue("new", {"task": "send", "args": {}}) is True
+        new = await queue.get("new")
+        assert new is not None and new.task == "send"
+    assert await rows(postgres_url, "SELECT to_regclass($1) IS NOT NULL", f"{schema}.jobs_task") == [(True,)]
+
+
 def test_urls_are_checked_before_anything_connects_and_shown_without_password() -> None:
     target = parse_url("postgresql://app:s3cret@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require")
     assert (target.schema, target.wakeups, target.pool_size, target.pooler) == ("jobs", "poll", 4, None)

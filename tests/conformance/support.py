@@ -82,6 +82,7 @@ def stored(row: NewJob, seq: int) -> Job:
         reason=None,
         priority=row.payload["priority"],
         unique_key=row.payload["unique_key"],
+        task=row.payload["task"],
     )
 
 

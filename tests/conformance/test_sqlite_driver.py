@@ -111,7 +111,7 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert ticket.id == "old"
     con = sqlite3.connect(path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 10
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 11
         indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" not in indexes  # v8: ranked instead
         assert {"asyncq_jobs_ranked", "asyncq_jobs_waiting"} <= indexes
@@ -142,6 +142,31 @@ async def test_a_version_8_file_keeps_its_queue_audit_through_the_retention_migr
         assert entry.seq == 2 and entry.retention == (60_000, None, None)
         [settings] = await queue.queue_settings()
         assert (settings.max_wait_ms, settings.retain_done_ms) == (60000, 60_000)
+
+
+async def test_a_version_10_file_gains_the_task_column_with_its_rows_kept(path: Path) -> None:
+    """Version 11 adds ``task`` (and its index) without reading any body: a row stored before has none, and the
+    same id and body again is still the same job (the column is not compared); new task jobs get theirs."""
+    from asyncq.store.sqlite.migrations import MIGRATIONS
+
+    con = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:10]:
+        for statement in step:
+            con.execute(statement)
+    con.execute(
+        "INSERT INTO asyncq_jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline)"
+        """ VALUES ('old', 'default', '{"args":{},"task":"send"}', 'done', 1, 3, 1, 0, 9999999999999)"""
+    )
+    con.execute("PRAGMA user_version = 10")
+    con.close()
+    async with await Queue.open(str(path), clock=lambda: T0) as queue:
+        old = await queue.get("old")
+        assert old is not None and (old.status, old.task) == ("done", None)
+        assert await queue.enqueue("old", {"task": "send", "args": {}}) is False
+        assert await queue.enqueue("new", {"task": "send", "args": {}}) is True
+        new = await queue.get("new")
+        assert new is not None and new.task == "send"
+    assert ("asyncq_jobs_task",) in read(path, "SELECT name FROM sqlite_master WHERE type = 'index'")
 
 
 # --- enqueue_sync: the caller's own sqlite3 transaction ----------------------------------------------------

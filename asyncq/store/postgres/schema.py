@@ -211,6 +211,14 @@ RETENTION = (
     "CREATE INDEX jobs_ended ON {schema}.jobs (queue, status, reason, available_at) WHERE status IN ('done', 'dead')",
 )
 
+# Version 8: the task a job's body names (``core.jobs.task_of``; the SQLite store's v11), set at enqueue, NULL for any
+# other body and for rows enqueued before (the migration reads no body: adding a nullable column rewrites nothing).
+# ``jobs_task`` finds a task's jobs in ``seq`` order (an operator's listing); only rows with a task have an entry.
+TASKS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN task text",
+    "CREATE INDEX jobs_task ON {schema}.jobs (task, seq) WHERE task IS NOT NULL",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -237,6 +245,7 @@ QUEUE = Migrations(
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
+        TASKS,  # version 8: the task a job's body names
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -31,8 +31,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: and its unique key.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key"
+#: its unique key and its task.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"

@@ -79,11 +79,20 @@ class Layout:
     #: Columns inserted and compared with the payload (the same id with another value is a ``Conflict``) that a
     #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``; the lab's tables have none).
     keys: tuple[str, ...] = ()
+    #: Columns inserted from the payload that no comparison reads, because another column decides them: the
+    #: product's ``task``, derived from the body (``core.jobs.task_of``; ``TASKS``). A row stored before the column
+    #: existed holds ``NULL`` there and still matches the same body.
+    derived: tuple[str, ...] = ()
 
     @property
     def stored(self) -> tuple[str, ...]:
         """Every column of a job's payload as stored and compared: ``payload``, then ``keys``."""
         return self.payload + self.keys
+
+    @property
+    def inserted(self) -> tuple[str, ...]:
+        """Every column an enqueue inserts from the payload: ``stored``, then ``derived``."""
+        return self.stored + self.derived
 
 
 LAB = Layout(
@@ -106,6 +115,7 @@ PRODUCT = Layout(
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
     keys=("unique_key",),
+    derived=("task",),
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -272,4 +282,13 @@ RETENTION = (
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_ended ON asyncq_jobs(queue, status, reason, available_at)"
     " WHERE status IN ('done', 'dead')",
+)
+
+# Version 11: the task a job's body names (``core.jobs.task_of``: ``{"task": name, "args": {…}}``), set at enqueue,
+# ``NULL`` for any other body and for rows enqueued before (the migration reads no body). ``asyncq_jobs_task`` finds
+# a task's jobs in ``seq`` order (an operator's listing); only rows with a task have an entry, written at their insert
+# (no claim or finish changes ``task`` or ``seq``, so they write none).
+TASKS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN task TEXT",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_task ON asyncq_jobs(task, seq) WHERE task IS NOT NULL",
 )
