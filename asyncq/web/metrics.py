@@ -110,7 +110,8 @@ class PoolMetrics:
         self.cancels = Counter("asyncq_cancels", "Jobs ended dead on a cancel request.", registry=into)
         self.store_busy = Counter(
             "asyncq_store_busy",
-            "Store calls that found the lock held elsewhere past the busy timeout (retried).",
+            "Store calls that failed transiently and were retried: a lock held past the busy timeout (SQLite), a lost"
+            " connection, a restarting or read-only server (PostgreSQL).",
             registry=into,
         )
         self.retention_removed = Counter(
