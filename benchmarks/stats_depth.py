@@ -87,8 +87,14 @@ V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "D
            "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
 # What version 9 (unique keys) added, undone first: its partial unique index and the column.
 V9_ONLY = ("DROP INDEX asyncq_jobs_unique", "ALTER TABLE asyncq_jobs DROP COLUMN unique_key")
-# What version 11 (the jobs' task) added, undone first: its partial index and the column.
-V11_ONLY = ("DROP INDEX asyncq_jobs_task", "ALTER TABLE asyncq_jobs DROP COLUMN task")
+# What version 11 (the jobs' task, retention rules) added, undone first: the task's index, the index of ended jobs
+# that names it (version 10's, which v11 replaced, is made again by v10's step), the rules' table and the column.
+V11_ONLY = (
+    "DROP INDEX asyncq_jobs_task",
+    "DROP INDEX asyncq_jobs_retained",
+    "DROP TABLE asyncq_retention",
+    "ALTER TABLE asyncq_jobs DROP COLUMN task",
+)
 ENGINE_UPSERT = "INSERT INTO asyncq_counts VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs"
 
 # ``:n`` rows of one kind from ``:start`` on; ``x`` numbers them. Pending rows: a third have retried, one in fifty is

@@ -132,10 +132,12 @@ def read_only_part(path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"its directory {folder} does not exist"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    # Not writable, and still there after the check: a side file another process deletes as it closes (the last
+    # connection of a WAL file removes -wal and -shm) is gone, not read-only.
+    if not os.access(path, os.W_OK) and os.path.exists(path):
         return "the file is read-only: make it writable (chmod u+w) to change the queue"
     for side in SIDE_FILES:
-        if os.path.exists(path + side) and not os.access(path + side, os.W_OK):
+        if not os.access(path + side, os.W_OK) and os.path.exists(path + side):
             return (
                 f"its side file {os.path.basename(path + side)} is read-only: make it writable, or delete it while"
                 " no process has the queue open"
