@@ -19,7 +19,7 @@ from typing import Any
 from asyncq.cli import output as out
 from asyncq.cli.arguments import MISSING
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.records import audit_record, error_record, job_record
+from asyncq.cli.records import audit_record, error_record, job_record, retention_rule_record
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jobs import JobSpec
 from asyncq.core.jsontext import loads_strict
@@ -190,8 +190,10 @@ async def status(args: argparse.Namespace) -> Report:
     async with await reading(args) as queue:
         stats = await queue.stats()
         settings = await queue.queue_settings()
+        rules = await queue.retention_rules()
     data: dict[str, Any] = {"path": args.db, "now_ms": stats.now_ms, "total": stats.total}
     data["queues"] = [asdict(each) | {"paused": each.paused} for each in settings]
+    data["retention"] = [retention_rule_record(rule) for rule in rules]
     data |= {"by_status": stats.by_status, "dead_by_reason": dict(sorted(stats.dead_by_reason.items()))}
     data["oldest_pending_age_ms"] = stats.oldest_ready_age_ms
     data["attempts"] = [{"attempts": a, "jobs": n} for a, n in sorted(stats.attempts.items())]

@@ -21,6 +21,7 @@ from asyncq.cli.arguments import (
     seconds,
     shown_ms,
     signed,
+    task_name,
     whole,
 )
 from asyncq.cli.errors import UsageError
@@ -197,13 +198,21 @@ def _add_operator(add: Adder) -> None:
     retention = add(
         "retention",
         _command("operator", "retention"),
-        "Set how long a queue keeps its done, cancelled and dead jobs (audited), or --run the removal now.",
+        "Set how long a queue (a task's jobs in it: --task; every queue without its own: --default) keeps its done,"
+        " cancelled and dead jobs (audited), --clear a rule, or --run the removal now; alone, list the rules.",
     )
     retention.add_argument("queue", type=identifier, metavar="QUEUE", nargs="?")
+    retention.add_argument("--task", type=task_name, metavar="TASK", help="the rule of this task's jobs in QUEUE")
+    retention.add_argument(
+        "--default", action="store_true", dest="every_queue", help="the rule of every queue that has none of its own"
+    )
+    retention.add_argument(
+        "--clear", action="store_true", help="remove the rule: its jobs follow the wider one (the queue's, the default)"
+    )
     for state in RETENTION_STATES:
         retention.add_argument(
             f"--{state}", type=optional_duration(0, MAX_WINDOW_MS), default=MISSING, metavar="DURATION|none",
-            help=f"keep {state} jobs this long after they ended (none: for ever; not given: as it is)",
+            help=f"keep {state} jobs this long after they ended (none: for ever; not given: as it applies now)",
         )  # fmt: skip
     retention.add_argument("--note", type=note, help="why (kept in the audit)")
     retention.add_argument("--by", type=note, help="who (default: USER@HOST)")

@@ -8,10 +8,11 @@ from typing import Any
 
 from asyncq.core.flow import QueueAuditEntry
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
+from asyncq.core.retention import RETENTION_STATES, RetentionRule
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key",
+    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task",
 )  # fmt: skip
 
 
@@ -29,8 +30,16 @@ def error_record(error: AttemptError) -> dict[str, Any]:
 
 
 def queue_audit_record(entry: QueueAuditEntry) -> dict[str, Any]:
-    """One move on a queue: ``seq``, ``queue``, ``action``, ``at_ms``, ``actor``, ``note``, ``max_wait_ms``."""
+    """One move on a queue: ``seq``, ``queue`` (``*``: the default retention's), ``action``, ``at_ms``, ``actor``,
+    ``note``, ``max_wait_ms``, the ``retain_*_ms`` a retention move set, and its ``task``."""
     return asdict(entry)
+
+
+def retention_rule_record(rule: RetentionRule) -> dict[str, Any]:
+    """One retention rule: ``queue`` (``None``: every queue, the default), ``task`` (``None``: the whole queue) and
+    ``retain_done_ms``, ``retain_cancelled_ms``, ``retain_dead_ms`` (``None``: for ever)."""
+    windows = {f"retain_{state}_ms": rule.windows.of(state) for state in RETENTION_STATES}
+    return {"queue": rule.queue, "task": rule.task, **windows}
 
 
 def audit_record(entry: AuditEntry) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from asyncq.core.values import (
     check_priority,
     check_unique_key,
     duration_ms,
+    is_task_name,
 )
 
 #: What a second job with a unique key held by an active job does (``asyncq.core.values.ON_CONFLICT``).
@@ -140,6 +141,18 @@ def body_text(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:
     return text
 
 
+def task_of(body: object) -> str | None:
+    """The task a job's body names, stored in its row's ``task`` column: a task's body is an object with ``"task"``,
+    a task name (``values.check_task_name``), and ``"args"``, an object (``{"task": name, "args": {…}}``, with a
+    deferral's ``"trace"`` beside them); any other body names none (``None``)."""
+    if type(body) is not dict:
+        return None
+    name, args = body.get("task"), body.get("args")
+    if type(name) is not str or type(args) is not dict or not is_task_name(name):
+        return None
+    return name
+
+
 class EnqueueOptions(TypedDict, total=False):
     """The options of one enqueue after its id and body, by keyword (``JobSpec``'s fields say what each is)."""
 
@@ -189,7 +202,13 @@ class JobSpec:
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
-        payload = {"queue": self.queue, "body": body, "priority": self.priority, "unique_key": self.unique_key}
+        payload = {
+            "queue": self.queue,
+            "body": body,
+            "priority": self.priority,
+            "unique_key": self.unique_key,
+            "task": task_of(self.body),
+        }
         row = (self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms, raise_on_unique)
         return tuple.__new__(NewJob, row)
 
@@ -359,6 +378,9 @@ class Job:
     cancel_requested_at: int | None = None
     #: Its unique key (``JobSpec.unique_key``), held while it is active; ``None`` if it has none.
     unique_key: str | None = None
+    #: The task its body names (``{"task": name, "args": {…}}``: ``task_of``), set when it was enqueued; ``None`` for
+    #: any other body (and for jobs enqueued before the store had the column).
+    task: str | None = None
 
     @property
     def result(self) -> JSON:
@@ -373,8 +395,8 @@ class Job:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
         """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
-        ``priority``, ``cancel_requested_at`` and ``unique_key``), the body as its stored JSON text."""
-        *values, redrives, priority, cancel_requested_at, unique_key = row
+        ``priority``, ``cancel_requested_at``, ``unique_key`` and ``task``), the body as its stored JSON text."""
+        *values, redrives, priority, cancel_requested_at, unique_key, task = row
         values[3] = json.loads(values[3])
         # mypy cannot tell that ``values`` stops before the keywords' fields (it is the 13 columns before redrives)
         return cls(  # type: ignore[misc]
@@ -383,6 +405,7 @@ class Job:
             priority=priority,
             cancel_requested_at=cancel_requested_at,
             unique_key=unique_key,
+            task=task,
         )
 
 

@@ -32,6 +32,7 @@ MIN_PRIORITY = -100  # a job's priority: higher is claimed first
 MAX_PRIORITY = 100
 DEFAULT_PRIORITY = 0
 MAX_UNIQUE_KEY_CHARS = 200  # a job's unique key: printable text
+MAX_TASK_NAME_CHARS = 200  # a task's name (@app.task), stored on its jobs' rows: printable text
 MAX_WAIT_MS = 365 * DAY_MS  # a queue's max_wait: a job ready this long is served before higher priorities
 
 # -- the lab contracts (asyncq.lab.lease, asyncq.lab.outbox) ---------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack, overload
 from asyncq.core.jobs import DEFAULT_QUEUE
 from asyncq.core.jsontext import JSON
 from asyncq.core.limits import DEFAULT_MAX_ATTEMPTS
-from asyncq.core.values import Duration, check_identifier
+from asyncq.core.values import Duration, check_identifier, check_task_name
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
 from asyncq.tasks.asgi import Lifespan, LifespanOptions, lifespan
@@ -119,9 +119,7 @@ class App:
         def declare(fn: Callable[..., Awaitable[Any]]) -> Task[Any, Any]:
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(f"a task must be an async function, not {fn!r}")
-            task_name = fn.__name__ if name is None else name
-            if not isinstance(task_name, str) or not task_name:
-                raise ValueError("a task's name must be a non-empty str")
+            task_name = check_task_name(fn.__name__ if name is None else name, "a task's name")
             if task_name in self.tasks:
                 raise ValueError(f"a task named {task_name!r} is registered already ({self.tasks[task_name]!r})")
             declared: Task[Any, Any] = Task(

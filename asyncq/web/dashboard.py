@@ -57,7 +57,8 @@ async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     leases = await queue.list_jobs(status="leased", limit=limit, body=False)
     leases.sort(key=lambda job: job.lease_until or 0)
     settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
-    return Snapshot(stats, dead, await queue.audit_log(limit), leases, queues=settings, queue_moves=moves)
+    rules, audit = await queue.retention_rules(), await queue.audit_log(limit)
+    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, retention=rules)
 
 
 def is_loopback(host: str | None) -> bool:

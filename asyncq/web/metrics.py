@@ -17,6 +17,14 @@ metric                                      meaning
 ``asyncq_dead_jobs{reason}``                dead jobs by reason, read at scrape time
 ``asyncq_oldest_ready_age_seconds``         how long the oldest ready job has waited (0 when none waits)
 ``asyncq_queue_file_up``                    1 if the queue file could be read at scrape time, else 0
+``asyncq_queue_paused{queue}``              1 while a queue is paused (queues with stored settings)
+``asyncq_queue_retention_seconds``          each retention rule's window by state, ``{queue,task,state}`` (queue
+                                            ``*``: the default; task empty: the whole queue; absent: for ever)
+``asyncq_store_busy_total``                 store calls that failed transiently and were retried (a lock, a lost
+                                            connection, a restarting or read-only server)
+``asyncq_retention_removed_total{state}``   finished jobs this pool's retention step removed
+``asyncq_enqueues_total{result}``           a queue's enqueue answers: added, existing, unique_held (an active job
+                                            held the key), unique_refused (``EnqueueCollector``)
 ``asyncq_inbox_events_total{outcome}``      inbox requests since start: applied, duplicate, conflict,
                                             rejected (400/413), failed (the effect refused or failed)
 ==========================================  =======================================================================
@@ -58,7 +66,7 @@ from prometheus_client.registry import Collector
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
-from asyncq.core.retention import RETENTION_STATES
+from asyncq.core.retention import RETENTION_STATES, RetentionRule
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.queue import Queue
@@ -68,6 +76,7 @@ log = logging.getLogger("asyncq.web.metrics")
 #: Delivery-time buckets in seconds: from a local handler's milliseconds to an HTTP call near its timeout.
 DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 INBOX_OUTCOMES = ("applied", "duplicate", "conflict", "rejected", "failed")
+ENQUEUE_RESULTS = ("added", "existing", "unique_held", "unique_refused")
 SCRAPE_TIMEOUT = 5.0
 
 T = TypeVar("T")
@@ -110,7 +119,8 @@ class PoolMetrics:
         self.cancels = Counter("asyncq_cancels", "Jobs ended dead on a cancel request.", registry=into)
         self.store_busy = Counter(
             "asyncq_store_busy",
-            "Store calls that found the lock held elsewhere past the busy timeout (retried).",
+            "Store calls that failed transiently and were retried: a lock held past the busy timeout (SQLite), a lost"
+            " connection, a restarting or read-only server (PostgreSQL).",
             registry=into,
         )
         self.retention_removed = Counter(
@@ -177,20 +187,25 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings = run_on_own_loop(self.read)
+            stats, settings, rules = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats, settings=settings)
+        return self._families(stats, settings=settings, rules=rules)
 
-    async def read(self) -> tuple[Stats, list[QueueSettings]]:
-        """The queue's stats and stored queue settings now, through a read-only ``Queue`` (nothing is created or
-        changed)."""
+    async def read(self) -> tuple[Stats, list[QueueSettings], list[RetentionRule]]:
+        """The queue's stats, stored queue settings and retention rules now, through a read-only ``Queue`` (nothing
+        is created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return await queue.stats(), await queue.queue_settings()
+            return await queue.stats(), await queue.queue_settings(), await queue.retention_rules()
 
     @staticmethod
-    def _families(stats: Stats | None, up: int = 1, settings: Sequence[QueueSettings] = ()) -> list[Metric]:
+    def _families(
+        stats: Stats | None,
+        up: int = 1,
+        settings: Sequence[QueueSettings] = (),
+        rules: Sequence[RetentionRule] = (),
+    ) -> list[Metric]:
         jobs = GaugeMetricFamily("asyncq_jobs", "Jobs in the queue file by status.", labels=["status"])
         dead = GaugeMetricFamily("asyncq_dead_jobs", "Dead jobs by reason.", labels=["reason"])
         oldest = GaugeMetricFamily("asyncq_oldest_ready_age_seconds", "Wait of the oldest ready job.")
@@ -200,15 +215,17 @@ class QueueCollector(Collector):
         )
         retention = GaugeMetricFamily(
             "asyncq_queue_retention_seconds",
-            "How long a queue keeps its finished jobs, by state (queues with a window set; absent: for ever).",
-            labels=["queue", "state"],
+            "How long a retention rule keeps finished jobs, by state (queue '*': the default; task '': the whole"
+            " queue; a state kept for ever is absent).",
+            labels=["queue", "task", "state"],
         )
         for each in settings:
             paused.add_metric([each.queue], int(each.paused))
+        for rule in rules:
             for state in RETENTION_STATES:
-                window = each.retention.of(state)
+                window = rule.windows.of(state)
                 if window is not None:
-                    retention.add_metric([each.queue, state], window / 1000)
+                    retention.add_metric([*rule.key, state], window / 1000)
         if stats is not None:
             for status, count in stats.by_status.items():
                 jobs.add_metric([status], count)
@@ -216,6 +233,32 @@ class QueueCollector(Collector):
                 dead.add_metric([reason], count)
             oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
         return [jobs, dead, oldest, file_up, paused, retention]
+
+
+class EnqueueCollector(Collector):
+    """``asyncq_enqueues_total{result}`` from a ``Queue``'s ``enqueue_counts`` since it opened: ``added``,
+    ``existing`` (the same id and body there already), ``unique_held`` (an active job held the unique key: answered
+    with its id) and ``unique_refused`` (``UniqueConflict`` raised). Register it beside the producers' queue:
+    ``registry.register(EnqueueCollector(queue))``."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def describe(self) -> Iterable[Metric]:
+        """The metric name, for the registry's duplicate check."""
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        """The counts as they are now (read from the process's memory: no store is touched)."""
+        counts = self.queue.enqueue_counts
+        family = self._family()
+        for result in ENQUEUE_RESULTS:
+            family.add_metric([result], getattr(counts, result))
+        return [family]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily("asyncq_enqueues", "Enqueue answers of this queue by result.", labels=["result"])
 
 
 class InboxCollector(Collector):

@@ -11,7 +11,7 @@ from html import escape
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
-from asyncq.core.retention import RETENTION_STATES
+from asyncq.core.retention import FOREVER, RETENTION_STATES, RetentionRule, rule_for
 from asyncq.core.stats import Stats
 
 CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
@@ -57,6 +57,8 @@ class Snapshot:
     #: Every queue's stored settings (paused, max_wait) and the newest moves on queues.
     queues: list[QueueSettings] = field(default_factory=list)
     queue_moves: list[QueueAuditEntry] = field(default_factory=list)
+    #: Every retention rule (the default, the queues', the tasks').
+    retention: list[RetentionRule] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -186,22 +188,45 @@ def _window(ms: int | None) -> str:
     return "forever" if ms is None else f"{ms / 1000:g} s"
 
 
-def render_queues(queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEntry]) -> str:
-    """The queues with stored settings (paused: since, by whom, why; max_wait; how long each ended state is kept),
-    then the newest moves on queues."""
+def render_queues(
+    queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEntry], rules: Sequence[RetentionRule] = ()
+) -> str:
+    """The queues with stored settings (paused: since, by whom, why; max_wait; how long each ended state is kept by
+    the rule that applies to the queue: its own or the default), the retention rules, then the newest moves on
+    queues."""
     cells = [
         f'<tr data-queue="{escape(q.queue)}">'
         + _cells((q.queue, "paused" if q.paused else "running", utc(q.paused_at), q.paused_by or "", q.note or "",
                   "" if q.max_wait_ms is None else f"{q.max_wait_ms / 1000:g} s",
-                  *(_window(q.retention.of(state)) for state in RETENTION_STATES)))
+                  *(_window((rule_for(rules, q.queue, None) or FOREVER).of(state)) for state in RETENTION_STATES)))
         + "</tr>"
         for q in queues
     ]  # fmt: skip
     kept = tuple(f"{state} kept" for state in RETENTION_STATES)
     headers = ("queue", "state", "paused since", "by", "note", "max wait", *kept)
     settings = _table("queues", headers, cells, "no queue paused, given a max wait or a retention: every queue runs")
-    rows = [f"<tr>{_cells((utc(m.at_ms), m.queue, m.action, m.actor, m.note))}</tr>" for m in moves]
-    return settings + _table("queue-moves", ("at", "queue", "action", "by", "note"), rows, "no moves on queues yet")
+    rows = [f"<tr>{_cells((utc(m.at_ms), m.queue, m.action, m.task or '', m.actor, m.note))}</tr>" for m in moves]
+    return (
+        settings
+        + render_retention(rules)
+        + _table("queue-moves", ("at", "queue", "action", "task", "by", "note"), rows, "no moves on queues yet")
+    )
+
+
+def render_retention(rules: Sequence[RetentionRule]) -> str:
+    """Every retention rule: its scope (every queue, a queue, a task's jobs in a queue) and each state's window."""
+    cells = [
+        f"<tr>{_cells((_scope(rule), *(_window(rule.windows.of(state)) for state in RETENTION_STATES)))}</tr>"
+        for rule in rules
+    ]
+    headers = ("retention rule", *(f"{state} kept" for state in RETENTION_STATES))
+    return _table("retention", headers, cells, "no retention rules: every finished job is kept")
+
+
+def _scope(rule: RetentionRule) -> str:
+    if rule.queue is None:
+        return "every queue (default)"
+    return f"queue {rule.queue}" if rule.task is None else f"task {rule.task} in queue {rule.queue}"
 
 
 def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
@@ -224,6 +249,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
     """The whole status page."""
     stats = snapshot.stats
     dead_total = stats.by_status.get("dead", 0)
+    queues = render_queues(snapshot.queues, snapshot.queue_moves, snapshot.retention)
     body = (
         f'<h1>asyncq dashboard</h1><p class="muted"><code>{escape(path)}</code> as of '
         f'<span id="now">{escape(utc(stats.now_ms))}</span></p>'
@@ -231,7 +257,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Queue depth</h2>{render_chart(snapshot.samples)}{render_legend()}"
         f"<h2>Dead jobs</h2>{render_dead(snapshot.dead_jobs, dead_total)}"
         f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
-        f"<h2>Queues: pause and max wait</h2>{render_queues(snapshot.queues, snapshot.queue_moves)}"
+        f"<h2>Queues: pause, max wait and retention</h2>{queues}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)

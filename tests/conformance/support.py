@@ -22,6 +22,7 @@ from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
+from asyncq.core.retention import RetentionRule
 from asyncq.core.stats import stats_of_jobs
 from asyncq.store.port.queue import JobFilter, QueueStore
 
@@ -82,6 +83,7 @@ def stored(row: NewJob, seq: int) -> Job:
         reason=None,
         priority=row.payload["priority"],
         unique_key=row.payload["unique_key"],
+        task=row.payload["task"],
     )
 
 
@@ -120,12 +122,13 @@ async def enqueue(store: QueueStore, *rows: NewJob) -> dict[str, Job]:
 @dataclass(frozen=True)
 class Dump:
     """The whole stored state: every job (oldest ``seq`` first) with every column, every audit row, every
-    queue's stored settings and every move on a queue (oldest first)."""
+    queue's stored settings, every move on a queue (oldest first) and every retention rule."""
 
     jobs: dict[str, Job]
     audit: list[AuditEntry]
     queues: list[QueueSettings]
     queue_audit: list[QueueAuditEntry]
+    retention: list[RetentionRule]
 
 
 async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dump:
@@ -148,7 +151,7 @@ async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dum
     assert await store.stats(now_ms) == stats_of_jobs(jobs.values(), now_ms)
     moves = list(reversed(await store.queue_audit(None, ALL)))
     assert [move.seq for move in moves] == sorted({move.seq for move in moves}), "queue_audit is not newest first"
-    return Dump(jobs, audit, await store.queue_settings(), moves)
+    return Dump(jobs, audit, await store.queue_settings(), moves, await store.retention_rules())
 
 
 def expect(
@@ -159,14 +162,17 @@ def expect(
     *,
     queues: Sequence[QueueSettings] | None = None,
     queue_audit: Sequence[QueueAuditEntry] = (),
+    retention: Sequence[RetentionRule] | None = None,
 ) -> None:
     """``after`` is ``before`` with exactly ``jobs`` changed (or added; ``None``: deleted) and ``audit`` appended,
-    the queues' settings now ``queues`` (unchanged if ``None``) and ``queue_audit`` appended to their moves."""
+    the queues' settings now ``queues`` (unchanged if ``None``), ``queue_audit`` appended to their moves and the
+    retention rules now ``retention`` (unchanged if ``None``)."""
     wanted = {**before.jobs, **(jobs or {})}
     assert after.jobs == {job_id: job for job_id, job in wanted.items() if job is not None}
     assert after.audit == [*before.audit, *audit]
     assert after.queues == (before.queues if queues is None else list(queues))
     assert after.queue_audit == [*before.queue_audit, *queue_audit]
+    assert after.retention == (before.retention if retention is None else list(retention))
 
 
 class Probe(Exception):

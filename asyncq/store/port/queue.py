@@ -18,8 +18,9 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   holds a unique key, enforced by the store's own partial unique index; every transition into those statuses
   keeps it (a retry or release keeps the key its job holds; a redrive whose key is taken is ``UniqueConflict``),
   and no driver's integrity error ever escapes.
-- **Retention by the stored windows.** A retention step removes only ended jobs past their queue's window for
-  their state, at most its batch, in one transaction; never a pending or leased row.
+- **Retention by the stored rules.** A retention step removes only ended jobs of one queue and task past the window
+  the caller computed from the rules (``core.retention``) for their state, at most its batch, in one transaction,
+  by an index seek; never a pending or leased row.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
-from asyncq.core.retention import Windows
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 
@@ -183,15 +184,31 @@ class QueueStore(Protocol):
         """Set ``queue``'s ``max_wait`` (``None``: none, strict priorities) with an audit row, which is returned."""
         ...
 
-    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
-        """Set ``queue``'s retention windows (each ``None``: for ever) with an audit row, which is returned."""
+    async def set_retention(
+        self, queue: str | None, task: str | None, windows: Windows | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        """Set the retention rule of one scope to ``windows`` (each ``None``: for ever), or clear it (``windows``
+        ``None``), with an audit row (queue ``"*"`` for the default), which is returned. The scope: every queue
+        (``queue`` ``None``, the default), a queue, or one ``task``'s jobs in ``queue``. Clearing a scope without a
+        rule is a ``ValueError``, nothing written."""
         ...
 
-    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
+    async def retention_rules(self) -> list[RetentionRule]:
+        """Every stored retention rule: the default first, then by queue, a queue's own before its tasks'."""
+        ...
+
+    async def ended_groups(self, queues: Sequence[str] | None) -> list[tuple[str, str | None]]:
+        """The ``(queue, task)`` groups of done and dead jobs (``None``: those without a task) of ``queues`` (every
+        queue if ``None``), by queue then task, those without one first; one index seek per group."""
+        ...
+
+    async def remove_expired(
+        self, queue: str, task: str | None, state: str, cutoff_ms: int, now_ms: int, limit: int
+    ) -> int:
         """One retention step, one transaction: remove (with their errors and results; audit rows stay) up to
-        ``limit`` of ``queue``'s jobs in retention ``state`` (``core.retention.RETENTION_STATES``) that ended before
-        ``cutoff_ms``, found by an index seek; never a pending or leased row, nor a done job whose result is kept
-        past ``now_ms``. How many it removed."""
+        ``limit`` of the jobs of ``queue`` and ``task`` (``None``: those without a task) in retention ``state``
+        (``core.retention.RETENTION_STATES``) that ended before ``cutoff_ms``, found by an index seek; never a
+        pending or leased row, nor a done job whose result is kept past ``now_ms``. How many it removed."""
         ...
 
     async def queue_settings(self) -> list[QueueSettings]:

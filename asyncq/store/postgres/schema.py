@@ -211,6 +211,42 @@ RETENTION = (
     "CREATE INDEX jobs_ended ON {schema}.jobs (queue, status, reason, available_at) WHERE status IN ('done', 'dead')",
 )
 
+# Version 8: the task a job's body names (``core.jobs.task_of``; the SQLite store's v11), set at enqueue, NULL for any
+# other body and for rows enqueued before (the migration reads no body: adding a nullable column rewrites nothing).
+# ``jobs_task`` finds a task's jobs in ``seq`` order (an operator's listing); only rows with a task have an entry.
+TASKS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN task text",
+    "CREATE INDEX jobs_task ON {schema}.jobs (task, seq) WHERE task IS NOT NULL",
+)
+
+# Version 8 (with ``TASKS``): retention rules per scope (the SQLite store's ``RETENTION_RULES``): ``retention`` holds
+# one row per rule, keyed by queue (``*``: every queue) and task (empty: the whole queue); the queues' own windows move
+# there (a queue that ever set its retention has a rule) and their columns go; the queue audit gains ``task`` and the
+# ``retention_clear`` move; ``jobs_retained`` puts ``task`` after ``queue`` in the index of ended jobs, so a group of
+# one queue and task is one range per cell, and replaces ``jobs_ended`` (the same entries).
+RETENTION_RULES = (
+    """CREATE TABLE {schema}.retention (
+  queue text NOT NULL,
+  task text NOT NULL,
+  retain_done_ms bigint,
+  retain_dead_ms bigint,
+  retain_cancelled_ms bigint,
+  PRIMARY KEY (queue, task)
+)""",
+    "INSERT INTO {schema}.retention (queue, task, retain_done_ms, retain_dead_ms, retain_cancelled_ms)"
+    " SELECT queue, '', retain_done_ms, retain_dead_ms, retain_cancelled_ms FROM {schema}.queues"
+    " WHERE queue IN (SELECT queue FROM {schema}.queue_audit WHERE action = 'retention')",
+    "ALTER TABLE {schema}.queues DROP COLUMN retain_done_ms, DROP COLUMN retain_dead_ms,"
+    " DROP COLUMN retain_cancelled_ms",
+    "ALTER TABLE {schema}.queue_audit ADD COLUMN task text",
+    "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
+    "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear'))",
+    "DROP INDEX {schema}.jobs_ended",
+    "CREATE INDEX jobs_retained ON {schema}.jobs (queue, task, status, reason, available_at)"
+    " WHERE status IN ('done', 'dead')",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -237,6 +273,7 @@ QUEUE = Migrations(
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
+        (*TASKS, *RETENTION_RULES),  # version 8: the task a job's body names; retention rules per task, queue, default
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -147,11 +147,11 @@ RETURNING v.n
 # New jobs in batch order (seq follows it); a known id inserts nothing and RETURNING leaves it out.
 INSERT_ROWS = """
 INSERT INTO {schema}.jobs
-  (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key)
-SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key
+  (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key, task)
+SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key, task
 FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::smallint[],
-            $8::text[])
-  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, unique_key, n)
+            $8::text[], $9::text[])
+  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, unique_key, task, n)
 ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING id

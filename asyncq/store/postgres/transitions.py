@@ -55,7 +55,7 @@ async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
         stored = {job_id: found[1] for job_id, found in (await read_states(conn, schema, known)).items()}
         keyed = [job for job in todo if job.id not in inserted and job.id not in stored]
         for job_id, payload in stored.items():
-            if first[job_id].payload != payload:
+            if any(first[job_id].payload[column] != value for column, value in payload.items()):  # task: derived
                 raise Conflict(f"job {job_id!r} already exists with a different payload")
         held |= await _key_holders(conn, schema, keyed)
         # Not inserted, yet nothing holds its id or key now: the row in the way ended (its key is free) or was
@@ -89,6 +89,7 @@ async def _insert(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> set[
         [job.deadline for job in jobs],
         [job.payload["priority"] for job in jobs],
         [job.payload["unique_key"] for job in jobs],
+        [job.payload["task"] for job in jobs],
     )
     return {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
 
@@ -115,7 +116,8 @@ async def _key_holders(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
 
 
 async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> dict[str, Found]:
-    """``(seq, payload, lifecycle state)`` of each job of ``job_ids`` that exists, in one statement."""
+    """``(seq, payload, lifecycle state)`` of each job of ``job_ids`` that exists, in one statement: the payload's
+    compared columns (not ``task``, derived from the body: a row stored before the column has none)."""
     if not job_ids:
         return {}
     found: dict[str, Found] = {}

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
-from asyncq.core.retention import STATE_CELLS
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
@@ -31,8 +30,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: and its unique key.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key"
+#: its unique key and its task.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"
@@ -70,15 +69,6 @@ _PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {
 PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP BY status"
 PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
 PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} WHERE {_PRUNABLE}"
-# One queue's jobs of one cell (status, reason) that ended before the cutoff, oldest first: one seek of
-# ``asyncq_jobs_ended`` (its WHERE repeated word for word), stopping at the batch; the end (``ENDED_AT``) is checked
-# on the rows found. A done job whose result is still kept stays (a caller may be waiting for it).
-EXPIRED_SEQS = f"""
-SELECT seq FROM {_JOBS} j WHERE status IN ('done', 'dead') AND queue = :queue AND status = :status
-  AND reason IS :reason AND available_at < :cutoff AND {ENDED_AT} < :cutoff
-  AND NOT EXISTS (SELECT 1 FROM {PRODUCT.results} r WHERE r.job_seq = j.seq AND r.expires_at > :now)
-ORDER BY available_at LIMIT :limit
-"""
 # Removing finished jobs, shared by prune and retention: their errors and results go with them, audit rows stay.
 # The job's own delete re-checks that it has ended, so a row redriven since it was chosen is never removed.
 _SEQS = "(SELECT value FROM json_each(:seqs))"
@@ -142,10 +132,12 @@ def read_only_part(path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"its directory {folder} does not exist"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    # Not writable, and still there after the check: a side file another process deletes as it closes (the last
+    # connection of a WAL file removes -wal and -shm) is gone, not read-only.
+    if not os.access(path, os.W_OK) and os.path.exists(path):
         return "the file is read-only: make it writable (chmod u+w) to change the queue"
     for side in SIDE_FILES:
-        if os.path.exists(path + side) and not os.access(path + side, os.W_OK):
+        if not os.access(path + side, os.W_OK) and os.path.exists(path + side):
             return (
                 f"its side file {os.path.basename(path + side)} is read-only: make it writable, or delete it while"
                 " no process has the queue open"
@@ -315,20 +307,6 @@ def remove_jobs(con: sqlite3.Connection, seqs: Sequence[int]) -> int:
     for statement in REMOVE_JOBS[:-1]:
         con.execute(statement, params)
     return int(con.execute(REMOVE_JOBS[-1], params).rowcount)
-
-
-def remove_expired(con: sqlite3.Connection, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
-    """One retention step, one write transaction: remove up to ``limit`` of ``queue``'s jobs in ``state`` that
-    ended before ``cutoff_ms`` (``EXPIRED_SEQS``, cell by cell of the state); how many."""
-    params: dict[str, Any] = {"queue": queue, "cutoff": cutoff_ms, "now": now_ms}
-    seqs: list[int] = []
-    with write_transaction(con):
-        for cell in STATE_CELLS[state]:
-            cell_params = params | cell._asdict() | {"limit": limit - len(seqs)}
-            seqs += [seq for (seq,) in con.execute(EXPIRED_SEQS, cell_params)]
-            if len(seqs) >= limit:
-                break
-        return remove_jobs(con, seqs)
 
 
 def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> BackupReport:

@@ -79,7 +79,7 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
     known = [job for job in jobs if job.id not in inserted]
     found = read_states(con, layout, [job.id for job in known])
     for job in known:
-        if job.id in found and found[job.id][1] != job.payload:
+        if job.id in found and _differs(found[job.id][1], job.payload):
             raise Conflict(f"job {job.id!r} already exists with a different payload")
     held = _key_holders(con, layout, [job for job in known if job.id not in found])
     return [True if job.id in inserted else held.get(job.id, False) for job in jobs]
@@ -119,13 +119,19 @@ def _insert_values(layout: Layout, jobs: Sequence[NewJob]) -> list[Any]:
     return values
 
 
+def _differs(stored: dict[str, Any], payload: dict[str, Any]) -> bool:
+    """Whether a new job's payload differs from a stored row's compared columns (``Layout.stored``: a derived
+    column is not compared)."""
+    return any(payload[column] != value for column, value in stored.items())
+
+
 @cache
 def _payload_getter(layout: Layout) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """A function giving a payload dict's values in ``layout.stored``'s column order, always as a tuple."""
-    if len(layout.stored) == 1:
-        (column,) = layout.stored
+    """A function giving a payload dict's values in ``layout.inserted``'s column order, always as a tuple."""
+    if len(layout.inserted) == 1:
+        (column,) = layout.inserted
         return lambda payload: (payload[column],)
-    return itemgetter(*layout.stored)
+    return itemgetter(*layout.inserted)
 
 
 def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:

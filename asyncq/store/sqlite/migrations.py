@@ -16,6 +16,8 @@ from asyncq.store.sqlite.schema import (
     RECOUNT,
     RESULT_TABLES,
     RETENTION,
+    RETENTION_RULES,
+    TASKS,
     UNIQUE_KEYS,
 )
 
@@ -46,6 +48,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
+    (*TASKS, *RETENTION_RULES),  # version 11: the task a job's body names; retention rules per task, queue, default
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -17,12 +17,12 @@ from typing import Any
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
-from asyncq.core.retention import Windows
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.sqlite import admin, engine, flow
+from asyncq.store.sqlite import admin, engine, flow, retention
 from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
@@ -235,12 +235,24 @@ class SqliteQueueStore:
         entry: QueueAuditEntry = await self._write(flow.set_max_wait, queue, max_wait_ms, now_ms, note, actor)
         return entry
 
-    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
-        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, windows, now_ms, note, actor)
+    async def set_retention(
+        self, queue: str | None, task: str | None, windows: Windows | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, task, windows, now_ms, note, actor)
         return entry
 
-    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
-        removed: int = await self._write(admin.remove_expired, queue, state, cutoff_ms, now_ms, limit)
+    async def retention_rules(self) -> list[RetentionRule]:
+        rules: list[RetentionRule] = await self._file.run(flow.retention_rules)
+        return rules
+
+    async def ended_groups(self, queues: Sequence[str] | None) -> list[tuple[str, str | None]]:
+        groups: list[tuple[str, str | None]] = await self._file.run(retention.ended_groups, queues)
+        return groups
+
+    async def remove_expired(
+        self, queue: str, task: str | None, state: str, cutoff_ms: int, now_ms: int, limit: int
+    ) -> int:
+        removed: int = await self._write(retention.remove_expired, queue, task, state, cutoff_ms, now_ms, limit)
         return removed
 
     async def queue_settings(self) -> list[QueueSettings]:

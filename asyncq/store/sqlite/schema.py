@@ -79,11 +79,20 @@ class Layout:
     #: Columns inserted and compared with the payload (the same id with another value is a ``Conflict``) that a
     #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``; the lab's tables have none).
     keys: tuple[str, ...] = ()
+    #: Columns inserted from the payload that no comparison reads, because another column decides them: the
+    #: product's ``task``, derived from the body (``core.jobs.task_of``; ``TASKS``). A row stored before the column
+    #: existed holds ``NULL`` there and still matches the same body.
+    derived: tuple[str, ...] = ()
 
     @property
     def stored(self) -> tuple[str, ...]:
         """Every column of a job's payload as stored and compared: ``payload``, then ``keys``."""
         return self.payload + self.keys
+
+    @property
+    def inserted(self) -> tuple[str, ...]:
+        """Every column an enqueue inserts from the payload: ``stored``, then ``derived``."""
+        return self.stored + self.derived
 
 
 LAB = Layout(
@@ -106,6 +115,7 @@ PRODUCT = Layout(
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
     keys=("unique_key",),
+    derived=("task",),
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -271,5 +281,45 @@ RETENTION = (
     "ALTER TABLE asyncq_queue_audit_v9 RENAME TO asyncq_queue_audit",
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_ended ON asyncq_jobs(queue, status, reason, available_at)"
+    " WHERE status IN ('done', 'dead')",
+)
+
+# Version 11: the task a job's body names (``core.jobs.task_of``: ``{"task": name, "args": {…}}``), set at enqueue,
+# ``NULL`` for any other body and for rows enqueued before (the migration reads no body). ``asyncq_jobs_task`` finds
+# a task's jobs in ``seq`` order (an operator's listing); only rows with a task have an entry, written at their insert
+# (no claim or finish changes ``task`` or ``seq``, so they write none).
+TASKS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN task TEXT",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_task ON asyncq_jobs(task, seq) WHERE task IS NOT NULL",
+)
+
+# Version 11 (with ``TASKS``): retention rules per scope (``core.retention.RetentionRule``): ``asyncq_retention`` holds
+# one row per rule, keyed by queue (``*``: every queue, the default) and task (empty: the whole queue). The queues'
+# own windows move there from ``asyncq_queues`` (a queue that ever set its retention has a rule, its row's windows
+# kept), and those columns go. The queue audit gains ``task`` and the ``retention_clear`` move (rebuilt, as in
+# version 10: its rows and seqs kept). The index of ended jobs puts ``task`` after ``queue``, so a group of one
+# queue's jobs of one task (or of none) is one range per cell, and a step still seeks and stops at its batch; it
+# replaces ``asyncq_jobs_ended`` (the same entries: no more index writes per finish).
+RETENTION_RULES = (
+    """CREATE TABLE asyncq_retention (queue TEXT NOT NULL, task TEXT NOT NULL, retain_done_ms INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, PRIMARY KEY (queue, task)) WITHOUT ROWID""",
+    "INSERT INTO asyncq_retention (queue, task, retain_done_ms, retain_dead_ms, retain_cancelled_ms)"
+    " SELECT queue, '', retain_done_ms, retain_dead_ms, retain_cancelled_ms FROM asyncq_queues"
+    " WHERE queue IN (SELECT queue FROM asyncq_queue_audit WHERE action = 'retention')",
+    "ALTER TABLE asyncq_queues DROP COLUMN retain_done_ms",
+    "ALTER TABLE asyncq_queues DROP COLUMN retain_dead_ms",
+    "ALTER TABLE asyncq_queues DROP COLUMN retain_cancelled_ms",
+    """CREATE TABLE asyncq_queue_audit_v10 (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear')),
+  at_ms INTEGER NOT NULL, actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, task TEXT)""",
+    "INSERT INTO asyncq_queue_audit_v10 (seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms,"
+    " retain_dead_ms, retain_cancelled_ms) SELECT seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms,"
+    " retain_dead_ms, retain_cancelled_ms FROM asyncq_queue_audit",
+    "DROP TABLE asyncq_queue_audit",
+    "ALTER TABLE asyncq_queue_audit_v10 RENAME TO asyncq_queue_audit",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+    "DROP INDEX IF EXISTS asyncq_jobs_ended",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_retained ON asyncq_jobs(queue, task, status, reason, available_at)"
     " WHERE status IN ('done', 'dead')",
 )

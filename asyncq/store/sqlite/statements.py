@@ -266,9 +266,9 @@ def insert_rows(layout: Layout, count: int) -> str:
     with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
     instead of 256 halves the connection thread's time per enqueued job (docs/benchmarks.md, "How the design was
     measured")."""
-    row = "(" + ", ".join(["?"] * (1 + len(layout.stored)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
+    row = "(" + ", ".join(["?"] * (1 + len(layout.inserted)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
     return INSERT_ROWS.format(
-        jobs=layout.jobs, payload=", ".join(layout.stored), rows=", ".join([row] * _in_list_size(count))
+        jobs=layout.jobs, payload=", ".join(layout.inserted), rows=", ".join([row] * _in_list_size(count))
     )
 
 
