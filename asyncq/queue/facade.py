@@ -36,6 +36,7 @@ from asyncq.core.values import (
 from asyncq.errors import StoreError
 from asyncq.queue.operators import OperatorCalls
 from asyncq.queue.reads import ReadCalls
+from asyncq.queue.schedules import ScheduleCalls
 from asyncq.queue.working import WorkerCalls
 from asyncq.store.opening import inspect_queue_store, open_queue_store
 from asyncq.store.port.queue import QueueStore, StoreState, StoreTransaction
@@ -77,7 +78,7 @@ class Transaction:
         return (await self._inner.enqueue_rows([row]))[0]
 
 
-class Queue(WorkerCalls, OperatorCalls, ReadCalls):
+class Queue(WorkerCalls, OperatorCalls, ReadCalls, ScheduleCalls):
     """A durable job queue. Open with ``await Queue.open(path)`` for a SQLite file, or
     ``await Queue.open("postgresql://…")`` for PostgreSQL (``async with`` closes it)."""
 

@@ -20,6 +20,7 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   and no driver's integrity error ever escapes.
 - **Retention by the stored windows.** A retention step removes only ended jobs past their queue's window for
   their state, at most its batch, in one transaction; never a pending or leased row.
+- **Schedules as stored state** (``asyncq.store.port.schedules``): one job per tick, whoever evaluates it.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -39,6 +40,7 @@ from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.retention import Windows
 from asyncq.core.stats import Stats
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
+from asyncq.store.port.schedules import ScheduleStore
 
 #: How a store on a database server is named (anything else is a path to a SQLite file).
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -89,7 +91,7 @@ class StoreTransaction(Protocol):
         ...
 
 
-class QueueStore(Protocol):
+class QueueStore(ScheduleStore, Protocol):
     """A queue's storage. Every method is one transaction; arguments are already checked by the facade."""
 
     #: Where the store lives, for messages (a file path, a URL without its password).

@@ -39,6 +39,7 @@ from asyncq.store.postgres.connection import (
 from asyncq.store.postgres.effects import execute_inside
 from asyncq.store.postgres.failures import as_busy
 from asyncq.store.postgres.pooled import dropped_if_lost
+from asyncq.store.postgres.schedules_store import PostgresSchedules
 from asyncq.store.postgres.schema import QUEUE, SCHEMA_VERSION
 from asyncq.store.postgres.statements import NOTIFY
 from asyncq.store.postgres.wakeups import Wakeups
@@ -78,7 +79,7 @@ class PostgresTransaction:
             raise RuntimeError("this transaction's block has ended: open a new one with transaction()")
 
 
-class PostgresQueueStore:
+class PostgresQueueStore(PostgresSchedules):
     """The queue store's port on PostgreSQL (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, target: Target, pool: asyncpg.Pool, wakeups: Wakeups, read_only: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from asyncq.store.sqlite.schedules import SCHEDULE_TABLES
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
@@ -46,6 +47,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
+    SCHEDULE_TABLES,  # version 11: schedules as stored state, their events
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
