@@ -126,6 +126,9 @@ INSERT_EVENT = f"""
 INSERT INTO {{schema}}.schedule_events ({", ".join(EVENT_COLUMNS[1:])})
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {", ".join(EVENT_COLUMNS)}
 """
+INSERT_TICK_EVENT = """
+INSERT INTO {schema}.schedule_events (schedule, at_ms, kind, tick_ms, through_ms, ticks) VALUES ($1, $2, $3, $4, $5, $6)
+"""
 TRIM_EVENTS = """
 DELETE FROM {schema}.schedule_events WHERE schedule = $1 AND tick_ms IS NOT NULL AND seq <= (
   SELECT seq FROM {schema}.schedule_events WHERE schedule = $1 AND tick_ms IS NOT NULL ORDER BY seq DESC
@@ -232,10 +235,10 @@ async def _apply(conn: Connection, schema: str, schedule: Schedule, plan: StepPl
     if jobs:
         await enqueue_rows(conn, schema, jobs)
         await conn.execute(NOTIFY, channel)
-    for event in plan.events:
-        fields = {"tick_ms": event.tick_ms, "through_ms": event.through_ms, "ticks": event.ticks}
-        await _event(conn, schema, name, now_ms, event.kind, **fields)
     if plan.events:
+        await conn.executemany(
+            INSERT_TICK_EVENT.format(schema=schema), [(name, now_ms, *event) for event in plan.events]
+        )
         await conn.execute(TRIM_EVENTS.format(schema=schema), name, KEPT_TICK_EVENTS)
     return True
 

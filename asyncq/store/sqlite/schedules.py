@@ -97,6 +97,9 @@ INSERT_EVENT = f"""
 INSERT INTO asyncq_schedule_events ({", ".join(EVENT_COLUMNS[1:])})
 VALUES (:schedule, :at_ms, :kind, :tick_ms, :through_ms, :ticks, :job_id, :actor, :note) RETURNING {_EVENT_COLUMNS}
 """
+INSERT_TICK_EVENT = """
+INSERT INTO asyncq_schedule_events (schedule, at_ms, kind, tick_ms, through_ms, ticks) VALUES (?, ?, ?, ?, ?, ?)
+"""
 TRIM_EVENTS = """
 DELETE FROM asyncq_schedule_events WHERE schedule = :name AND tick_ms IS NOT NULL AND seq <= (
   SELECT seq FROM asyncq_schedule_events WHERE schedule = :name AND tick_ms IS NOT NULL ORDER BY seq DESC
@@ -195,8 +198,7 @@ def _apply(con: sqlite3.Connection, schedule: Schedule, plan: StepPlan, now_ms: 
         return False
     if jobs:
         enqueue_rows_in_transaction(con, PRODUCT, jobs)
-    for event in plan.events:
-        _event(con, name, now_ms, event.kind, tick_ms=event.tick_ms, through_ms=event.through_ms, ticks=event.ticks)
+    con.executemany(INSERT_TICK_EVENT, [(name, now_ms, *event) for event in plan.events])
     if plan.events:
         con.execute(TRIM_EVENTS, {"name": name, "keep": KEPT_TICK_EVENTS})
     return True
