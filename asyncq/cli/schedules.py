@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from asyncq.cli.commands import Report, reading, report, writing
-from asyncq.cli.errors import UsageError
+from asyncq.cli.errors import CliError, UsageError
 from asyncq.cli.output import iso, moment, table
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.schedules import Schedule, timing_text
@@ -50,7 +50,7 @@ async def _listing(args: argparse.Namespace) -> Report:
             args.name, limit=args.limit if args.events else RECENT_SKIPPED, skipped_only=not args.events
         )
     if args.name is not None and not found:
-        raise UsageError(f"no schedule named {args.name!r}")
+        raise CliError(f"no schedule named {args.name!r}")
     data: dict[str, Any] = {"path": args.db, "now_ms": now, "schedules": [_record(each) for each in found]}
     data["events" if args.events else "skipped"] = [asdict(event) for event in events]
     return report(data, render_schedules)

@@ -157,6 +157,7 @@ class Pool:
         still answers)."""
         if not self._handlers:
             raise ValueError("register a handler before running the pool")
+        await self.schedules.declare_once()  # before any claim, even a burst's (failing, the keeper tries again)
         try:
             async with anyio.create_task_group() as group:
                 for run_beside in self._beside:

@@ -33,11 +33,13 @@ class ScheduleKeeper:
         self.evaluate = evaluate
         self.declared: list[ScheduleSpec] | None = None  # None: nothing declared by this pool, nothing retired
         self.scope: list[str] = []
+        self._landed = False  # the declarations are in the store
 
     def declare(self, schedules: Iterable[ScheduleSpec], scope: Sequence[str]) -> None:
         """Declare ``schedules`` (and retire the undeclared schedules of the queues ``scope``) when the pool starts."""
         self.declared = [*(self.declared or []), *schedules]
         self.scope = sorted({*self.scope, *scope})
+        self._landed = False
 
     async def run(self) -> None:
         """Declare (until it lands), then evaluate until cancelled."""
@@ -47,8 +49,9 @@ class ScheduleKeeper:
             await self.queue.wait_for_schedule_change(await self.run_once())
 
     async def declare_once(self) -> bool:
-        """Write the declarations, if any; whether they are in the store (``False``: try again, it was logged)."""
-        if self.declared is None:
+        """Write the declarations, if any and not written yet; whether they are in the store (``False``: try again,
+        it was logged)."""
+        if self.declared is None or self._landed:
             return True
         try:
             await self.queue.declare_schedules(self.declared, scope=self.scope)
@@ -59,6 +62,7 @@ class ScheduleKeeper:
             self.report.counters.internal_errors += 1
             log.error("declaring the schedules failed: %r", error, exc_info=error)
             return False
+        self._landed = True
         return True
 
     async def run_once(self) -> float:
