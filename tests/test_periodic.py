@@ -15,7 +15,7 @@ from drivers import DRIVERS, Driver
 from waiting import eventually
 
 from asyncq import App, Job, Queue
-from asyncq.core.schedules import schedule_job_id
+from asyncq.core.schedules import ScheduleSpec, schedule_job_id
 from asyncq.errors import InvalidArguments
 
 pytestmark = pytest.mark.timeout(30)
@@ -147,3 +147,25 @@ def test_a_bad_declaration_fails_at_import_with_nothing_registered() -> None:
     with pytest.raises(ValueError, match="name"):
         app.periodic(every=20, name="not a name")
     assert list(app.schedules) == ["beat"] and app.schedules["beat"].task == "beat"
+
+
+async def test_the_keeper_sleeps_until_the_next_tick_and_wakes_on_a_change_made_in_its_process(
+    queue: Queue, clock: Clock
+) -> None:
+    ran: list[str] = []
+    app = App()
+
+    @app.periodic(every=60)
+    async def beat() -> None:
+        ran.append("beat")
+
+    pool = app.pool(queue, poll_min=0.01, poll_max=3600)  # the keeper's longest sleep: an hour
+    task = asyncio.create_task(pool.run())
+    try:
+        await eventually(lambda: queue.schedules(), "the schedule declared")
+        clock.now += 60 * S  # due now by the queue's clock; the keeper sleeps on (a minute, as it computed)
+        await queue.declare_schedules([ScheduleSpec("other", {}, every=3600, queue="elsewhere")])  # wakes it
+        await eventually(lambda: ran == ["beat"], "the tick run once the keeper woke", timeout=5)
+    finally:
+        pool.stop()
+        await asyncio.wait_for(task, 10)

@@ -7,6 +7,7 @@ compare-and-set on its revision and last tick, so that one tick is one job whoev
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,11 +31,17 @@ from asyncq.core.schedules import (
 )
 
 
+@functools.lru_cache(maxsize=256)
+def cron_of(text: str) -> Cron:
+    """A stored (checked) expression, parsed once per process."""
+    return Cron.parse(text)
+
+
 def fire_times(schedule: NewSchedule, after_ms: int) -> Iterator[int]:
     """The ticks of ``schedule`` after ``after_ms``, in order: a cron expression's fire times in its zone, or an
     interval's ``after + k·every``."""
     if schedule.cron is not None:
-        return Cron.parse(schedule.cron).fire_times(after_ms, schedule.tz)
+        return cron_of(schedule.cron).fire_times(after_ms, schedule.tz)
     assert schedule.every_ms is not None
     return itertools.count(after_ms + schedule.every_ms, schedule.every_ms)
 
@@ -81,7 +88,7 @@ def due_ticks(schedule: NewSchedule, after_ms: int, now_ms: int, newest: int) ->
 def count_ticks(schedule: NewSchedule, first_ms: int, through_ms: int) -> int:
     """How many ticks lie in ``[first_ms, through_ms]``."""
     if schedule.cron is not None:
-        return Cron.parse(schedule.cron).count(first_ms, through_ms, schedule.tz)
+        return cron_of(schedule.cron).count(first_ms, through_ms, schedule.tz)
     assert schedule.every_ms is not None
     return (through_ms - first_ms) // schedule.every_ms + 1
 
@@ -89,7 +96,7 @@ def count_ticks(schedule: NewSchedule, first_ms: int, through_ms: int) -> int:
 def _newest_ticks(schedule: NewSchedule, after_ms: int, now_ms: int, count: int) -> list[int]:
     """Up to ``count`` ticks at or before ``now_ms`` and after ``after_ms``, newest first."""
     if schedule.cron is not None:
-        back = Cron.parse(schedule.cron).fire_times_back(now_ms, schedule.tz)
+        back = cron_of(schedule.cron).fire_times_back(now_ms, schedule.tz)
         return list(itertools.islice(itertools.takewhile(lambda t: t > after_ms, back), count))
     every = schedule.every_ms
     assert every is not None

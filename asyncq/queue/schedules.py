@@ -5,7 +5,6 @@ event), and the listings (``docs/schedules.md``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 
@@ -124,23 +123,16 @@ class ScheduleCalls(StoreFacade[QueueStore]):
         checked = check_int(limit, "limit", 1, MAX_BATCH)
         return await self.store.schedule_events(name, checked, check_flag(skipped_only, "skipped_only"))
 
-    async def wait_for_schedule_change(self, timeout: float) -> bool:
-        """Wait until this process declares, pauses, resumes or runs a schedule now (``True``), or ``timeout``
-        seconds (``False``)."""
-        changed = self._schedule_changes()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await changed.wait()
-        return changed.is_set()
-
-    def _schedule_changes(self) -> asyncio.Event:
+    def schedule_changed(self) -> asyncio.Event:
+        """An event set when this process next declares, pauses, resumes or runs a schedule now. Take it before
+        reading the schedules, then wait on it: a change made in between is not missed."""
         event: asyncio.Event | None = self.__dict__.get("_schedule_event")
         if event is None:
             event = self.__dict__["_schedule_event"] = asyncio.Event()
         return event
 
     def _schedules_changed(self) -> None:
-        changed = self._schedule_changes()
+        changed = self.schedule_changed()
         self.__dict__["_schedule_event"] = asyncio.Event()
         changed.set()
 

@@ -37,7 +37,8 @@ class ScheduleKeeper:
 
     def declare(self, schedules: Iterable[ScheduleSpec], scope: Sequence[str]) -> None:
         """Declare ``schedules`` (and retire the undeclared schedules of the queues ``scope``) when the pool starts."""
-        self.declared = [*(self.declared or []), *schedules]
+        by_name = {spec.name: spec for spec in [*(self.declared or []), *schedules]}  # an app attached twice
+        self.declared = list(by_name.values())
         self.scope = sorted({*self.scope, *scope})
         self._landed = False
 
@@ -46,7 +47,9 @@ class ScheduleKeeper:
         while not await self.declare_once():
             await anyio.sleep(self.check)
         while self.evaluate:
-            await self.queue.wait_for_schedule_change(await self.run_once())
+            changed = self.queue.schedule_changed()  # taken before the read: a change made meanwhile wakes it
+            with anyio.move_on_after(await self.run_once()):
+                await changed.wait()
 
     async def declare_once(self) -> bool:
         """Write the declarations, if any and not written yet; whether they are in the store (``False``: try again,
