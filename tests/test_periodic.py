@@ -17,6 +17,8 @@ from waiting import eventually
 from asyncq import App, Job, Queue
 from asyncq.core.schedules import ScheduleSpec, schedule_job_id
 from asyncq.errors import InvalidArguments
+from asyncq.worker.report import PoolReport
+from asyncq.worker.schedules import ScheduleKeeper
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -169,3 +171,17 @@ async def test_the_keeper_sleeps_until_the_next_tick_and_wakes_on_a_change_made_
     finally:
         pool.stop()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_schedule_whose_tick_fails_is_logged_counted_and_retried_at_the_next_check(
+    queue: Queue, clock: Clock
+) -> None:
+    await queue.declare_schedules([ScheduleSpec("beat", {"n": 1}, every=10), ScheduleSpec("other", {}, every=10)])
+    await queue.enqueue(schedule_job_id("beat", T0 + 10 * S), {"not": "the schedule's body"})  # its id, taken
+    clock.now += 10 * S
+    report = PoolReport(None)
+    keeper = ScheduleKeeper(queue, report, 0.5)
+    assert await keeper.run_once() == 0.5  # not at once again: the failure would repeat
+    assert report.counters.internal_errors == 1 and report.counters.schedule_ticks["fired"] == 1  # "other" ran
+    [beat] = [s for s in await queue.schedules() if s.name == "beat"]
+    assert (beat.last_tick, beat.ticks_fired) == (None, 0)  # rolled back whole: due again at the next look

@@ -20,6 +20,8 @@ log = logging.getLogger("asyncq.worker.pool")
 
 #: How long a keeper waits between looks at a store with no live schedule (a declaration in this process wakes it).
 IDLE_CHECK = 30.0
+#: The shortest wait between two looks (a tick due already, by a clock that another process's write moved past).
+MIN_WAIT = 0.005
 
 
 class ScheduleKeeper:
@@ -84,8 +86,8 @@ class ScheduleKeeper:
         return self._wait(done)
 
     def _wait(self, done: ScheduleRun) -> float:
-        if done.next_due is None and not done.waiting:
-            return IDLE_CHECK
-        if done.next_due is None:
+        if done.failed:  # a schedule that fails is tried again at the next check, not at once
             return self.check
-        return max(0.0, min(self.check, (done.next_due - self.queue.now()) / 1000))
+        if done.next_due is None:
+            return self.check if done.waiting else IDLE_CHECK
+        return min(self.check, max(MIN_WAIT, (done.next_due - self.queue.now()) / 1000))
