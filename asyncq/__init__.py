@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.core.jobs import Job, JobSpec, Ticket
     from asyncq.core.jsontext import JSON
     from asyncq.core.lifecycle import Outcome
+    from asyncq.core.schedules import Schedule, ScheduleEvent, ScheduleSpec
     from asyncq.delivery.fake import FakeTransport
     from asyncq.delivery.http import HttpTransport
     from asyncq.errors import (
@@ -56,6 +57,9 @@ __all__ = [  # noqa: RUF022 (plain sorted order, as tests/test_exported_members.
     "Relay",
     "RetryPolicy",
     "Retryable",
+    "Schedule",
+    "ScheduleEvent",
+    "ScheduleSpec",
     "Task",
     "TaskJob",
     "Ticket",
@@ -88,6 +92,9 @@ _WHERE = {
     "Relay": "asyncq.outbox",
     "RetryPolicy": "asyncq.core.backoff",
     "Retryable": "asyncq.errors",
+    "Schedule": "asyncq.core.schedules",
+    "ScheduleEvent": "asyncq.core.schedules",
+    "ScheduleSpec": "asyncq.core.schedules",
     "Task": "asyncq.tasks",
     "TaskJob": "asyncq.tasks",
     "Ticket": "asyncq.core.jobs",

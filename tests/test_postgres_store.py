@@ -154,7 +154,7 @@ async def test_a_version_7_schema_gains_tasks_and_retention_rules_with_its_rows_
     finally:
         await conn.close()
     async with await Queue.open(postgres_url) as queue:
-        assert (await queue.describe())["schema_version"] == PG_SCHEMA_VERSION == 8
+        assert (await queue.describe())["schema_version"] == PG_SCHEMA_VERSION >= 8
         old = await queue.get("old")
         assert old is not None and (old.status, old.task) == ("done", None)
         assert await queue.enqueue("old", {"task": "send", "args": {}}) is False

@@ -25,6 +25,7 @@ from asyncq.cli.arguments import (
     whole,
 )
 from asyncq.cli.errors import UsageError
+from asyncq.cli.schedule_parser import add_schedules
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
 from asyncq.core.limits import MAX_CONCURRENCY, MAX_PRIORITY, MAX_WAIT_MS, MIN_LEASE_MS, MIN_PRIORITY
@@ -106,6 +107,7 @@ def build_parser() -> Parser:
     _add_work(add)
     _add_worker(add)
     _add_servers(add)
+    add_schedules(add, _command, note, identifier, whole)
     return parser
 
 

@@ -38,6 +38,7 @@ from asyncq.errors import StoreError, UniqueConflict
 from asyncq.queue.operators import OperatorCalls
 from asyncq.queue.reads import ReadCalls
 from asyncq.queue.retention import RetentionCalls
+from asyncq.queue.schedules import ScheduleCalls
 from asyncq.queue.working import WorkerCalls
 from asyncq.store.opening import inspect_queue_store, open_queue_store
 from asyncq.store.port.queue import QueueStore, StoreState, StoreTransaction
@@ -106,7 +107,7 @@ class Transaction:
         return answers[0]
 
 
-class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls):
+class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls):
     """A durable job queue. Open with ``await Queue.open(path)`` for a SQLite file, or
     ``await Queue.open("postgresql://…")`` for PostgreSQL (``async with`` closes it)."""
 

@@ -2,8 +2,8 @@
 
 One server-rendered page (``asyncq.web.page``): jobs by status, queue depth over time (an inline SVG
 chart of samples taken in the background into a ring buffer), dead jobs with their reasons and last errors,
-the redrive audit log and the leases in flight. It reloads itself every few seconds, except while the operator
-types.
+the redrive audit log, the queues' settings, the schedules with their skipped ticks and the leases in flight. It
+reloads itself every few seconds, except while the operator types.
 
 Everything goes through the ``Queue`` facade. Reads use one queue opened read-only for the app's life. The one
 write, a redrive, opens the existing queue (``Queue.open_existing``) and goes through ``Queue.redrive`` (the rules
@@ -50,7 +50,7 @@ SECURITY_HEADERS = {
 
 async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     """Counts, the newest dead jobs (each with its errors), the newest audit rows, the leases in flight, the queues'
-    stored settings and the newest moves on queues."""
+    stored settings and the newest moves on queues, the schedules and their newest skipped ticks."""
     stats = await queue.stats()
     listed = await queue.list_jobs(status="dead", newest=True, limit=limit, body=False)
     dead = [job for job in [await queue.get(found.id) for found in listed] if job is not None]
@@ -58,7 +58,9 @@ async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     leases.sort(key=lambda job: job.lease_until or 0)
     settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
     rules, audit = await queue.retention_rules(), await queue.audit_log(limit)
-    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, retention=rules)
+    schedules, skipped = await queue.schedules(), await queue.schedule_events(limit=limit, skipped_only=True)
+    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, retention=rules,
+                    schedules=schedules, skipped_ticks=skipped)  # fmt: skip
 
 
 def is_loopback(host: str | None) -> bool:

@@ -25,6 +25,10 @@ metric                                      meaning
 ``asyncq_retention_removed_total{state}``   finished jobs this pool's retention step removed
 ``asyncq_enqueues_total{result}``           a queue's enqueue answers: added, existing, unique_held (an active job
                                             held the key), unique_refused (``EnqueueCollector``)
+``asyncq_schedule_ticks_total``             a schedule's ticks by outcome (fired, skipped, missed), as its stored
+``{schedule,outcome}``                      counters say (every process's evaluations), read at scrape time
+``asyncq_schedule_next_run_seconds``        seconds until a live schedule's next tick (below 0: overdue by that)
+``asyncq_schedule_paused{schedule}``        1 while a live schedule is paused
 ``asyncq_inbox_events_total{outcome}``      inbox requests since start: applied, duplicate, conflict,
                                             rejected (400/413), failed (the effect refused or failed)
 ==========================================  =======================================================================
@@ -67,6 +71,7 @@ from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.retention import RETENTION_STATES, RetentionRule
+from asyncq.core.schedules import Schedule
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.queue import Queue
@@ -182,22 +187,27 @@ class QueueCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         """The metric names, without reading the file (for the registry's duplicate check)."""
-        return self._families(None)
+        return self._families(None) + schedule_families([], 0)
 
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings, rules = run_on_own_loop(self.read)
+            stats, settings, rules, schedules = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats, settings=settings, rules=rules)
+        return self._families(stats, settings=settings, rules=rules) + schedule_families(schedules, stats.now_ms)
 
-    async def read(self) -> tuple[Stats, list[QueueSettings], list[RetentionRule]]:
-        """The queue's stats, stored queue settings and retention rules now, through a read-only ``Queue`` (nothing
-        is created or changed)."""
+    async def read(self) -> tuple[Stats, list[QueueSettings], list[RetentionRule], list[Schedule]]:
+        """The queue's stats, stored queue settings, retention rules and schedules now, through a read-only
+        ``Queue`` (nothing is created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return await queue.stats(), await queue.queue_settings(), await queue.retention_rules()
+            return (
+                await queue.stats(),
+                await queue.queue_settings(),
+                await queue.retention_rules(),
+                await queue.schedules(),
+            )
 
     @staticmethod
     def _families(
@@ -259,6 +269,27 @@ class EnqueueCollector(Collector):
     @staticmethod
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily("asyncq_enqueues", "Enqueue answers of this queue by result.", labels=["result"])
+
+
+def schedule_families(schedules: Sequence[Schedule], now_ms: int) -> list[Metric]:
+    """Each schedule's stored tick counters; each live one's next run and pause."""
+    ticks = CounterMetricFamily(
+        "asyncq_schedule_ticks", "A schedule's ticks by outcome (its stored counters).", labels=["schedule", "outcome"]
+    )
+    next_run = GaugeMetricFamily(
+        "asyncq_schedule_next_run_seconds", "Seconds until a live schedule's next tick (below 0: overdue).",
+        labels=["schedule"],
+    )  # fmt: skip
+    paused = GaugeMetricFamily("asyncq_schedule_paused", "1 while a live schedule is paused.", labels=["schedule"])
+    for each in schedules:
+        for outcome, count in (("fired", each.ticks_fired), ("skipped", each.ticks_skipped),
+                               ("missed", each.ticks_missed)):  # fmt: skip
+            ticks.add_metric([each.name, outcome], count)
+        if not each.retired:
+            paused.add_metric([each.name], int(each.paused))
+            if each.next_tick is not None:
+                next_run.add_metric([each.name], (each.next_tick - now_ms) / 1000)
+    return [ticks, next_run, paused]
 
 
 class InboxCollector(Collector):

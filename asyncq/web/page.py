@@ -12,6 +12,7 @@ from html import escape
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.retention import FOREVER, RETENTION_STATES, RetentionRule, rule_for
+from asyncq.core.schedules import Schedule, ScheduleEvent, timing_text
 from asyncq.core.stats import Stats
 
 CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
@@ -59,6 +60,9 @@ class Snapshot:
     queue_moves: list[QueueAuditEntry] = field(default_factory=list)
     #: Every retention rule (the default, the queues', the tasks').
     retention: list[RetentionRule] = field(default_factory=list)
+    #: Every schedule and the newest ticks that did not run (skipped, missed).
+    schedules: list[Schedule] = field(default_factory=list)
+    skipped_ticks: list[ScheduleEvent] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -229,6 +233,27 @@ def _scope(rule: RetentionRule) -> str:
     return f"queue {rule.queue}" if rule.task is None else f"task {rule.task} in queue {rule.queue}"
 
 
+def render_schedules(schedules: Sequence[Schedule], skipped: Sequence[ScheduleEvent]) -> str:
+    """Each schedule (when it ticks, running, paused or retired, its last tick and next run, its counters), then the
+    newest ticks that did not run and why."""
+    cells = []
+    for s in schedules:
+        state = "retired" if s.retired else f"paused by {s.paused_by}: {s.pause_note}" if s.paused else "running"
+        values = (s.name, timing_text(s.definition), state, s.definition.task, s.definition.queue,
+                  f"{s.definition.overlap}/{s.definition.missed}", utc(s.last_tick), utc(s.next_tick),
+                  s.ticks_fired, s.ticks_skipped, s.ticks_missed)  # fmt: skip
+        cells.append(f'<tr data-schedule="{escape(s.name)}">{_cells(values, (8, 9, 10))}</tr>')
+    headers = ("schedule", "when", "state", "task", "queue", "overlap/missed", "last tick", "next run", "fired",
+               "skipped", "missed")  # fmt: skip
+    listed = _table("schedules", headers, cells, "no schedules")
+    rows = [
+        f"<tr>{_cells((utc(e.at_ms), e.schedule, e.kind, utc(e.tick_ms), utc(e.through_ms), e.ticks), (5,))}</tr>"
+        for e in skipped
+    ]
+    return listed + _table("skipped-ticks", ("at", "schedule", "why", "tick", "through", "ticks"), rows,
+                           "no skipped or missed ticks")  # fmt: skip
+
+
 def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
     """Leases in flight, the soonest to expire first."""
     cells = []
@@ -258,6 +283,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Dead jobs</h2>{render_dead(snapshot.dead_jobs, dead_total)}"
         f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
         f"<h2>Queues: pause, max wait and retention</h2>{queues}"
+        f"<h2>Schedules</h2>{render_schedules(snapshot.schedules, snapshot.skipped_ticks)}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)

@@ -112,7 +112,7 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert ticket.id == "old"
     con = sqlite3.connect(path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 11
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 11
         indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" not in indexes  # v8: ranked instead
         assert {"asyncq_jobs_ranked", "asyncq_jobs_waiting"} <= indexes
@@ -199,6 +199,30 @@ async def test_a_version_10_file_gains_tasks_and_retention_rules_with_its_rows_k
         assert (entry.seq, entry.task) == (4, "send")
     indexes = {name for (name,) in read(path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"asyncq_jobs_task", "asyncq_jobs_retained"} <= indexes and "asyncq_jobs_ended" not in indexes
+
+
+async def test_a_version_11_file_with_jobs_and_queue_settings_gains_the_schedule_tables(path: Path) -> None:
+    """Version 12 adds the schedules and their events beside the rows of version 11, which stay as they were."""
+    from asyncq.core.schedules import ScheduleSpec
+    from asyncq.store.sqlite.migrations import MIGRATIONS
+
+    con = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:11]:
+        for statement in step:
+            con.execute(statement)
+    con.execute(
+        "INSERT INTO asyncq_jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline)"
+        " VALUES ('old', 'default', '{}', 'pending', 0, 3, 0, 0, 9999999999999)"
+    )
+    con.execute("INSERT INTO asyncq_queues (queue, max_wait_ms) VALUES ('default', 60000)")
+    con.execute("PRAGMA user_version = 11")
+    con.close()
+    async with await Queue.open(str(path), clock=lambda: T0) as queue:
+        assert (await queue.get("old")) is not None and (await queue.queue_settings())[0].max_wait_ms == 60000
+        assert await queue.schedules() == []
+        [event] = await queue.declare_schedules([ScheduleSpec("beat", {}, every=10)])
+        assert (event.seq, event.kind) == (1, "declared")
+    assert read(path, "PRAGMA user_version") == [(12,)]
 
 
 # --- enqueue_sync: the caller's own sqlite3 transaction ----------------------------------------------------

@@ -21,6 +21,7 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
 - **Retention by the stored rules.** A retention step removes only ended jobs of one queue and task past the window
   the caller computed from the rules (``core.retention``) for their state, at most its batch, in one transaction,
   by an index seek; never a pending or leased row.
+- **Schedules as stored state** (``asyncq.store.port.schedules``): one job per tick, whoever evaluates it.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -40,6 +41,7 @@ from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
+from asyncq.store.port.schedules import ScheduleStore
 
 #: How a store on a database server is named (anything else is a path to a SQLite file).
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -90,7 +92,7 @@ class StoreTransaction(Protocol):
         ...
 
 
-class QueueStore(Protocol):
+class QueueStore(ScheduleStore, Protocol):
     """A queue's storage. Every method is one transaction; arguments are already checked by the facade."""
 
     #: Where the store lives, for messages (a file path, a URL without its password).

@@ -37,6 +37,7 @@ from asyncq.store.postgres.connection import (
 from asyncq.store.postgres.failures import as_busy
 from asyncq.store.postgres.inspection import check_reader
 from asyncq.store.postgres.pooled import dropped_if_lost
+from asyncq.store.postgres.schedules_store import PostgresSchedules
 from asyncq.store.postgres.schema import QUEUE
 from asyncq.store.postgres.statements import NOTIFY
 from asyncq.store.postgres.transaction import PostgresTransaction
@@ -45,7 +46,7 @@ from asyncq.store.postgres.wakeups import Wakeups
 T = TypeVar("T")
 
 
-class PostgresQueueStore:
+class PostgresQueueStore(PostgresSchedules):
     """The queue store's port on PostgreSQL (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, target: Target, pool: asyncpg.Pool, wakeups: Wakeups, read_only: bool) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from asyncq.core.lifecycle import UNIQUE_WHILE
 from asyncq.store.postgres.connection import Migrations
+from asyncq.store.postgres.schedules import SCHEDULE_TABLES
 
 #: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
 HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
@@ -274,6 +275,7 @@ QUEUE = Migrations(
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
         (*TASKS, *RETENTION_RULES),  # version 8: the task a job's body names; retention rules per task, queue, default
+        SCHEDULE_TABLES,  # version 9: schedules as stored state, their events
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from asyncq.store.sqlite.schedules import SCHEDULE_TABLES
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
@@ -49,6 +50,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
     (*TASKS, *RETENTION_RULES),  # version 11: the task a job's body names; retention rules per task, queue, default
+    SCHEDULE_TABLES,  # version 12: schedules as stored state, their events
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

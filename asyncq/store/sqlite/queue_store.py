@@ -27,6 +27,7 @@ from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
 from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
+from asyncq.store.sqlite.schedules_store import SqliteSchedules
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
 
@@ -79,7 +80,7 @@ class SqliteTransaction(AppTransaction):
         return added
 
 
-class SqliteQueueStore:
+class SqliteQueueStore(SqliteSchedules):
     """The queue store's port on one SQLite file (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
