@@ -190,11 +190,11 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE {schema}.jobs ADD COLUMN unique_key text",
     "CREATE UNIQUE INDEX jobs_unique ON {schema}.jobs (queue, unique_key)"
-    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 6's statuses (v8 adds waiting)
 )
 
 # When a finished job ended (the SQLite store's ``schema.ENDED_AT``).
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
+ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at ELSE deadline END)"
 
 # Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
 # on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,

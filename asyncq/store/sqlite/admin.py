@@ -22,6 +22,7 @@ from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite.connection import check_path, write_transaction
+from asyncq.store.sqlite.graph_schema import NEEDED_BY_GRAPH, REMOVE_EDGES
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.schema import ENDED_AT, PRODUCT
 
@@ -31,8 +32,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: and its unique key.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key"
+#: its unique key, its group and how many dependencies it still waits for.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.group_name, j.waits"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"
@@ -45,7 +46,7 @@ LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE {_FILTERS} 
 # not by walking the table: a dashboard lists both on every refresh, and a deep queue holds millions of pending rows
 # before the first of them. ``INDEXED BY`` names the index (the planner prefers the rowid walk of ``seq > :after``).
 # Pending, done and any-status listings walk the table in ``seq`` order: at depth, most rows are their answer.
-_BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead"}
+_BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead", "waiting": f"{_JOBS}_waiting_now"}
 LIST_INDEXED = {
     (status, newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
     f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
@@ -66,10 +67,12 @@ GROUP BY job_seq)"""
 # When a finished job ended (``schema.ENDED_AT``: finish and cancel stamp ``available_at = now``; the sweep stamps
 # nothing, and a row with reason deadline or exhausted does not say which of them parked it, so those are dated by
 # their deadline: never before they ended, except a job the sweep parked after its deadline).
-_PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff"
-PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP BY status"
-PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
-PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} WHERE {_PRUNABLE}"
+_PRUNABLE = (
+    f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff AND NOT {NEEDED_BY_GRAPH}"
+)
+PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} j WHERE {_PRUNABLE} GROUP BY status"
+PRUNABLE_IDS = f"SELECT id FROM {_JOBS} j WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
+PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} j WHERE {_PRUNABLE}"
 # One queue's jobs of one cell (status, reason) that ended before the cutoff, oldest first: one seek of
 # ``asyncq_jobs_ended`` (its WHERE repeated word for word), stopping at the batch; the end (``ENDED_AT``) is checked
 # on the rows found. A done job whose result is still kept stays (a caller may be waiting for it).
@@ -77,12 +80,14 @@ EXPIRED_SEQS = f"""
 SELECT seq FROM {_JOBS} j WHERE status IN ('done', 'dead') AND queue = :queue AND status = :status
   AND reason IS :reason AND available_at < :cutoff AND {ENDED_AT} < :cutoff
   AND NOT EXISTS (SELECT 1 FROM {PRODUCT.results} r WHERE r.job_seq = j.seq AND r.expires_at > :now)
+  AND NOT {NEEDED_BY_GRAPH}
 ORDER BY available_at LIMIT :limit
 """
 # Removing finished jobs, shared by prune and retention: their errors and results go with them, audit rows stay.
 # The job's own delete re-checks that it has ended, so a row redriven since it was chosen is never removed.
 _SEQS = "(SELECT value FROM json_each(:seqs))"
 REMOVE_JOBS = (
+    *REMOVE_EDGES,
     f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {PRODUCT.results} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {_JOBS} WHERE seq IN {_SEQS} AND status IN ('done', 'dead')",

@@ -4,7 +4,9 @@ write transaction (SQLite's DDL is transactional, so a failed migration leaves t
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
+from asyncq.store.sqlite.graph_schema import GRAPHS
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
@@ -28,8 +30,11 @@ _V1_INDEXES = (
     "CREATE INDEX IF NOT EXISTS asyncq_audit_id ON asyncq_audit(id)",
 )
 
+#: One statement of a step, or a function run on the connection for what one statement cannot say.
+Statement = str | Callable[[sqlite3.Connection], None]
+
 # Each entry moves the file from version ``index`` to ``index + 1``. Append only; never edit a step.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     (*PRODUCT_TABLES, *_V1_INDEXES),
     (
         "DROP INDEX IF EXISTS asyncq_jobs_ready",
@@ -46,6 +51,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
+    GRAPHS,  # version 11: dependencies and groups (the waiting status, edges, groups)
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -64,7 +70,10 @@ def migrate_in_transaction(con: sqlite3.Connection) -> int:
         raise ValueError(f"queue file has schema version {found}, newer than this asyncq ({SCHEMA_VERSION})")
     for step in MIGRATIONS[found:]:
         for statement in step:
-            con.execute(statement)
+            if isinstance(statement, str):
+                con.execute(statement)
+            else:
+                statement(con)
     if found != SCHEMA_VERSION:
         con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return found

@@ -79,6 +79,9 @@ class Layout:
     #: Columns inserted and compared with the payload (the same id with another value is a ``Conflict``) that a
     #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``; the lab's tables have none).
     keys: tuple[str, ...] = ()
+    #: Whether the jobs table has the dependencies' and groups' columns (the product's, ``graph_schema``): its sweep
+    #: also ends waiting jobs past their deadline, and its finishes and sweeps return each row's ``links``.
+    graphs: bool = False
 
     @property
     def stored(self) -> tuple[str, ...]:
@@ -105,7 +108,8 @@ PRODUCT = Layout(
     scope="AND queue = :queue",
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
-    keys=("unique_key",),
+    keys=("unique_key", "group_name"),
+    graphs=True,
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -242,12 +246,12 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE asyncq_jobs ADD COLUMN unique_key TEXT",
     "CREATE UNIQUE INDEX IF NOT EXISTS asyncq_jobs_unique ON asyncq_jobs(queue, unique_key)"
-    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 9's statuses (v11 adds waiting)
 )
 
 # When a finished job ended (``admin``'s prune and retention read it): finish and cancel stamp ``available_at =
 # now``; the sweep stamps nothing, and a row with reason deadline or exhausted is dated by its deadline.
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
+ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at ELSE deadline END)"
 
 # Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
 # settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
