@@ -66,8 +66,10 @@ def edge_effect(policy: str, status: str) -> str:
     """What a dependency in ``status`` does to an edge with ``policy``: ``met``, ``fail`` or ``keep``."""
     if status == DONE:
         return MET
-    if status == DEAD:
-        return {OnDependencyDead.DEAD: FAIL, OnDependencyDead.RUN: MET}.get(policy, KEEP)
+    if status == DEAD and policy == OnDependencyDead.DEAD:
+        return FAIL
+    if status == DEAD and policy == OnDependencyDead.RUN:
+        return MET
     return KEEP
 
 
@@ -203,8 +205,9 @@ class Rearm(NamedTuple):
 
 def plan_redrive(job_id: str, edges: Iterable[tuple[int, str, str, str, str | None]], awaits_group: bool) -> Rearm:
     """A dead dependant redriven: each edge not met ``(dependency seq, dependency id, policy, state, dependency's
-    status)`` evaluated again (a dependency removed since, status ``None``, holds it back no more). ``ValueError`` (the redrive changes nothing) if one would fail again at once: its
-    dependency is dead under policy ``dead``, so redrive that first. ``awaits_group``: it is the callback of a group
+    status)`` evaluated again (a dependency removed since, status ``None``, holds it back no more). ``ValueError``
+    (the redrive changes nothing) if one would fail again at once: its dependency is dead under policy ``dead``, so
+    redrive that first. ``awaits_group``: it is the callback of a group
     not complete yet, which counts as one edge not met."""
     met: list[int] = []
     waits = int(awaits_group)

@@ -194,9 +194,10 @@ UNIQUE_KEYS = (
 )
 
 # When a finished job ended (the SQLite store's ``schema.ENDED_AT``).
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at ELSE deadline END)"
-
-# Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
+ENDED_AT = (
+    "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
+    " ELSE deadline END)"
+)  # Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
 # on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,
 # and ``jobs_ended``: the finished jobs by queue, status, reason and ``available_at`` (plain columns, as on SQLite),
 # so a step is one bounded index seek per cell (``core.retention.STATE_CELLS``).

@@ -14,8 +14,8 @@ from asyncq.core.jobs import Job
 from asyncq.store.port.graphs import GroupFilter
 from asyncq.store.sqlite.admin import _EXTRAS, JOB_COLUMNS, _job, snapshot
 
-_GROUP = """SELECT g.name, g.members, g.done, g.dead, g.created_at, g.sealed_at, g.completed_at, g.callback_seq, c.status
-FROM asyncq_groups g LEFT JOIN asyncq_jobs c ON c.seq = g.callback_seq"""
+_GROUP = """SELECT g.name, g.members, g.done, g.dead, g.created_at, g.sealed_at, g.completed_at, g.callback_seq,
+  c.status FROM asyncq_groups g LEFT JOIN asyncq_jobs c ON c.seq = g.callback_seq"""
 GROUP = f"{_GROUP} WHERE g.name = ?"
 GROUPS = f"""{_GROUP} WHERE g.name > :after AND (NOT :open OR g.completed_at IS NULL) ORDER BY g.name LIMIT :limit"""
 OPEN_GROUPS = "SELECT count(*) FROM asyncq_groups WHERE completed_at IS NULL"

@@ -251,9 +251,10 @@ UNIQUE_KEYS = (
 
 # When a finished job ended (``admin``'s prune and retention read it): finish and cancel stamp ``available_at =
 # now``; the sweep stamps nothing, and a row with reason deadline or exhausted is dated by its deadline.
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at ELSE deadline END)"
-
-# Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
+ENDED_AT = (
+    "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
+    " ELSE deadline END)"
+)  # Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
 # settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
 # set (SQLite cannot change a CHECK in place: the table is rebuilt, its rows and their seqs kept, and
 # AUTOINCREMENT goes on from the highest). ``asyncq_jobs_ended`` holds the finished jobs by queue, status, reason and

@@ -92,9 +92,9 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 # it read), for one row or many in one statement. The rows of one statement share their change and their owner
 # (``?1`` … ``?5``, a ``FinishChange``); ``{rows}`` lists the rows, each a ``FinishRow`` (see ``finish_rows``).
 # RETURNING names the rows that landed, each with its ``links`` (NULL but for a job in a graph, whose end settles its
-# dependants and its group in the same transaction: ``store.sqlite.graphs``). Shared values are bound once a statement, not once a row: a pool's
-# group commit finishes a batch with one change (done, now), and each text parameter bound costs (2.4 against
-# 3.0 µs a row, 128 rows a statement).
+# dependants and its group in the same transaction: ``store.sqlite.graphs``). Shared values are bound once a
+# statement, not once a row: a pool's group commit finishes a batch with one change (done, now), and each text
+# parameter bound costs (2.4 against 3.0 µs a row, 128 rows a statement).
 FINISH_ROWS = """
 UPDATE {jobs} SET status = ?1, reason = ?2, available_at = ?3, attempts = {jobs}.attempts + ?4,
     owner = NULL, lease_until = NULL
