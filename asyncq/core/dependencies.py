@@ -227,6 +227,16 @@ def plan_redrive(job_id: str, edges: Iterable[tuple[int, str, str, str, str | No
     return Rearm(met, waits)
 
 
+class Ripple:
+    """What the ends settled in one transaction moved on: how many jobs went pending (dependants whose last
+    dependency was met, callbacks whose group completed), so that a store wakes its waiting workers."""
+
+    __slots__ = ("released",)
+
+    def __init__(self) -> None:
+        self.released = 0
+
+
 @dataclass(frozen=True)
 class DependencyState:
     """One dependency of a job as its edge stands: the dependency's id and status (``None``: removed by prune or

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from asyncq.core.lifecycle import UNIQUE_WHILE
 from asyncq.store.postgres.connection import Migrations
+from asyncq.store.postgres.graph_schema import GRAPHS
 
 #: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
 HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
@@ -238,6 +239,7 @@ QUEUE = Migrations(
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
+        GRAPHS,  # version 8: dependencies and groups (the waiting status, edges, groups)
     ),
 )
 SCHEMA_VERSION = QUEUE.version

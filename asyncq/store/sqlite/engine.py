@@ -15,6 +15,7 @@ from operator import itemgetter
 from typing import Any
 
 from asyncq.core.claim_plan import Rank, claim_rank, next_claim, plan_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
@@ -34,7 +35,7 @@ from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
-from asyncq.store.sqlite.graphs import End, Ripple
+from asyncq.store.sqlite.graphs import End
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,

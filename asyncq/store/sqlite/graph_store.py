@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from asyncq.core.dependencies import WaitsFor
+from asyncq.core.dependencies import Ripple, WaitsFor
 from asyncq.core.groups import Group
 from asyncq.core.jobs import Job, NewJob
 from asyncq.store.port.graphs import GroupFilter
 from asyncq.store.sqlite import engine, graph_reads, graphs
 from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
 from asyncq.store.sqlite.connection import write_transaction
-from asyncq.store.sqlite.graphs import Ripple
 from asyncq.store.sqlite.schema import PRODUCT
 
 

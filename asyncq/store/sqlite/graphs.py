@@ -22,6 +22,7 @@ from asyncq.core.dependencies import (
     IS_CALLBACK,
     MET,
     Rearm,
+    Ripple,
     check_batch,
     order_batch,
     plan_arrival,
@@ -99,16 +100,6 @@ UNCOUNT_DEAD = "UPDATE asyncq_groups SET dead = dead - 1 WHERE name = ? AND comp
 
 #: ``(seq, status it ended in, links)`` of a job in a graph that just ended.
 End = tuple[int, str, int]
-
-
-class Ripple:
-    """What the ends settled in one transaction moved on: how many jobs went pending (dependants whose last
-    dependency was met, callbacks whose group completed), so that the store wakes this process's waiting workers."""
-
-    __slots__ = ("released",)
-
-    def __init__(self) -> None:
-        self.released = 0
 
 
 def _json(values: Iterable[Any]) -> str:

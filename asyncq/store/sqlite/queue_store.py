@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
@@ -27,7 +28,6 @@ from asyncq.store.sqlite.aio import AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
 from asyncq.store.sqlite.graph_store import GraphTransactionCalls, SqliteGraphCalls
-from asyncq.store.sqlite.graphs import Ripple
 from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
