@@ -278,8 +278,12 @@ async def seal(
         return False
     callback_seq = None
     if callback is not None:
-        if await insert([callback]) != [True]:
-            raise Conflict(f"the id {callback.id!r} of group {name!r}'s callback is taken by another job")
+        taken = Conflict(f"the id {callback.id!r} of group {name!r}'s callback is taken by another job")
+        try:
+            if await insert([callback]) != [True]:
+                raise taken
+        except Conflict:
+            raise taken from None
         callback_seq = (await _id_seq_status(conn, schema, [callback.id]))[callback.id][0]
         await conn.execute(_q(AWAIT_GROUP, schema), callback_seq)
     await conn.execute(_q(SEAL, schema), name, now_ms, callback_seq)

@@ -257,8 +257,12 @@ def seal(
         return False
     callback_seq = None
     if callback is not None:
-        if insert([callback]) != [True]:
-            raise Conflict(f"the id {callback.id!r} of group {name!r}'s callback is taken by another job")
+        taken = Conflict(f"the id {callback.id!r} of group {name!r}'s callback is taken by another job")
+        try:
+            if insert([callback]) != [True]:
+                raise taken
+        except Conflict:
+            raise taken from None
         callback_seq = _id_seq_status(con, [callback.id])[callback.id][0]
         con.execute(AWAIT_GROUP, (callback_seq,))
     con.execute(SEAL, {"name": name, "now": now_ms, "callback": callback_seq})
