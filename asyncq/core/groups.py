@@ -3,7 +3,7 @@
 
 A group is a row with counters: ``members`` (jobs enqueued with ``group=``), ``done`` and ``dead`` (members that
 ended so), ``sealed_at`` (no member may join after) and ``completed_at``. Sealing stores the callback job
-``waiting`` under an id derived from the group (``callback_id``): reserved at the seal, so a clash is the sealer's
+``waiting`` under an id derived from the group (``group_callback_id``): reserved at the seal, so a clash is the sealer's
 ``Conflict``, never a worker's. The transaction that ends the last member of a sealed group (or that seals a group
 whose members have all ended) completes it (``is_complete``: a compare-and-set on ``completed_at``, so once) and
 releases the callback with the group's outcome in its body (``callback_body``). The counters stand still from then
@@ -33,7 +33,7 @@ def check_group_name(value: object, name: str = "group") -> str:
     return value
 
 
-def callback_id(group: str) -> str:
+def group_callback_id(group: str) -> str:
     """The id of ``group``'s callback job: the same in every process, so it is inserted (and runs) once."""
     return CALLBACK_PREFIX + group
 

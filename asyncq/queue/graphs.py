@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from asyncq.core.dependencies import WaitsFor, check_batch
-from asyncq.core.groups import Group, callback_id, check_callback_body, check_group_name
+from asyncq.core.groups import Group, check_callback_body, check_group_name, group_callback_id
 from asyncq.core.jobs import MAX_BATCH, MAX_BODY_BYTES, Job, JobSpec, NewJob
 from asyncq.core.lifecycle import STATUSES
 from asyncq.core.values import check_choice, check_flag, check_identifier, check_int
@@ -20,14 +20,16 @@ log = logging.getLogger("asyncq.queue")
 
 def callback_row(group: str, callback: object, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob | None:
     """A group's callback as the store inserts it, checked (``ValueError`` before any statement): a ``JobSpec`` whose
-    id is ``callback_id(group)``, whose body is a JSON object, with no unique key, dependencies or group."""
+    id is ``group_callback_id(group)``, whose body is a JSON object, with no unique key, dependencies or group."""
     check_group_name(group)
     if callback is None:
         return None
     if type(callback) is not JobSpec:
         raise TypeError(f"callback must be a JobSpec, not {type(callback).__name__}")
-    if callback.id != callback_id(group):
-        raise ValueError(f"group {group!r}'s callback must have the id {callback_id(group)!r}, not {callback.id!r}")
+    if callback.id != group_callback_id(group):
+        raise ValueError(
+            f"group {group!r}'s callback must have the id {group_callback_id(group)!r}, not {callback.id!r}"
+        )
     check_callback_body(callback.body)
     if callback.unique_key is not None or callback.after or callback.group is not None:
         raise ValueError("a group's callback takes no unique_key, after or group")
@@ -47,7 +49,7 @@ class GraphCalls(StoreFacade[QueueStore]):
 
     async def seal_group(self, group: str, *, callback: JobSpec | None = None) -> Group:
         """Seal ``group``: no member joins it after; once every member has ended (done or dead), ``callback`` (a
-        ``JobSpec`` with the id ``callback_id(group)``, a JSON object as its body) runs once, the group's outcome
+        ``JobSpec`` with the id ``group_callback_id(group)``, a JSON object as its body) runs once, the group's outcome
         under ``group`` in its body. Sealing a sealed group changes nothing. The group as stored after."""
         row = callback_row(group, callback, self.now(), self.max_body_bytes)
         found = await self.store.seal_group(group, row, self.now())

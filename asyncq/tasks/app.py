@@ -23,6 +23,7 @@ from asyncq.core.values import Duration, check_identifier
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
 from asyncq.tasks.asgi import Lifespan, LifespanOptions, lifespan
+from asyncq.tasks.groups import TaskGroup
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
 from asyncq.tasks.tracing import Tracing
@@ -132,6 +133,13 @@ class App:
             return declared
 
         return declare if function is None else declare(function)
+
+    def group(self, name: str, *, on_complete: Task[..., Any] | None = None) -> TaskGroup:
+        """A group of task jobs (``docs/dependencies.md``): defer members with ``task.using(group=batch)``, then
+        ``await batch.seal(queue_or_tx)``; once every member has ended, ``on_complete`` (a task of this app taking
+        the outcome as ``group: asyncq.GroupOutcome``) runs once. The same name in every process is the same
+        group."""
+        return TaskGroup(self, name, on_complete)
 
     @property
     def queues(self) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from asyncq.core.dependencies import Dependency
 from asyncq.core.failures import ErrorText
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.dependencies import Dependency
 from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, OnDependencyDeadName, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from drivers import Driver
 
-from asyncq.core.groups import GroupOutcome, callback_id
+from asyncq.core.groups import GroupOutcome, group_callback_id
 from asyncq.core.jobs import JobSpec
 from asyncq.errors import Conflict
 from asyncq.queue import Queue
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def callback(group: str, **options: object) -> JobSpec:
-    return JobSpec(callback_id(group), {"task": "summarize", "args": {"note": "n"}}, queue="reports", **options)  # type: ignore[arg-type]
+    return JobSpec(group_callback_id(group), {"task": "summarize", "args": {"note": "n"}}, queue="reports", **options)  # type: ignore[arg-type]
 
 
 async def finish_all(store: QueueStore, now: int, results: dict[str, str]) -> dict[str, str | None]:
@@ -67,7 +67,11 @@ async def test_a_seal_after_every_member_ended_completes_the_group_in_its_own_tr
     await finish_all(store, T0 + 5, {})
     assert (await queue.group("g")) is not None and await queue.open_groups() == 1
     sealed = await queue.seal_group("g", callback=callback("g"))
-    assert (sealed.completed_at, sealed.callback_status, sealed.outcome) == (T0 + 10, "pending", GroupOutcome("g", 2, 2, 0))
+    assert (sealed.completed_at, sealed.callback_status, sealed.outcome) == (
+        T0 + 10,
+        "pending",
+        GroupOutcome("g", 2, 2, 0),
+    )
     assert await queue.open_groups() == 0
     empty = await queue.seal_group("nobody", callback=callback("nobody"))  # no member at all: complete at once
     assert (empty.members, empty.completed_at, empty.callback_status) == (0, T0 + 10, "pending")
@@ -143,7 +147,7 @@ async def test_groups_are_listed_with_their_progress(store: QueueStore) -> None:
 async def test_retention_keeps_members_until_the_callback_ended(store: QueueStore) -> None:
     queue = Queue(store, clock=lambda: T0 + 10_000)
     await store.enqueue([new("m1", group="g"), new("m2", group="g")])
-    await queue.seal_group("g", callback=JobSpec(callback_id("g"), {}))
+    await queue.seal_group("g", callback=JobSpec(group_callback_id("g"), {}))
     await finish_all(store, T0 + 1, {})
     await queue.set_retention("default", done=1)
     assert (await queue.prunable(1)).ids == []  # the callback has not run: it may read its members

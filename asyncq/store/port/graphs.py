@@ -48,7 +48,7 @@ class GraphStore(Protocol):
 
     async def seal_group(self, name: str, callback: NewJob | None, now_ms: int) -> Group:
         """Seal group ``name`` (created if no member joined it yet): no member joins after. ``callback`` (its id
-        ``core.groups.callback_id(name)``) is stored waiting for the group and released, its body carrying the
+        ``core.groups.group_callback_id(name)``) is stored waiting for the group and released, its body carrying the
         outcome, by the transaction that completes it: this one, if every member has ended already. A group sealed
         before is returned as it is (nothing changes); ``Conflict`` if the callback's id is taken by another job."""
         ...

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncq.core.dependencies import DependencyState, WaitsFor
-from asyncq.core.groups import Group, callback_id
+from asyncq.core.groups import Group, group_callback_id
 from asyncq.core.jobs import Job
 from asyncq.store.port.graphs import GroupFilter
 from asyncq.store.sqlite.admin import _EXTRAS, JOB_COLUMNS, _job, snapshot
@@ -33,7 +33,7 @@ EXISTING = f"SELECT id FROM asyncq_jobs WHERE id IN {_IDS}"
 
 def _group(row: Sequence[Any]) -> Group:
     name, members, done, dead, created_at, sealed_at, completed_at, callback_seq, callback_status = row
-    callback = None if callback_seq is None else callback_id(name)
+    callback = None if callback_seq is None else group_callback_id(name)
     return Group(name, members, done, dead, created_at, sealed_at, completed_at, callback, callback_status)
 
 
