@@ -99,7 +99,9 @@ class Workers:
             con.close()
 
     def stderr(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.tmp_path.glob("*.stderr")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.tmp_path.glob("*.stderr"))
+        )
 
     def dead(self) -> str | None:
         for owner, proc in self.live.items():

@@ -101,7 +101,7 @@ async def test_a_burst_counts_claims_finishes_by_status_retries_and_deliveries(
     assert deliveries == {"ok": 6, "retry": 3, "permanent": 1}
     assert value(samples, "asyncq_delivery_seconds_bucket", outcome="ok", le="+Inf") == 6
     depth = {s: value(samples, "asyncq_jobs", status=s) for s in ("pending", "leased", "done", "dead")}
-    assert depth == {"pending": 0, "leased": 0, "done": 6, "dead": 2, "waiting": 0}
+    assert depth == {"pending": 0, "leased": 0, "done": 6, "dead": 2}
     assert value(samples, "asyncq_dead_jobs", reason="permanent") == 1
     assert value(samples, "asyncq_dead_jobs", reason="exhausted") == 1
     assert value(samples, "asyncq_oldest_ready_age_seconds") == 0
@@ -182,7 +182,7 @@ async def test_depth_and_the_oldest_ready_age_are_read_at_scrape_time(
     await queue.cancel("later", "not-needed")
     samples = await scrape_registry(registry)
     depth = {s: value(samples, "asyncq_jobs", status=s) for s in ("pending", "leased", "done", "dead")}
-    assert depth == {"pending": 1, "leased": 2, "done": 0, "dead": 1, "waiting": 0}
+    assert depth == {"pending": 1, "leased": 2, "done": 0, "dead": 1}
     assert value(samples, "asyncq_dead_jobs", reason="cancelled") == 1
     assert value(samples, "asyncq_oldest_ready_age_seconds") == 4.0
 

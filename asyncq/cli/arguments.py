@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from asyncq.core.groups import check_group_name
 from asyncq.core.jsontext import loads_strict
 from asyncq.core.values import check_identifier, check_note
 
@@ -36,6 +37,14 @@ def identifier(text: str) -> str:
         return check_identifier(text, "value")
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not 1-64 ASCII letters, digits, '_' or '-'") from None
+
+
+def group_name(text: str) -> str:
+    """A group's name: 1-58 ASCII letters, digits, ``_`` or ``-`` (``core.groups.check_group_name``)."""
+    try:
+        return check_group_name(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 1-58 ASCII letters, digits, '_' or '-'") from None
 
 
 def note(text: str) -> str:

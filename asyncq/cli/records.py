@@ -11,7 +11,7 @@ from asyncq.core.jobs import AttemptError, AuditEntry, Job
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key",
+    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "group", "waits",
 )  # fmt: skip
 
 

@@ -57,7 +57,14 @@ async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     leases = await queue.list_jobs(status="leased", limit=limit, body=False)
     leases.sort(key=lambda job: job.lease_until or 0)
     settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
-    return Snapshot(stats, dead, await queue.audit_log(limit), leases, queues=settings, queue_moves=moves)
+    waiting = await queue.list_jobs(status="waiting", limit=limit, body=False)
+    waits, groups = (
+        await queue.waiting_for([job.id for job in waiting]),
+        await queue.groups(open_only=True, limit=limit),
+    )
+    audit = await queue.audit_log(limit)
+    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, waiting=waiting, waits=waits,
+                    groups=groups)  # fmt: skip
 
 
 def is_loopback(host: str | None) -> bool:

@@ -177,20 +177,22 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings = run_on_own_loop(self.read)
+            stats, settings, groups_open = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats, settings=settings)
+        return self._families(stats, settings=settings, groups_open=groups_open)
 
-    async def read(self) -> tuple[Stats, list[QueueSettings]]:
-        """The queue's stats and stored queue settings now, through a read-only ``Queue`` (nothing is created or
-        changed)."""
+    async def read(self) -> tuple[Stats, list[QueueSettings], int]:
+        """The queue's stats, stored queue settings and open groups now, through a read-only ``Queue`` (nothing is
+        created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return await queue.stats(), await queue.queue_settings()
+            return await queue.stats(), await queue.queue_settings(), await queue.open_groups()
 
     @staticmethod
-    def _families(stats: Stats | None, up: int = 1, settings: Sequence[QueueSettings] = ()) -> list[Metric]:
+    def _families(
+        stats: Stats | None, up: int = 1, settings: Sequence[QueueSettings] = (), groups_open: int = 0
+    ) -> list[Metric]:
         jobs = GaugeMetricFamily("asyncq_jobs", "Jobs in the queue file by status.", labels=["status"])
         dead = GaugeMetricFamily("asyncq_dead_jobs", "Dead jobs by reason.", labels=["reason"])
         oldest = GaugeMetricFamily("asyncq_oldest_ready_age_seconds", "Wait of the oldest ready job.")
@@ -215,7 +217,9 @@ class QueueCollector(Collector):
             for reason, count in sorted(stats.dead_by_reason.items()):
                 dead.add_metric([reason], count)
             oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
-        return [jobs, dead, oldest, file_up, paused, retention]
+        # Jobs waiting for their dependencies are asyncq_jobs{status="waiting"}; groups not complete yet:
+        groups = GaugeMetricFamily("asyncq_groups_open", "Groups not complete yet (sealed or not).", value=groups_open)
+        return [jobs, dead, oldest, file_up, paused, retention, groups]
 
 
 class InboxCollector(Collector):

@@ -9,7 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from asyncq.core.dependencies import WaitsFor
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.groups import Group
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.retention import RETENTION_STATES
 from asyncq.core.stats import Stats
@@ -57,6 +59,10 @@ class Snapshot:
     #: Every queue's stored settings (paused, max_wait) and the newest moves on queues.
     queues: list[QueueSettings] = field(default_factory=list)
     queue_moves: list[QueueAuditEntry] = field(default_factory=list)
+    #: The jobs waiting for dependencies with what each waits for, and the groups (``asyncq.web.graph_page``).
+    waiting: list[Job] = field(default_factory=list)
+    waits: dict[str, WaitsFor] = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -222,6 +228,8 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
 
 def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce: str) -> str:
     """The whole status page."""
+    from asyncq.web.graph_page import render_graphs  # its sections use this module's cells and tables
+
     stats = snapshot.stats
     dead_total = stats.by_status.get("dead", 0)
     body = (
@@ -233,6 +241,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
         f"<h2>Queues: pause and max wait</h2>{render_queues(snapshot.queues, snapshot.queue_moves)}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
+        f"{render_graphs(snapshot.waiting, snapshot.waits, snapshot.groups)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)
     return _document("asyncq dashboard", body, f'<script nonce="{escape(nonce)}">{script}</script>')
