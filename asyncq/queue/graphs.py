@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 from asyncq.core.dependencies import WaitsFor, check_batch
 from asyncq.core.groups import Group, check_callback_body, check_group_name, group_callback_id
@@ -36,9 +37,12 @@ def callback_row(group: str, callback: object, now_ms: int, max_body_bytes: int 
     return callback.to_row(now_ms, max_body_bytes)
 
 
+_LINKED = itemgetter(NewJob._fields.index("linked"))
+
+
 def check_graph_batch(rows: Sequence[NewJob]) -> None:
     """A batch with dependencies or a group: each id once, no cycle (``core.dependencies.check_batch``)."""
-    if any(row.linked for row in rows):
+    if any(map(_LINKED, rows)):  # C-speed for a batch in no graph (an enqueue's hot path)
         check_batch([(row.id, row.after) for row in rows])
 
 

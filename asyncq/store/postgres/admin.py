@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
-from asyncq.core.lifecycle import STATUSES
+from asyncq.core.lifecycle import STATUSES, WAITING
 from asyncq.core.retention import STATE_CELLS
 from asyncq.core.stats import Stats, StatsReads, assemble_stats
 from asyncq.store.port.queue import JobFilter
@@ -148,6 +148,8 @@ def _listing(which: JobFilter) -> tuple[str, list[Any]]:
     if which.status is not None:
         assert which.status in STATUSES, which.status
         terms.append(f"status = '{which.status}'")
+        if which.status == WAITING:  # the index of jobs with edges not met (``graph_schema``) holds every waiting job
+            terms.append("waits > 0")
     for column, value in (("queue", which.queue), ("reason", which.reason)):
         if value is not None:
             arguments.append(value)

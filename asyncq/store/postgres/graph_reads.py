@@ -20,7 +20,8 @@ GROUPS = f"""{_GROUP} WHERE g.name COLLATE "C" > $1 AND (NOT $2 OR g.completed_a
 ORDER BY g.name COLLATE "C" LIMIT $3"""
 OPEN_GROUPS = "SELECT count(*) FROM {schema}.groups WHERE completed_at IS NULL"
 MEMBERS = f"""SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j
-WHERE group_name = $1 AND ($2::text IS NULL OR status = $2) AND seq > $3 ORDER BY seq LIMIT $4"""
+WHERE group_name IS NOT NULL AND group_name = $1 AND ($2::text IS NULL OR status = $2) AND seq > $3
+ORDER BY seq LIMIT $4"""
 EDGES_OF = """SELECT j.id, d.id, d.status, e.policy, e.state FROM {schema}.jobs j
 JOIN {schema}.edges e ON e.dependant = j.seq JOIN {schema}.jobs d ON d.seq = e.dependency
 WHERE j.id = ANY($1::text[]) ORDER BY j.id, e.dependency"""

@@ -46,11 +46,16 @@ LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE {_FILTERS} 
 # not by walking the table: a dashboard lists both on every refresh, and a deep queue holds millions of pending rows
 # before the first of them. ``INDEXED BY`` names the index (the planner prefers the rowid walk of ``seq > :after``).
 # Pending, done and any-status listings walk the table in ``seq`` order: at depth, most rows are their answer.
-_BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead", "waiting": f"{_JOBS}_waiting_now"}
+_BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead"}
 LIST_INDEXED = {
     (status, newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
     f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
     for status, index in _BY_INDEX.items()
+    for newest in (False, True)
+} | {  # waiting jobs: from the index of jobs with edges not met (``graph_schema``), whose WHERE is repeated here
+    ("waiting", newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {_JOBS}_waits WHERE waits > 0"
+    f" AND status = 'waiting' AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'}"
+    " LIMIT :limit"
     for newest in (False, True)
 }
 GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE id = :id"

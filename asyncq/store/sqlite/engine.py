@@ -60,6 +60,7 @@ def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob)
 
 
 _LINKED = itemgetter(NewJob._fields.index("linked"))
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
@@ -306,13 +307,12 @@ def _finish_held(
     landed: set[int] = set()
     linked: list[End] = []
     for change, rows in plan.items():
-        ends = change.status == DONE or change.status == DEAD
         for start in range(0, len(rows), FINISH_ROWS_MAX):
             chunk = [row for _, row in rows[start : start + FINISH_ROWS_MAX]]
-            for seq, links in con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)):
-                landed.add(seq)
-                if links is not None and ends:
-                    linked.append((seq, change.status, links))
+            written = con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)).fetchall()
+            landed.update(map(_FIRST, written))
+            if any(map(_SECOND, written)) and (change.status == DONE or change.status == DEAD):  # rows in a graph
+                linked += [(seq, change.status, links) for seq, links in written if links is not None]
     found = statuses_after(plan, landed, len(items))
     _keep(con, layout, items, plan, found, now_ms)
     if linked:

@@ -20,7 +20,8 @@ GROUP = f"{_GROUP} WHERE g.name = ?"
 GROUPS = f"""{_GROUP} WHERE g.name > :after AND (NOT :open OR g.completed_at IS NULL) ORDER BY g.name LIMIT :limit"""
 OPEN_GROUPS = "SELECT count(*) FROM asyncq_groups WHERE completed_at IS NULL"
 MEMBERS = f"""SELECT {JOB_COLUMNS}, {_EXTRAS} FROM asyncq_jobs j INDEXED BY asyncq_jobs_members
-WHERE group_name = :name AND (:status IS NULL OR status = :status) AND seq > :after ORDER BY seq LIMIT :limit"""
+WHERE group_name IS NOT NULL AND group_name = :name AND (:status IS NULL OR status = :status) AND seq > :after
+ORDER BY seq LIMIT :limit"""
 _IDS = "(SELECT value FROM json_each(:ids))"
 EDGES_OF = f"""SELECT j.id, d.id, d.status, e.policy, e.state FROM asyncq_jobs j
 JOIN asyncq_edges e ON e.dependant = j.seq JOIN asyncq_jobs d ON d.seq = e.dependency

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncq.core.lifecycle import UNIQUE_WHILE
-
-#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
-HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
-
 # The lease lab's tables, exactly as its contract writes them (sqlite_master keeps this text).
 LAB_TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,

@@ -132,7 +132,7 @@ ON CONFLICT DO NOTHING
 SELECT_KEY_HOLDERS = """
 SELECT j.queue, j.unique_key, j.id FROM (VALUES {keys}) AS k CROSS JOIN {jobs} j
 WHERE j.queue = k.column1 AND j.unique_key = k.column2 AND j.unique_key IS NOT NULL
-  AND j.status IN ('pending', 'leased', 'waiting')
+  AND j.status NOT IN ('done', 'dead')
 """
 
 SELECT_INSERTED = """
