@@ -69,9 +69,8 @@ def timed_rebuild(path: Path) -> float:
     started = time.perf_counter()
     con.execute("BEGIN IMMEDIATE")
     (table,) = con.execute("SELECT sql FROM sqlite_master WHERE name = 'asyncq_jobs'").fetchone()
-    others = [sql for (sql,) in con.execute(
-        "SELECT sql FROM sqlite_master WHERE tbl_name = 'asyncq_jobs' AND type IN ('index', 'trigger') AND sql IS NOT NULL"
-    )]  # fmt: skip
+    found = "SELECT sql FROM sqlite_master WHERE tbl_name = 'asyncq_jobs' AND type IN ('index', 'trigger')"
+    others = [sql for (sql,) in con.execute(found + " AND sql IS NOT NULL")]
     wider = table.replace("'dead'))", "'dead','waiting'))").replace("asyncq_jobs", "asyncq_jobs_v11", 1)
     con.execute(wider)
     con.execute("INSERT INTO asyncq_jobs_v11 SELECT * FROM asyncq_jobs")
@@ -95,7 +94,10 @@ def main() -> None:
         build(base, args.jobs)
         size = base.stat().st_size
         results = []
-        for name, step in (("v11 migration (check widened in place)", timed_migration), ("table rebuild", timed_rebuild)):
+        for name, step in (
+            ("v11 migration (check widened in place)", timed_migration),
+            ("table rebuild", timed_rebuild),
+        ):
             copy = Path(folder) / "copy.db"
             shutil.copy(base, copy)
             results.append((name, f"{step(copy):.2f} s"))

@@ -99,9 +99,10 @@ def check_batch(batch: Sequence[tuple[str, Sequence[tuple[str, str]]]]) -> None:
     """A batch of ``(id, after)`` refused (``ValueError``, before any statement) if it names an id twice while
     some job of it has dependencies, or if its dependencies inside the batch form a cycle."""
     ids = [job_id for job_id, _after in batch]
-    if len(set(ids)) != len(ids):
+    known = set(ids)
+    if len(known) != len(ids):
         raise ValueError("a batch with dependencies must name each job once")
-    inside = {job_id: [dep for dep, _policy in after if dep in set(ids)] for job_id, after in batch}
+    inside = {job_id: [dep for dep, _policy in after if dep in known] for job_id, after in batch}
     done: set[str] = set()
     for start in ids:
         if start in done:
