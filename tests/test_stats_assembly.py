@@ -49,7 +49,7 @@ def test_the_assembly_sums_repeated_keys_merges_each_owners_groups_and_drops_emp
     )
     assert assemble_stats(NOW, reads) == Stats(
         now_ms=NOW,
-        by_status={"pending": 3, "leased": 3, "done": 0, "dead": 1},
+        by_status={"pending": 3, "leased": 3, "done": 0, "dead": 1, "waiting": 0},
         dead_by_reason={"exhausted": 1},
         oldest_ready_age_ms=6_000,
         expired_leases=1,
