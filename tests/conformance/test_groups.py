@@ -177,3 +177,22 @@ async def test_the_last_two_members_ended_by_two_handles_at_once_complete_the_gr
         assert len(await claim(store, "w1", T0 + 3, queue="reports", n=5)) == 1
     finally:
         await other.close()
+
+
+async def test_a_member_ended_by_its_dependency_counts_dead_and_a_cancelled_callback_runs_only_if_redriven(
+    store: QueueStore,
+) -> None:
+    queue = Queue(store, clock=lambda: T0)
+    await store.enqueue([new("a"), new("m1", group="g", after=["a"]), new("m2", group="g")])
+    await queue.seal_group("g", callback=callback("g"))
+    assert (await queue.cancel(group_callback_id("g"), "not now")).state == "cancelled"
+    [ta] = await claim(store, "w1", T0 + 1)
+    await store.finish([outcome(ta, "permanent")], T0 + 1)  # m1 ends dead (dependency): the group counts it
+    assert await finish_all(store, T0 + 2, {}) == {"m2": "done"}
+    group = await queue.group("g")
+    assert group is not None and group.outcome == GroupOutcome("g", 2, 1, 1) and group.callback_status == "dead"
+    job = await store.get(group_callback_id("g"))
+    assert job is not None and (job.status, job.waits, job.body["args"]["group"]["dead"]) == ("dead", 0, 1)
+    assert await claim(store, "w1", T0 + 3, queue="reports") == []
+    await queue.redrive(group_callback_id("g"), "run it after all")
+    assert [t.id for t in await claim(store, "w1", T0 + 3, queue="reports")] == ["group-g"]
