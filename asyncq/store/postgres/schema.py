@@ -17,12 +17,8 @@ the advisory lock). ``{schema}`` is the schema's checked name.
 
 from __future__ import annotations
 
-from asyncq.core.lifecycle import UNIQUE_WHILE
 from asyncq.store.postgres.connection import Migrations
 from asyncq.store.postgres.graph_schema import GRAPHS
-
-#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
-HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
 
 JOBS = """
 CREATE TABLE {schema}.jobs (
