@@ -165,7 +165,7 @@ def test_status_counts_reasons_attempts_and_leases(db: Path) -> None:
         "expired_leases", "inbox", "queues", "retention",
     }  # fmt: skip
     assert data["queues"] == [] and data["retention"] == []  # no queue was ever paused or given a rule
-    assert data["by_status"] == EXPECTED_STATUS and data["total"] == 16
+    assert data["by_status"] == EXPECTED_STATUS | {"waiting": 0} and data["total"] == 16
     assert data["dead_by_reason"] == EXPECTED_DEAD
     assert data["attempts"] == [{"attempts": 0, "jobs": 3}, {"attempts": 1, "jobs": 1}]
     [lease] = data["leases"]
@@ -209,7 +209,7 @@ def test_jobs_filters_and_pages(db: Path) -> None:
     assert "body" not in page["jobs"][0] and page["jobs"][0]["redrives"] == 0
     assert set(page["jobs"][0]) == {
         "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-        "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task",
+        "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task", "group", "waits",
     }  # fmt: skip
     rest = run_json("jobs", "--db", "q.db", "--after", str(page["jobs"][-1]["seq"]), "--body", cwd=db.parent)
     assert rest["count"] == 11 and rest["more"] is False and rest["jobs"][-1]["body"] == {"to": "someone"}

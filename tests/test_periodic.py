@@ -84,6 +84,8 @@ async def test_a_pool_declares_the_apps_schedules_and_fires_each_tick_as_the_clo
         await eventually(lambda: ran == ["eu"], "the first tick's run")
         clock.now += 10 * S
         await eventually(lambda: ran == ["eu", "eu"], "the second tick's run")
+        second = schedule_job_id("rollup", T0 + 20 * S)  # its finish lands before the clock outruns its lease
+        await eventually(lambda: _done(queue, second), "the second rollup's finish committed")
         clock.now += 80 * S  # 22:15:00Z: digest's first tick; rollup missed seven ticks, runs the latest
         await eventually(lambda: sorted(ran) == ["digest", "eu", "eu", "eu"], "the digest and the latest rollup")
         assert pool.counters.schedule_ticks == {"fired": 4, "skipped": 0, "missed": 7}

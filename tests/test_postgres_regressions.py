@@ -200,7 +200,7 @@ async def test_pgqueuer_430_a_pool_renewing_leases_while_jobs_complete_loses_non
         pool.register("default", handle)
         await pool.run(burst=True)
         stats = await queue.stats()
-    assert stats.by_status == {"pending": 0, "leased": 0, "done": n, "dead": 0}
+    assert stats.by_status == {"pending": 0, "leased": 0, "done": n, "dead": 0, "waiting": 0}
     assert starts == {f"j{i:03d}": 1 for i in range(n)}
     assert (pool.counters.stale_finishes, pool.counters.leases_lost) == (0, 0)
 

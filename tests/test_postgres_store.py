@@ -69,7 +69,7 @@ async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds
         found = await queue.describe()
         assert (found["store"], found["schema"], found["schema_version"]) == ("postgresql", schema, PG_SCHEMA_VERSION)
         assert found["settings"]["synchronous_commit"] == "on"
-        assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0}
+        assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0, "waiting": 0}
         with pytest.raises(NotImplementedError, match="pg_dump"):
             await queue.backup("/tmp/never", force=False)
     state = await Queue.inspect(postgres_url)
@@ -409,7 +409,7 @@ async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(
     assert (await queue.prunable(0.005))[0] == {"done": total, "dead": 0}
     done = await queue.prune(0.005)
     assert (done["deleted"], done["batches"], done["vacuum"]) == (total, 4, "autovacuum")
-    assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0}
+    assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0, "waiting": 0}
     schema = parse_url(postgres_url).schema
     assert await rows(postgres_url, f"SELECT id FROM {schema}.jobs") == [("kept",)]
 

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from asyncq.core.groups import check_group_name
 from asyncq.core.jsontext import loads_strict
 from asyncq.core.values import check_identifier, check_note, check_task_name
 
@@ -44,6 +45,14 @@ def task_name(text: str) -> str:
         return check_task_name(text, "task")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def group_name(text: str) -> str:
+    """A group's name: 1-58 ASCII letters, digits, ``_`` or ``-`` (``core.groups.check_group_name``)."""
+    try:
+        return check_group_name(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 1-58 ASCII letters, digits, '_' or '-'") from None
 
 
 def note(text: str) -> str:

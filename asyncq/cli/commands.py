@@ -212,7 +212,14 @@ def _listing(path: str, now_ms: int, records: list[dict[str, Any]], limit: int, 
 
 
 async def jobs(args: argparse.Namespace) -> Report:
-    """Jobs filtered by status, queue and reason, oldest first (or ``--newest``), a page at a time."""
+    """Jobs filtered by status, queue and reason, oldest first (or ``--newest``), a page at a time; ``--waiting``:
+    the jobs waiting for dependencies, with what each waits for (``asyncq.cli.graphs``)."""
+    if args.waiting:
+        if args.status is not None or args.reason is not None or args.newest:
+            raise UsageError("--waiting lists waiting jobs: it takes no --status, --reason or --newest")
+        from asyncq.cli.graphs import waiting  # beside this module's helpers, which it uses
+
+        return await waiting(args)
     async with await reading(args) as queue:
         found = await queue.list_jobs(
             status=args.status, queue=args.queue, reason=args.reason, after=args.after, limit=args.limit + 1,

@@ -13,6 +13,7 @@ from typing import Any, NoReturn, Protocol
 from asyncq.cli.arguments import (
     MISSING,
     duration,
+    group_name,
     identifier,
     json_value,
     note,
@@ -160,11 +161,25 @@ def _add_readers(add: Adder) -> None:
     _page(jobs)
     jobs.add_argument("--newest", action="store_true", help="the newest jobs instead (no --after)")
     jobs.add_argument("--body", action="store_true", help="include each job's body")
+    jobs.add_argument(
+        "--waiting", action="store_true", help="only the jobs waiting for dependencies, with what each waits for"
+    )
+    _add_graph_readers(add)
     show = add("show", _command("commands", "show"), "One job's row, its attempts' errors and its audit history.")
     show.add_argument("id", type=identifier, metavar="ID")
     dead = add("dead", _command("commands", "dead"), "Dead jobs with their reasons and last errors.")
     dead.add_argument("--reason", choices=DEAD_REASONS, help="only dead jobs with this reason")
     _page(dead)
+
+
+def _add_graph_readers(add: Adder) -> None:
+    summary = "Groups and their progress (members, done, dead, running, the callback), or one group and its members."
+    groups = add("groups", _command("graphs", "groups"), summary)
+    groups.add_argument("name", type=group_name, nargs="?", metavar="NAME", help="one group, with its members")
+    groups.add_argument("--open", action="store_true", help="only the groups not complete yet")
+    groups.add_argument("--limit", type=whole(1, MAX_BATCH), default=50, help="show at most this many (default 50)")
+    groups.add_argument("--after", type=group_name, metavar="NAME", help="groups named after this one")
+    groups.add_argument("--after-seq", type=whole(0, MAX_SEQ), default=0, metavar="SEQ", help="NAME: members after")
 
 
 def _add_operator(add: Adder) -> None:

@@ -12,7 +12,7 @@ from asyncq.core.retention import RETENTION_STATES, RetentionRule
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task",
+    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task", "group", "waits",
 )  # fmt: skip
 
 

@@ -34,6 +34,8 @@ DEFAULT_PRIORITY = 0
 MAX_UNIQUE_KEY_CHARS = 200  # a job's unique key: printable text
 MAX_TASK_NAME_CHARS = 200  # a task's name (@app.task), stored on its jobs' rows: printable text
 MAX_WAIT_MS = 365 * DAY_MS  # a queue's max_wait: a job ready this long is served before higher priorities
+MAX_DEPENDENCIES = 1000  # the jobs one job waits for (``after=[…]``)
+MAX_GROUP_NAME_CHARS = 58  # a group's name: an identifier short enough for its callback's id (``group-NAME``)
 
 # -- the lab contracts (asyncq.lab.lease, asyncq.lab.outbox) ---------------------------------------------------
 LAB_MAX_TTL_MS = 60 * SECOND_MS

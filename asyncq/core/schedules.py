@@ -297,7 +297,7 @@ def schedule_job(schedule: NewSchedule, job_id: str, now_ms: int) -> NewJob:
     away, the stored body, queue and priority, no unique key; its ``task`` column as an enqueue of the body sets it."""
     task = task_of(json.loads(schedule.body))
     payload = {"queue": schedule.queue, "body": schedule.body, "priority": schedule.priority, "unique_key": None,
-               "task": task}  # fmt: skip
+               "task": task, "group_name": None}  # fmt: skip
     return NewJob(job_id, payload, schedule.max_attempts, now_ms, now_ms + schedule.ttl_ms)
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
+from asyncq.core.dependencies import Dependency
+from asyncq.core.groups import Group
 from asyncq.core.jobs import (
     DEFAULT_QUEUE,
     MAX_BODY_BYTES,
@@ -25,6 +27,7 @@ from asyncq.core.jobs import (
     EnqueueOptions,
     JobSpec,
     OnConflict,
+    OnDependencyDeadName,
 )
 from asyncq.core.jsontext import JSONInput
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
@@ -35,6 +38,7 @@ from asyncq.core.values import (
     check_int,
 )
 from asyncq.errors import StoreError, UniqueConflict
+from asyncq.queue.graphs import GraphCalls, callback_row, check_graph_batch
 from asyncq.queue.operators import OperatorCalls
 from asyncq.queue.reads import ReadCalls
 from asyncq.queue.retention import RetentionCalls
@@ -106,8 +110,14 @@ class Transaction:
         self._queue.enqueue_counts.count(answers)
         return answers[0]
 
+    async def seal_group(self, group: str, *, callback: JobSpec | None = None) -> Group:
+        """Seal ``group`` inside this transaction (see ``Queue.seal_group``): its members enqueued in this
+        transaction and the seal commit together."""
+        row = callback_row(group, callback, self._queue.now(), self._queue.max_body_bytes)
+        return await self._inner.seal_group(group, row, self._queue.now())
 
-class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls):
+
+class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls, GraphCalls):
     """A durable job queue. Open with ``await Queue.open(path)`` for a SQLite file, or
     ``await Queue.open("postgresql://…")`` for PostgreSQL (``async with`` closes it)."""
 
@@ -157,6 +167,9 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
         priority: int = 0,
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
+        after: Sequence[str | Dependency] = (),
+        on_dependency_dead: OnDependencyDeadName = "dead",
+        group: str | None = None,
         connection: Any = None,
     ) -> Enqueued:
         """Add a job; ``True`` if added, ``False`` if the same id and body exist already, ``Conflict`` for another
@@ -165,6 +178,11 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
 
         ``unique_key``: while an active (pending or leased) job of ``queue`` holds this key, nothing is inserted and
         the answer is that job's id (a ``str``), or ``UniqueConflict`` with ``on_conflict="raise"``.
+
+        ``after``: the ids of jobs (stored, or of the same batch) it waits for (``Dependency(id, on_dead=…)`` for an
+        edge of its own policy); it is stored ``waiting`` and goes pending in the transaction that ends the last of
+        them done; ``on_dependency_dead`` (``dead``, ``run``, ``wait``) says what a dependency that ends dead does.
+        ``group``: the group it joins (``seal_group``). ``docs/dependencies.md``.
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
@@ -179,6 +197,9 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
             priority=priority,
             unique_key=unique_key,
             on_conflict=on_conflict,
+            after=after,
+            on_dependency_dead=on_dependency_dead,
+            group=group,
         )
         return (await self.enqueue_many([spec], connection=connection))[0]
 
@@ -187,6 +208,7 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
         Two jobs of the batch with one unique key: the first is inserted, the second answers with its id."""
         now = self.now()
         rows = [_spec(job).to_row(now, self.max_body_bytes) for job in jobs]
+        check_graph_batch(rows)
         try:
             added = await self.store.enqueue(rows, connection=connection)
         except UniqueConflict:

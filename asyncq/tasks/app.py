@@ -24,6 +24,7 @@ from asyncq.core.values import Duration, check_identifier, check_task_name
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
 from asyncq.tasks.asgi import Lifespan, LifespanOptions, lifespan
+from asyncq.tasks.groups import TaskGroup
 from asyncq.tasks.periodic import JobOptions, Periodic, When
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
@@ -150,6 +151,13 @@ class App:
         starts; any worker process then runs its ticks, one job per tick."""
         when = When(cron, every, tz, overlap, missed)
         return Periodic(self, when, name, kwargs, JobOptions(queue, priority, max_attempts, ttl, timeout, result_ttl))
+
+    def group(self, name: str, *, on_complete: Task[..., Any] | None = None) -> TaskGroup:
+        """A group of task jobs (``docs/dependencies.md``): defer members with ``task.using(group=batch)``, then
+        ``await batch.seal(queue_or_tx)``; once every member has ended, ``on_complete`` (a task of this app taking
+        the outcome as ``group: asyncq.GroupOutcome``) runs once. The same name in every process is the same
+        group."""
+        return TaskGroup(self, name, on_complete)
 
     @property
     def queues(self) -> list[str]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from asyncq.core.jobs import Enqueued, OnConflict
+from asyncq.core.dependencies import Dependency
+from asyncq.core.jobs import Enqueued, OnConflict, OnDependencyDeadName
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.limits import MAX_ATTEMPTS
 from asyncq.core.values import (
@@ -28,6 +29,7 @@ from asyncq.core.values import (
 )
 from asyncq.queue import Queue, Transaction
 from asyncq.tasks.arguments import Arguments
+from asyncq.tasks.groups import After, TaskGroup, after_items, group_name
 from asyncq.tasks.results import TaskJob
 from asyncq.worker.results import MAX_RESULT_TTL
 
@@ -58,6 +60,10 @@ class Options:
     unique: bool = False
     unique_key: str | None = None
     on_conflict: OnConflict = "return"
+    #: Dependencies and group of one deferral (``docs/dependencies.md``): job ids or ``Dependency`` values.
+    after: tuple[str | Dependency, ...] = ()
+    on_dependency_dead: OnDependencyDeadName = "dead"
+    group: str | None = None
 
     def job_id(self) -> str:
         return uuid.uuid4().hex if self.key is None else self.key
@@ -65,7 +71,10 @@ class Options:
     def enqueue_options(self, body: dict[str, Any]) -> dict[str, Any]:
         options = {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
         unique_key = self.unique_key if self.unique_key is not None or not self.unique else derived_unique_key(body)
-        return options | {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
+        options |= {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
+        if self.after or self.group is not None or self.on_dependency_dead != "dead":
+            options |= {"after": self.after, "on_dependency_dead": self.on_dependency_dead, "group": self.group}
+        return options
 
 
 def derived_unique_key(body: dict[str, Any]) -> str:
@@ -138,10 +147,16 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
+        after: Sequence[After] = (),
+        on_dependency_dead: OnDependencyDeadName = "dead",
+        group: TaskGroup | str | None = None,
     ) -> Deferral[P, R]:
         """The same task with options for one deferral: ``key`` (the job id, for idempotency), ``delay``,
         ``ttl``, ``max_attempts``, ``queue``, ``priority``, ``unique_key`` (instead of the task's derived one, if it
-        is ``unique``) and ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle)."""
+        is ``unique``) and ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle).
+        ``after``: the deferrals' handles (or job ids, or ``Dependency`` values) it waits for, each ended done
+        first (``on_dependency_dead``: ``dead``, ``run`` or ``wait`` for one that ends dead); ``group``: the
+        ``app.group`` it is a member of (``docs/dependencies.md``)."""
         check_unique_key(unique_key)
         check_on_conflict(on_conflict)
         if key is not None:
@@ -163,6 +178,9 @@ class Task(Generic[P, R]):
             base.unique,
             unique_key,
             on_conflict,
+            after_items(after),
+            on_dependency_dead,
+            None if group is None else group_name(group),
         )
         return Deferral(self, options)
 

@@ -59,8 +59,14 @@ async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
     rules, audit = await queue.retention_rules(), await queue.audit_log(limit)
     schedules, skipped = await queue.schedules(), await queue.schedule_events(limit=limit, skipped_only=True)
+    waiting = await queue.list_jobs(status="waiting", limit=limit, body=False)
+    waits, groups = (
+        await queue.waiting_for([job.id for job in waiting]),
+        await queue.groups(open_only=True, limit=limit),
+    )
     return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, retention=rules,
-                    schedules=schedules, skipped_ticks=skipped)  # fmt: skip
+                    schedules=schedules, skipped_ticks=skipped, waiting=waiting, waits=waits,
+                    groups=groups)  # fmt: skip
 
 
 def is_loopback(host: str | None) -> bool:

@@ -192,21 +192,23 @@ class QueueCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings, rules, schedules = run_on_own_loop(self.read)
+            stats, settings, rules, schedules, groups_open = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats, settings=settings, rules=rules) + schedule_families(schedules, stats.now_ms)
+        families = self._families(stats, settings=settings, rules=rules, groups_open=groups_open)
+        return families + schedule_families(schedules, stats.now_ms)
 
-    async def read(self) -> tuple[Stats, list[QueueSettings], list[RetentionRule], list[Schedule]]:
-        """The queue's stats, stored queue settings, retention rules and schedules now, through a read-only
-        ``Queue`` (nothing is created or changed)."""
+    async def read(self) -> tuple[Stats, list[QueueSettings], list[RetentionRule], list[Schedule], int]:
+        """The queue's stats, stored queue settings, retention rules, schedules and open groups now, through a
+        read-only ``Queue`` (nothing is created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
             return (
                 await queue.stats(),
                 await queue.queue_settings(),
                 await queue.retention_rules(),
                 await queue.schedules(),
+                await queue.open_groups(),
             )
 
     @staticmethod
@@ -215,6 +217,7 @@ class QueueCollector(Collector):
         up: int = 1,
         settings: Sequence[QueueSettings] = (),
         rules: Sequence[RetentionRule] = (),
+        groups_open: int = 0,
     ) -> list[Metric]:
         jobs = GaugeMetricFamily("asyncq_jobs", "Jobs in the queue file by status.", labels=["status"])
         dead = GaugeMetricFamily("asyncq_dead_jobs", "Dead jobs by reason.", labels=["reason"])
@@ -242,7 +245,9 @@ class QueueCollector(Collector):
             for reason, count in sorted(stats.dead_by_reason.items()):
                 dead.add_metric([reason], count)
             oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
-        return [jobs, dead, oldest, file_up, paused, retention]
+        # Jobs waiting for their dependencies are asyncq_jobs{status="waiting"}; groups not complete yet:
+        groups = GaugeMetricFamily("asyncq_groups_open", "Groups not complete yet (sealed or not).", value=groups_open)
+        return [jobs, dead, oldest, file_up, paused, retention, groups]
 
 
 class EnqueueCollector(Collector):

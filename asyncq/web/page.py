@@ -9,7 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from asyncq.core.dependencies import WaitsFor
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.groups import Group
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.retention import FOREVER, RETENTION_STATES, RetentionRule, rule_for
 from asyncq.core.schedules import Schedule, ScheduleEvent, timing_text
@@ -63,6 +65,10 @@ class Snapshot:
     #: Every schedule and the newest ticks that did not run (skipped, missed).
     schedules: list[Schedule] = field(default_factory=list)
     skipped_ticks: list[ScheduleEvent] = field(default_factory=list)
+    #: The jobs waiting for dependencies with what each waits for, and the groups (``asyncq.web.graph_page``).
+    waiting: list[Job] = field(default_factory=list)
+    waits: dict[str, WaitsFor] = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -272,6 +278,8 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
 
 def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce: str) -> str:
     """The whole status page."""
+    from asyncq.web.graph_page import render_graphs  # its sections use this module's cells and tables
+
     stats = snapshot.stats
     dead_total = stats.by_status.get("dead", 0)
     queues = render_queues(snapshot.queues, snapshot.queue_moves, snapshot.retention)
@@ -285,6 +293,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Queues: pause, max wait and retention</h2>{queues}"
         f"<h2>Schedules</h2>{render_schedules(snapshot.schedules, snapshot.skipped_ticks)}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
+        f"{render_graphs(snapshot.waiting, snapshot.waits, snapshot.groups)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)
     return _document("asyncq dashboard", body, f'<script nonce="{escape(nonce)}">{script}</script>')

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
+from asyncq.core.dependencies import Dependency
 from asyncq.core.failures import ErrorText
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, Ticket
+from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, OnDependencyDeadName, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
 from asyncq.core.retention import RetentionRule
@@ -48,6 +49,9 @@ def new(
     priority: int = 0,
     unique_key: str | None = None,
     on_conflict: OnConflict = "return",
+    after: Sequence[str | Dependency] = (),
+    on_dead: OnDependencyDeadName = "dead",
+    group: str | None = None,
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
     body = {"id": job_id} if body is None else body
@@ -61,6 +65,9 @@ def new(
         priority=priority,
         unique_key=unique_key,
         on_conflict=on_conflict,
+        after=after,
+        on_dependency_dead=on_dead,
+        group=group,
     )
     return spec.to_row(now)
 
@@ -84,6 +91,7 @@ def stored(row: NewJob, seq: int) -> Job:
         priority=row.payload["priority"],
         unique_key=row.payload["unique_key"],
         task=row.payload["task"],
+        group=row.payload["group_name"],
     )
 
 

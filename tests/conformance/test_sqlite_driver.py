@@ -222,7 +222,7 @@ async def test_a_version_11_file_with_jobs_and_queue_settings_gains_the_schedule
         assert await queue.schedules() == []
         [event] = await queue.declare_schedules([ScheduleSpec("beat", {}, every=10)])
         assert (event.seq, event.kind) == (1, "declared")
-    assert read(path, "PRAGMA user_version") == [(12,)]
+    assert read(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
 # --- enqueue_sync: the caller's own sqlite3 transaction ----------------------------------------------------

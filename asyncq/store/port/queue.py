@@ -20,8 +20,10 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   and no driver's integrity error ever escapes.
 - **Retention by the stored rules.** A retention step removes only ended jobs of one queue and task past the window
   the caller computed from the rules (``core.retention``) for their state, at most its batch, in one transaction,
-  by an index seek; never a pending or leased row.
+  by an index seek; never a live row, nor one a graph still needs.
 - **Schedules as stored state** (``asyncq.store.port.schedules``): one job per tick, whoever evaluates it.
+- **Dependencies and groups** (``store/port/graphs.py``): a graph commits whole; a job's end settles its dependants
+  and its group in the same transaction; a job in no graph pays nothing more.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -40,6 +42,7 @@ from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, N
 from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
+from asyncq.store.port.graphs import GraphStore, GraphTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.port.schedules import ScheduleStore
 
@@ -80,7 +83,7 @@ class JobFilter:
     errors: bool = False
 
 
-class StoreTransaction(Protocol):
+class StoreTransaction(GraphTransaction, Protocol):
     """An open transaction of a store, in which the app's own statements and asyncq's rows commit together."""
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
@@ -92,7 +95,7 @@ class StoreTransaction(Protocol):
         ...
 
 
-class QueueStore(ScheduleStore, Protocol):
+class QueueStore(ScheduleStore, GraphStore, Protocol):
     """A queue's storage. Every method is one transaction; arguments are already checked by the facade."""
 
     #: Where the store lives, for messages (a file path, a URL without its password).

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from asyncq.core.claim_plan import plan_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
@@ -35,6 +36,7 @@ from asyncq.store.postgres.connection import (
     settings,
 )
 from asyncq.store.postgres.failures import as_busy
+from asyncq.store.postgres.graph_store import PostgresGraphCalls
 from asyncq.store.postgres.inspection import check_reader
 from asyncq.store.postgres.pooled import dropped_if_lost
 from asyncq.store.postgres.schedules_store import PostgresSchedules
@@ -46,7 +48,7 @@ from asyncq.store.postgres.wakeups import Wakeups
 T = TypeVar("T")
 
 
-class PostgresQueueStore(PostgresSchedules):
+class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
     """The queue store's port on PostgreSQL (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, target: Target, pool: asyncpg.Pool, wakeups: Wakeups, read_only: bool) -> None:
@@ -140,30 +142,38 @@ class PostgresQueueStore(PostgresSchedules):
     ) -> Settled:
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
 
+        ripple = Ripple()
+
         async def cycle(conn: Connection, schema: str) -> tuple[list[str | None], list[Ticket], list[bool]]:
             activated = await transitions.activate(conn, schema, begun)
-            statuses = await transitions.finish(conn, schema, finishes, now_ms, resend=resend) if finishes else []
+            statuses = (
+                await transitions.finish(conn, schema, finishes, now_ms, resend=resend, ripple=ripple)
+                if finishes
+                else []
+            )
             await self._notify_if_pending(conn, statuses)
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:
-                await transitions.sweep(conn, schema, now_ms)
+                await transitions.sweep(conn, schema, now_ms, ripple)
             rows, counted = await transitions.claim(conn, schema, owner, now_ms, lease_ms, wants, plan)
             tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(rows)]
             return statuses, tickets, activated
 
         statuses, tickets, activated = await self._write(cycle)
-        if PENDING in statuses:
+        if PENDING in statuses or ripple.released:
             self.wakeups.notify()
         return Settled(statuses, tickets, activated)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
+        ripple = Ripple()
+
         async def step(conn: Connection, schema: str) -> list[str | None]:
-            statuses = await transitions.finish(conn, schema, finishes, now_ms)
+            statuses = await transitions.finish(conn, schema, finishes, now_ms, ripple=ripple)
             await self._notify_if_pending(conn, statuses)
             return statuses
 
         statuses: list[str | None] = await self._write(step) if finishes else []
-        if PENDING in statuses:
+        if PENDING in statuses or ripple.released:
             self.wakeups.notify()
         return statuses
 
@@ -208,12 +218,16 @@ class PostgresQueueStore(PostgresSchedules):
         return entry
 
     async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        ripple = Ripple()
+
         async def step(conn: Connection, schema: str) -> CancelOutcome:
-            decided, entry, status = await transitions.cancel(conn, schema, job_id, now_ms, note)
+            decided, entry, status = await transitions.cancel(conn, schema, job_id, now_ms, note, ripple)
             audit = None if entry is None else AuditEntry(*entry)
             return CancelOutcome(job_id, decided, status_after_cancel(decided, status), audit)
 
         outcome: CancelOutcome = await self._write(step)
+        if ripple.released:  # a cancelled dependency released dependants that run anyway
+            self.wakeups.notify()
         return outcome
 
     async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from asyncq.core.retention import STATE_CELLS
 from asyncq.store.postgres.admin import REMOVE_DOOMED, q
 from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.graph_schema import NEEDED_BY_GRAPH
 from asyncq.store.postgres.schema import ENDED_AT
 
 _ENDED = "status IN ('done', 'dead')"
@@ -21,12 +22,14 @@ _ENDED = "status IN ('done', 'dead')"
 # One retention step on one cell: the jobs of a queue ($1) and task ($7; NULL: those without one) of a status ($2)
 # and reason ($6; NULL for the done cell) whose ``available_at`` and end are before $3, from the range of the index
 # that holds them (no order: any expired rows will do, so nothing is sorted), at most $5; a done job whose result is
-# kept past $4 (now) stays. A NULL task or reason is a statement of its own (``IS NULL``), so that each seeks
-# ``jobs_retained``. The result is looked up per row by its primary key (a scalar subquery: a NOT EXISTS became an
-# anti-join reading every result still kept, at each step).
+# kept past $4 (now) stays, and so does a job a graph still needs (``graph_schema.NEEDED_BY_GRAPH``). A NULL task or
+# reason is a statement of its own (``IS NULL``), so that each seeks ``jobs_retained``. The result is looked up per
+# row by its primary key (a scalar subquery: a NOT EXISTS became an anti-join reading every result still kept, at
+# each step).
 _EXPIRED = f"""SELECT seq FROM {{{{schema}}}}.jobs j WHERE {_ENDED} AND queue = $1 AND {{task}} AND status = $2
   AND {{reason}} AND available_at < $3 AND {ENDED_AT} < $3
   AND coalesce((SELECT r.expires_at FROM {{{{schema}}}}.results r WHERE r.job_seq = j.seq), 0) <= $4
+  AND NOT {NEEDED_BY_GRAPH.replace("{", "{{").replace("}", "}}")}
   LIMIT $5"""
 _TASK = {True: "task IS NULL AND $7::text IS NULL", False: "task = $7"}
 _REASON = {True: "reason IS NULL AND $6::text IS NULL", False: "reason = $6"}

@@ -17,12 +17,9 @@ the advisory lock). ``{schema}`` is the schema's checked name.
 
 from __future__ import annotations
 
-from asyncq.core.lifecycle import UNIQUE_WHILE
 from asyncq.store.postgres.connection import Migrations
+from asyncq.store.postgres.graph_schema import GRAPHS
 from asyncq.store.postgres.schedules import SCHEDULE_TABLES
-
-#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
-HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
 
 JOBS = """
 CREATE TABLE {schema}.jobs (
@@ -191,13 +188,14 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE {schema}.jobs ADD COLUMN unique_key text",
     "CREATE UNIQUE INDEX jobs_unique ON {schema}.jobs (queue, unique_key)"
-    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 6's statuses (v8 adds waiting)
 )
 
 # When a finished job ended (the SQLite store's ``schema.ENDED_AT``).
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
-
-# Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
+ENDED_AT = (
+    "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
+    " ELSE deadline END)"
+)  # Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
 # on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,
 # and ``jobs_ended``: the finished jobs by queue, status, reason and ``available_at`` (plain columns, as on SQLite),
 # so a step is one bounded index seek per cell (``core.retention.STATE_CELLS``).
@@ -276,6 +274,7 @@ QUEUE = Migrations(
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
         (*TASKS, *RETENTION_RULES),  # version 8: the task a job's body names; retention rules per task, queue, default
         SCHEDULE_TABLES,  # version 9: schedules as stored state, their events
+        GRAPHS,  # version 10: dependencies and groups (the waiting status, edges, groups)
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from asyncq.core.dependencies import Ripple
+from asyncq.core.groups import Group
 from asyncq.core.jobs import Enqueued, NewJob
 from asyncq.store.postgres import transitions
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.effects import execute_inside
+from asyncq.store.postgres.graph_store import seal_in_transaction
 from asyncq.store.postgres.statements import NOTIFY
 
 if TYPE_CHECKING:
@@ -42,6 +45,15 @@ class PostgresTransaction:
                 await self._conn.execute(NOTIFY, self._store.wakeups.channel)
         self.added += sum(result is True for result in added)
         return added
+
+    async def seal_group(self, name: str, callback: NewJob | None, now_ms: int) -> Group:
+        """Seal a group inside this transaction, in a savepoint (``QueueStore.seal_group``)."""
+        self._check_open()
+        ripple = Ripple()
+        async with self._conn.transaction():
+            found = await seal_in_transaction(self._conn, self._store.schema, name, callback, now_ms, ripple)
+        self.added += ripple.released  # a callback released now wakes this process's workers after the commit
+        return found
 
     def _check_open(self) -> None:
         if not self._open:

@@ -21,6 +21,7 @@ from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite.connection import check_path, write_transaction
+from asyncq.store.sqlite.graph_schema import NEEDED_BY_GRAPH, REMOVE_EDGES
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.schema import ENDED_AT, PRODUCT
 
@@ -30,8 +31,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: its unique key and its task.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task"
+#: its unique key, its task, its group and how many dependencies it still waits for.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"
@@ -50,6 +51,11 @@ LIST_INDEXED = {
     f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
     for status, index in _BY_INDEX.items()
     for newest in (False, True)
+} | {  # waiting jobs: from the index of jobs with edges not met (``graph_schema``), whose WHERE is repeated here
+    ("waiting", newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {_JOBS}_waits WHERE waits > 0"
+    f" AND status = 'waiting' AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'}"
+    " LIMIT :limit"
+    for newest in (False, True)
 }
 GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE id = :id"
 AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
@@ -65,14 +71,17 @@ GROUP BY job_seq)"""
 # When a finished job ended (``schema.ENDED_AT``: finish and cancel stamp ``available_at = now``; the sweep stamps
 # nothing, and a row with reason deadline or exhausted does not say which of them parked it, so those are dated by
 # their deadline: never before they ended, except a job the sweep parked after its deadline).
-_PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff"
-PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP BY status"
-PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
-PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} WHERE {_PRUNABLE}"
+_PRUNABLE = (
+    f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff AND NOT {NEEDED_BY_GRAPH}"
+)
+PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} j WHERE {_PRUNABLE} GROUP BY status"
+PRUNABLE_IDS = f"SELECT id FROM {_JOBS} j WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
+PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} j WHERE {_PRUNABLE}"
 # Removing finished jobs, shared by prune and retention: their errors and results go with them, audit rows stay.
 # The job's own delete re-checks that it has ended, so a row redriven since it was chosen is never removed.
 _SEQS = "(SELECT value FROM json_each(:seqs))"
 REMOVE_JOBS = (
+    *REMOVE_EDGES,
     f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {PRODUCT.results} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {_JOBS} WHERE seq IN {_SEQS} AND status IN ('done', 'dead')",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from functools import cache
+from functools import cache, partial
 from operator import itemgetter
 from typing import Any
 
 from asyncq.core.claim_plan import Rank, claim_rank, next_claim, plan_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
@@ -29,10 +30,12 @@ from asyncq.core.finish_plan import (
     unlanded,
 )
 from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
-from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
+from asyncq.core.lifecycle import DEAD, DONE, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
+from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
+from asyncq.store.sqlite.graphs import End
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
@@ -56,12 +59,23 @@ def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob)
     return enqueue_rows_in_transaction(con, layout, [job])[0]
 
 
+_LINKED = itemgetter(NewJob._fields.index("linked"))
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
 def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
     """``enqueue_in_transaction`` for each of ``jobs``, in order: one statement per ``INSERT_ROWS_MAX`` jobs,
     then one read of the ids that were known. A batch naming one id twice goes job by job, so that the second
-    is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back."""
+    is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back. A batch
+    with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``)."""
+    if layout.graphs and any(map(_LINKED, jobs)):
+        return graphs.enqueue_linked(con, jobs, partial(_insert_rows, con, layout))
+    return _insert_rows(con, layout, jobs)
+
+
+def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
     if len({job.id for job in jobs}) != len(jobs):
-        return [added for job in jobs for added in enqueue_rows_in_transaction(con, layout, [job])]
+        return [added for job in jobs for added in _insert_rows(con, layout, [job])]
     inserted: set[str] = set()
     (after,) = con.execute(sql(layout, "LAST_SEQ")).fetchone()  # every row a statement inserts has a greater seq
     for start in range(0, len(jobs), INSERT_ROWS_MAX):
@@ -241,13 +255,14 @@ def finish(
     *,
     expect: dict[str, Any] | None = None,
     fault: Hook = None,
+    ripple: Ripple | None = None,
 ) -> list[str | None]:
     """Apply each ticket's outcome in one write transaction, each fenced on its own.
 
     Returns the new status per ticket, ``None`` for a stale one (its row is left unchanged). ``expect``
     maps a job id to payload values the ticket claims (the lab's ``qty``): a mismatch is stale too."""
     with write_transaction(con):
-        results = finish_in_transaction(con, layout, items, now_ms, expect=expect, fault=fault)
+        results = finish_in_transaction(con, layout, items, now_ms, expect=expect, fault=fault, ripple=ripple)
     if any(result is not None for result in results):
         call_hook(fault, "after-commit")
     return results
@@ -262,14 +277,18 @@ def finish_in_transaction(
     expect: dict[str, Any] | None = None,
     fault: Hook = None,
     resend: bool = False,
+    ripple: Ripple | None = None,
 ) -> list[str | None]:
-    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change).
+    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change). A job in a
+    graph that ends has its dependants and group settled in the same transaction (``ripple`` counts what that
+    released).
 
     Items without ``held`` are decided on their rows, read first (one statement for the batch); items with
     it, on the claim's snapshot: the same decision while the fence holds, and the compare-and-set refuses
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
+    ripple = Ripple() if ripple is None else ripple
     if fault is None and expect is None and all_held_once(items):
-        return _finish_held(con, layout, items, now_ms, resend)
+        return _finish_held(con, layout, items, now_ms, ripple, resend)
     on_rows = expect or {}
     reads = rows_to_read(items, on_rows)
     states = read_states(con, layout, reads) if reads else {}
@@ -279,23 +298,31 @@ def finish_in_transaction(
         if all(payload[k] == v for k, v in on_rows.get(job_id, {}).items())
     }
     decided = decide_each(items, found, now_ms, on_rows)
-    return [_finish_one(con, layout, item, each, now_ms, fault) for item, each in zip(items, decided, strict=True)]
+    return [
+        _finish_one(con, layout, item, each, now_ms, fault, ripple) for item, each in zip(items, decided, strict=True)
+    ]
 
 
 def _finish_held(
-    con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int, resend: bool = False
+    con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int, ripple: Ripple, resend: bool = False
 ) -> list[str | None]:
     """``finish_in_transaction`` for items that all carry ``held``, one job each: the plan's decisions
     (``core.finish_plan``), then one compare-and-set statement per change and ``FINISH_ROWS_MAX`` rows, instead
-    of one per row."""
+    of one per row. The rows that landed with ``links`` (jobs in a graph) that ended are settled after."""
     plan = plan_held(items, now_ms)
     landed: set[int] = set()
+    linked: list[End] = []
     for change, rows in plan.items():
         for start in range(0, len(rows), FINISH_ROWS_MAX):
             chunk = [row for _, row in rows[start : start + FINISH_ROWS_MAX]]
-            landed.update(seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)))
+            written = con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)).fetchall()
+            landed.update(map(_FIRST, written))
+            if any(map(_SECOND, written)) and (change.status == DONE or change.status == DEAD):  # rows in a graph
+                linked += [(seq, change.status, links) for seq, links in written if links is not None]
     found = statuses_after(plan, landed, len(items))
     _keep(con, layout, items, plan, found, now_ms)
+    if linked:
+        graphs.settle_ends(con, linked, now_ms, ripple)
     missed = unlanded(plan, landed) if resend else []
     if missed:  # the same finishes sent again: those whose first commit did land are landed, not stale
         found = statuses_after(plan, landed_before(plan, landed, _rows_now(con, layout, missed)), len(items))
@@ -334,15 +361,20 @@ def _finish_one(
     decided: tuple[FinishChange, FinishRow] | None,
     now_ms: int,
     fault: Hook,
+    ripple: Ripple,
 ) -> str | None:
     """One finish, decided before the batch (``decide_each``) and written on its own (the lab's path: its fault
     point follows each change); a stale one (``None``) writes nothing."""
     if decided is None:
         return None
     change, row = decided
-    if not con.execute(finish_rows(layout, 1), finish_params(change, [row])).fetchall():
+    landed = con.execute(finish_rows(layout, 1), finish_params(change, [row])).fetchall()
+    if not landed:
         return None
     _keep(con, layout, [item], {change: [(0, row)]}, [change.status], now_ms)
+    links = landed[0][1]
+    if links is not None and change.status in (DONE, DEAD):
+        graphs.settle_ends(con, [(row.seq, change.status, links)], now_ms, ripple)
     call_hook(fault, "after-finish")
     return change.status
 
@@ -402,10 +434,13 @@ def redrive(
             raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
         seq, payload, state = found
         _check_key_free(con, layout, job_id, payload)
+        rearm = graphs.plan_rearm(con, seq, job_id) if layout.graphs else None  # refused here: nothing written
         audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "seq": seq}
         con.execute(sql(layout, "AUDIT"), audit)
         call_hook(fault, "after-audit")
         con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
+        if rearm is not None:
+            graphs.rearm(con, seq, *rearm)
         call_hook(fault, "after-redrive")
     call_hook(fault, "after-commit")
     return True
@@ -423,7 +458,7 @@ def _check_key_free(con: sqlite3.Connection, layout: Layout, job_id: str, payloa
 
 
 def cancel(
-    con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str
+    con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str, ripple: Ripple | None = None
 ) -> tuple[CancelState, bool, str]:
     """Cancel a job as ``core.lifecycle.decide_cancel`` decides on its row: end it dead (``cancelled``), or store
     a request for its holder, each audited in the same transaction; ``too_late`` changes nothing. With whether an
@@ -438,8 +473,11 @@ def cancel(
         if decided is CancelState.TOO_LATE:
             return decided, False, state.status
         params = {"seq": seq, "now": now_ms}
-        statement = "CANCEL" if decided is CancelState.CANCELLED else "REQUEST_CANCEL"
-        if con.execute(sql(layout, statement), params).rowcount == 0:
+        if decided is CancelState.CANCELLED:
+            (links,) = con.execute(sql(layout, "CANCEL"), params).fetchone()
+            if links is not None:  # a job in a graph: its dependants and group are settled with it
+                graphs.settle_ends(con, [(seq, DEAD, links)], now_ms, Ripple() if ripple is None else ripple)
+        elif con.execute(sql(layout, "REQUEST_CANCEL"), params).rowcount == 0:
             return decided, False, state.status  # a request stored already
         action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
         audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": action, "seq": seq}
@@ -459,18 +497,21 @@ def settle_and_claim_in_transaction(
     start_now: int | None = None,
     started: Sequence[tuple[int, str, Fence]] = (),
     resend: bool = False,
+    ripple: Ripple | None = None,
 ) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
     ``items``, and claim up to ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (at most ``total`` over
     all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
     now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
-    them were counted, and the activations. The claims are ``core.claim_plan``'s."""
+    them were counted, and the activations. The claims are ``core.claim_plan``'s; ``ripple`` counts the jobs that the
+    ends of jobs in a graph released (they may be claimed by this same commit)."""
+    ripple = Ripple() if ripple is None else ripple
     activated = _activate(con, layout, started) if started else []
-    found = finish_in_transaction(con, layout, items, now_ms, resend=resend)
+    found = finish_in_transaction(con, layout, items, now_ms, resend=resend, ripple=ripple)
     plan = plan_claim([limit for _scope, limit in wants], total, start_now)
     if plan.sweep:
-        _sweep(con, layout, now_ms)
+        _sweep(con, layout, now_ms, ripple)
     claimed: list[tuple[Any, ...]] = []
     counted = 0
     dry: set[int] = set()  # queues found with no ready job left
@@ -495,13 +536,17 @@ def settle_and_claim_in_transaction(
     return found, claimed, counted, activated
 
 
-def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested) as dead, in every queue:
-    once a claim."""
-    con.execute(sql(layout, "SWEEP_DEADLINE"), {"now": now_ms})
-    con.execute(sql(layout, "SWEEP_EXHAUSTED"), {"now": now_ms})
+def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int, ripple: Ripple | None = None) -> None:
+    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested; a waiting job past its
+    deadline) as dead, in every queue: once a claim. A parked job in a graph has its dependants and group settled."""
+    params = {"now": now_ms}
+    parked = con.execute(sql(layout, "SWEEP_DEADLINE"), params).fetchall()
+    parked += con.execute(sql(layout, "SWEEP_EXHAUSTED"), params).fetchall()
     if layout.cancels:
-        con.execute(sql(layout, "SWEEP_CANCELLED"), {"now": now_ms})
+        parked += con.execute(sql(layout, "SWEEP_CANCELLED"), params).fetchall()
+    linked = [(seq, DEAD, links) for seq, links in parked if links is not None]
+    if linked:
+        graphs.settle_ends(con, linked, now_ms, Ripple() if ripple is None else ripple)
 
 
 def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

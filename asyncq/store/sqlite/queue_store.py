@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
@@ -23,9 +24,10 @@ from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite import admin, engine, flow, retention
-from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
+from asyncq.store.sqlite.aio import AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
+from asyncq.store.sqlite.graph_store import GraphTransactionCalls, SqliteGraphCalls
 from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.store.sqlite.schedules_store import SqliteSchedules
 from asyncq.store.sqlite.schema import PRODUCT
@@ -71,7 +73,7 @@ def _explained(error: sqlite3.OperationalError, path: str) -> Exception:
     return error if blocker is None else StoreError(f"{path}: {blocker}")
 
 
-class SqliteTransaction(AppTransaction):
+class SqliteTransaction(GraphTransactionCalls):
     """An open ``BEGIN IMMEDIATE`` on the store's connection: the app's SQL and its jobs commit together."""
 
     async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[Enqueued]:
@@ -80,7 +82,7 @@ class SqliteTransaction(AppTransaction):
         return added
 
 
-class SqliteQueueStore(SqliteSchedules):
+class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
     """The queue store's port on one SQLite file (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
@@ -162,6 +164,7 @@ class SqliteQueueStore(SqliteSchedules):
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
+        ripple = Ripple()
         statuses, claimed, counted, activated = await self._file.run_held(
             engine.settle_and_claim_in_transaction,
             PRODUCT,
@@ -174,19 +177,22 @@ class SqliteQueueStore(SqliteSchedules):
             start_now,
             begun,
             resend,
+            ripple,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
-        self._notify_if_pending(statuses)
+        self._notify_if_pending(statuses, ripple)
         return Settled(statuses, tickets, activated)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
-        statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms)
-        self._notify_if_pending(statuses)
+        ripple = Ripple()
+        statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms, ripple=ripple)
+        self._notify_if_pending(statuses, ripple)
         return statuses
 
-    def _notify_if_pending(self, statuses: Sequence[str | None]) -> None:
-        """A retry makes a job pending again (ready at once if its delay is 0): wake this process's waiters."""
-        if PENDING in statuses:
+    def _notify_if_pending(self, statuses: Sequence[str | None], ripple: Ripple) -> None:
+        """A retry makes a job pending again (ready at once if its delay is 0), and so does the end of a job that
+        others waited for: wake this process's waiters."""
+        if PENDING in statuses or ripple.released:
             self._file.notify()
 
     async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Renewal | None]:
@@ -216,12 +222,16 @@ class SqliteQueueStore(SqliteSchedules):
         return entry
 
     async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        ripple = Ripple()
+
         def cancel(con: sqlite3.Connection) -> CancelOutcome:
-            decided, audited, status = engine.cancel(con, PRODUCT, job_id, now_ms, note)
+            decided, audited, status = engine.cancel(con, PRODUCT, job_id, now_ms, note, ripple)
             entry = admin.last_audit_of(con, job_id) if audited else None
             return CancelOutcome(job_id, decided, status_after_cancel(decided, status), entry)
 
         outcome: CancelOutcome = await self._write(cancel)
+        if ripple.released:  # a cancelled dependency released dependants that run anyway
+            self._file.notify()
         return outcome
 
     async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:

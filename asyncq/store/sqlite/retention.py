@@ -15,6 +15,7 @@ from typing import Any
 from asyncq.core.retention import STATE_CELLS
 from asyncq.store.sqlite.admin import remove_jobs
 from asyncq.store.sqlite.connection import write_transaction
+from asyncq.store.sqlite.graph_schema import NEEDED_BY_GRAPH
 from asyncq.store.sqlite.schema import ENDED_AT, PRODUCT
 
 _JOBS = PRODUCT.jobs
@@ -22,11 +23,13 @@ _ENDED = "status IN ('done', 'dead')"
 
 # One group's jobs of one cell (status, reason) that ended before the cutoff, oldest first (the task ``IS`` a value
 # or NULL: the jobs without one); the end (``ENDED_AT``) is checked on the rows found. A done job whose result is
-# still kept stays (a caller may be waiting for it).
+# still kept stays (a caller may be waiting for it), and
+# so does a job a graph still needs (``graph_schema.NEEDED_BY_GRAPH``).
 EXPIRED_SEQS = f"""
 SELECT seq FROM {_JOBS} j WHERE {_ENDED} AND queue = :queue AND task IS :task AND status = :status
   AND reason IS :reason AND available_at < :cutoff AND {ENDED_AT} < :cutoff
   AND NOT EXISTS (SELECT 1 FROM {PRODUCT.results} r WHERE r.job_seq = j.seq AND r.expires_at > :now)
+  AND NOT {NEEDED_BY_GRAPH}
 ORDER BY available_at LIMIT :limit
 """
 # The queues that have ended jobs, by skipping through the index: each step seeks the next queue's first entry.

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncq.core.lifecycle import UNIQUE_WHILE
-
-#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
-HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
-
 # The lease lab's tables, exactly as its contract writes them (sqlite_master keeps this text).
 LAB_TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
@@ -83,6 +78,9 @@ class Layout:
     #: product's ``task``, derived from the body (``core.jobs.task_of``; ``TASKS``). A row stored before the column
     #: existed holds ``NULL`` there and still matches the same body.
     derived: tuple[str, ...] = ()
+    #: Whether the jobs table has the dependencies' and groups' columns (the product's, ``graph_schema``): its sweep
+    #: also ends waiting jobs past their deadline, and its finishes and sweeps return each row's ``links``.
+    graphs: bool = False
 
     @property
     def stored(self) -> tuple[str, ...]:
@@ -114,8 +112,9 @@ PRODUCT = Layout(
     scope="AND queue = :queue",
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
-    keys=("unique_key",),
+    keys=("unique_key", "group_name"),
     derived=("task",),
+    graphs=True,
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -252,14 +251,15 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE asyncq_jobs ADD COLUMN unique_key TEXT",
     "CREATE UNIQUE INDEX IF NOT EXISTS asyncq_jobs_unique ON asyncq_jobs(queue, unique_key)"
-    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 9's statuses (v11 adds waiting)
 )
 
 # When a finished job ended (``admin``'s prune and retention read it): finish and cancel stamp ``available_at =
 # now``; the sweep stamps nothing, and a row with reason deadline or exhausted is dated by its deadline.
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
-
-# Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
+ENDED_AT = (
+    "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
+    " ELSE deadline END)"
+)  # Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
 # settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
 # set (SQLite cannot change a CHECK in place: the table is rebuilt, its rows and their seqs kept, and
 # AUTOINCREMENT goes on from the highest). ``asyncq_jobs_ended`` holds the finished jobs by queue, status, reason and
