@@ -38,6 +38,7 @@ from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, N
 from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.retention import Windows
 from asyncq.core.stats import Stats
+from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 
 #: How a store on a database server is named (anything else is a path to a SQLite file).
@@ -245,6 +246,11 @@ class QueueStore(Protocol):
 
     async def close(self) -> None:
         """Close the store (after the transaction in progress)."""
+        ...
+
+    def console(self) -> ConsoleStore:
+        """The operator console's reads and writes on this store, on its connection or pool
+        (``asyncq.store.port.console``)."""
         ...
 
 

@@ -8,6 +8,7 @@ import sqlite3
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
+    CONSOLE,
     ERROR_TABLES,
     FLOW_CONTROL,
     JOB_COUNTS,
@@ -46,6 +47,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
+    CONSOLE,  # version 11: the console's operator audit, samples and workers seen; errors by type
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -20,6 +20,7 @@ from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.retention import Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
+from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite import admin, engine, flow
@@ -295,6 +296,11 @@ class SqliteQueueStore:
 
     async def close(self) -> None:
         await self._file.close()
+
+    def console(self) -> ConsoleStore:
+        from asyncq.store.sqlite.console_store import SqliteConsoleStore
+
+        return SqliteConsoleStore(self)
 
     # -- helpers ------------------------------------------------------------------------------------------
 

@@ -273,3 +273,24 @@ RETENTION = (
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_ended ON asyncq_jobs(queue, status, reason, available_at)"
     " WHERE status IN ('done', 'dead')",
 )
+
+# Version 11: the operator's console (docs/console.md). ``asyncq_operations`` is the operator audit: one row per
+# console action (who, their role, why, the filter, the count and the ids of the set it acted on, its digest and
+# what came of it); each job audit row that action wrote names it (``op_seq``). ``asyncq_samples`` keeps each queue's
+# figures at each sample the running console takes (deleted past the console's keep), ``asyncq_workers_seen`` the
+# lease holders those samples saw. ``asyncq_errors_type`` finds the jobs that failed with an error type (the Jobs
+# screen's filter) by ``job_seq``: an entry per failed attempt, written only on a failure.
+CONSOLE = (
+    "ALTER TABLE asyncq_audit ADD COLUMN op_seq INTEGER",
+    """CREATE TABLE IF NOT EXISTS asyncq_operations (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL, role TEXT NOT NULL, action TEXT NOT NULL, note TEXT NOT NULL, filter TEXT NOT NULL,
+  count INTEGER NOT NULL, ids TEXT NOT NULL, digest TEXT NOT NULL, outcome TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS asyncq_samples (at_ms INTEGER NOT NULL, queue TEXT NOT NULL,
+  pending INTEGER NOT NULL, ready INTEGER NOT NULL, leased INTEGER NOT NULL, oldest_ready_at INTEGER,
+  done INTEGER NOT NULL, dead INTEGER NOT NULL, failed INTEGER NOT NULL, capped INTEGER NOT NULL,
+  errors_seq INTEGER NOT NULL, PRIMARY KEY (at_ms, queue)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS asyncq_workers_seen (owner TEXT PRIMARY KEY, first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL, leases INTEGER NOT NULL, renewals INTEGER NOT NULL, last_renewal_ms INTEGER)
+  WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS asyncq_errors_type ON asyncq_errors(type, job_seq)",
+)
