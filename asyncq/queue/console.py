@@ -123,6 +123,12 @@ class OperatorConsole:
         """The console actions ``query`` finds, newest first, and where an older search goes on from."""
         return await self.store.operations(query.checked())
 
+    async def operations(self, seqs: list[int]) -> dict[int, OperationEntry]:
+        """The console actions of these seqs (an audit entry's page, a job's timeline), by seq."""
+        for seq in seqs:
+            check_int(seq, "seq", 1, 2**63 - 1)
+        return await self.store.operations_by_seq(seqs)
+
     async def samples(self, since_ms: int) -> list[Sample]:
         """The samples kept since ``since_ms``, oldest first."""
         return await self.store.samples(check_int(since_ms, "since_ms", 0, 2**62))
