@@ -133,3 +133,46 @@ def dump(path: Any) -> str:
     """A SQLite queue file's whole content, to compare before and after a refusal."""
     with closing(sqlite3.connect(path)) as con:
         return "\n".join(con.iterdump())
+
+
+async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> None:
+    """A queue's last hour, sampled each minute as a running console would: orders, mail and billing enqueued in
+    waves, worked by three workers, most done, some retried after an error, a few dead; ``clock`` (the queue's) moves
+    a minute a step and ends at its start plus ``minutes``. Then: billing paused, the mail queue's retention set,
+    a burst of mail waiting, a few leases held."""
+    from asyncq.queue.console import OperatorConsole
+    from asyncq.queue.working import Attempt
+
+    console = OperatorConsole(queue)
+    errors = (ValueError("card declined"), TimeoutError("smtp timeout"), KeyError("sku-404"))
+    n = 0
+    for minute in range(minutes):
+        clock[0] += 1  # the minute's work just after the sample before (a sample counts what ended after it)
+        wave = 20 + (minute * 7) % 25 + (30 if 35 <= minute <= 42 else 0)
+        specs = []
+        for k in range(wave):
+            n += 1
+            queue_name = ("orders", "mail", "billing")[k % 3]
+            body = {"order": 10_000 + n, "customer": {"id": n % 97, "tier": ("gold", "free")[n % 2]}}
+            specs.append(JobSpec(f"{queue_name}-{n}", body, queue_name, max_attempts=3, priority=(n % 5) - 2))
+        await queue.enqueue_many(specs)
+        for queue_name in ("orders", "mail", "billing"):
+            if 38 <= minute <= 41 and queue_name == "mail":
+                continue  # a stall: mail piles up for four minutes
+            tickets = await queue.claim(f"worker-{queue_name}", queue=queue_name, limit=wave // 3 + 3)
+            attempts = []
+            for index, ticket in enumerate(tickets):
+                if (index + minute) % 11 == 0:
+                    attempts.append(Attempt(ticket, "retry", 0, errors[index % 3]))
+                elif (index + minute) % 29 == 0:
+                    attempts.append(Attempt(ticket, "permanent", 0, errors[(index + 1) % 3]))
+                else:
+                    attempts.append(Attempt(ticket, "ok"))
+            await queue.finish_many(attempts)
+        clock[0] += 59_999
+        await console.sample(60_000, 7 * 86_400_000)
+    await queue.pause("billing", note="card processor outage INC-412", by="olga")
+    await queue.set_retention("mail", done=7 * 86400, cancelled=86400, by="ops")
+    await queue.claim("worker-7f3a", queue="mail", limit=3, lease=1800)
+    waiting = await queue.list_jobs(status="pending", queue="mail", limit=1)
+    await queue.cancel(waiting[0].id, "customer left")

@@ -35,7 +35,11 @@ def aiohttp_app(console: ConsoleApp) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await _answer_aiohttp(console, request)
 
+    async def shutdown(_app: web.Application) -> None:
+        console.stop_streams()  # before the server waits for its handlers: live streams end at once
+
     app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(shutdown)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
@@ -69,8 +73,11 @@ async def _answer_aiohttp(console: ConsoleApp, request: web.Request) -> web.Stre
     await streamed.prepare(request)
     try:
         async for chunk in answer.stream:
-            await streamed.write(chunk)
-    except (ConnectionResetError, asyncio.CancelledError):  # the browser went away (or the server stops)
+            if request.transport is None or request.transport.is_closing():
+                break  # the browser went away
+            if chunk:
+                await streamed.write(chunk)
+    except ConnectionResetError:  # it went away while we wrote
         pass
     return streamed
 
@@ -167,7 +174,8 @@ async def _send(send: Send, answer: Response, receive: Receive | None = None) ->
     gone = asyncio.create_task(_disconnected(receive))
     try:
         async for chunk in _until(answer.stream, gone):
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
     except OSError:  # the browser went away while we wrote
         pass

@@ -89,6 +89,7 @@ class ConsoleApp:
         self._sampler: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock | None = None
         self.sampled = asyncio.Event()  # set (and replaced) when this console wrote a sample
+        self.stopping = asyncio.Event()  # set when the server stops: live streams end
 
     @property
     def console(self) -> OperatorConsole:
@@ -105,6 +106,7 @@ class ConsoleApp:
                 return
             queue = await self._open()
             self._console = OperatorConsole(queue)
+            self.stopping = asyncio.Event()
             if self.settings.sample_ms is not None:
                 self._sampler = asyncio.create_task(self._sample_forever(), name="asyncq-console-sampler")
 
@@ -120,8 +122,13 @@ class ConsoleApp:
             raise TypeError(f"the console's target returned {type(found).__name__}, not a Queue")
         return found
 
+    def stop_streams(self) -> None:
+        """End every live stream (a server stopping: it waits for its handlers)."""
+        self.stopping.set()
+
     async def close(self) -> None:
-        """Stop sampling, and close the queue if the console opened it."""
+        """End the live streams, stop sampling, and close the queue if the console opened it."""
+        self.stop_streams()
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from asyncq.core.samples import QueueFigures, Sample
 
-WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 640, 180, 52, 8, 8, 22
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 580, 170, 48, 8, 8, 22
 BUCKETS = 120
 #: The windows a chart can show, by the name the page links with.
 WINDOWS = {"1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000, "7d": 7 * 24 * 3_600_000}

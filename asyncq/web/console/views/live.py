@@ -6,7 +6,6 @@ writes a sample; the others are looked at every ``refresh_seconds``."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -65,12 +64,14 @@ def event(name: str, data: str) -> bytes:
 
 
 async def _stream(ctx: Ctx, view: str) -> AsyncIterator[bytes]:
+    """The view's region each time it changed; an empty chunk at every look (the adapter checks then whether the
+    browser is still there), a comment now and then (proxies keep the stream open); until the console stops."""
     yield b"retry: 2000\n\n"
     last, quiet_since, ends = None, time.monotonic(), time.monotonic() + STREAM_SECONDS
-    while time.monotonic() < ends:
+    while time.monotonic() < ends and not ctx.app.stopping.is_set():
         try:
             html = await render_live(ctx, view)
-        except (StoreError, OSError) as error:  # a busy store: say so, try again at the next look
+        except (StoreError, OSError) as error:  # a busy store: try again at the next look
             log.warning("console: live %s: %s", view, error)
             html = None
         if html is not None and html != last:
@@ -79,15 +80,19 @@ async def _stream(ctx: Ctx, view: str) -> AsyncIterator[bytes]:
         elif time.monotonic() - quiet_since >= HEARTBEAT_SECONDS:
             yield b": still here\n\n"
             quiet_since = time.monotonic()
+        else:
+            yield b""
         await _next_look(ctx, view)
 
 
 async def _next_look(ctx: Ctx, view: str) -> None:
-    """Until the next look: ``refresh_seconds``, or for the overview this console's next sample if sooner."""
-    wait = ctx.app.settings.refresh_seconds
-    if view != "overview":
-        await asyncio.sleep(wait)
-        return
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(wait):
-            await ctx.app.sampled.wait()
+    """Until the next look: ``refresh_seconds``, or for the overview this console's next sample if sooner; at once
+    when the console stops."""
+    waits = [asyncio.ensure_future(ctx.app.stopping.wait())]
+    if view == "overview":
+        waits.append(asyncio.ensure_future(ctx.app.sampled.wait()))
+    try:
+        await asyncio.wait(waits, timeout=ctx.app.settings.refresh_seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
