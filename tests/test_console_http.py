@@ -256,3 +256,27 @@ async def _next_event(stream: object) -> str:
         elif line == "" and lines:
             return "\n".join(lines)
     raise AssertionError("the stream ended")
+
+
+async def test_sign_in_refusals_sign_out_and_bulk_priority_and_delete(client: Client, queue: Queue) -> None:
+    page = await client.get("/login")
+    wrong = await client.post("/login", {"csrf": page.csrf(), "name": "eve", "token": "not-a-token-at-all"})
+    assert wrong.status == 403 and "that token opens no role" in wrong.text
+    nameless = await client.post("/login", {"csrf": page.csrf(), "token": TOKENS["admin"]})
+    assert nameless.status == 400 and "your name" in nameless.text
+    assert (await client.get("/")).status == 303  # still nobody
+    await client.sign_in("admin", name="ada")
+    changed = await client.act({"action": "priority", "status": "pending", "queue": "mail", "new_priority": "5"})
+    assert changed.status == 303
+    assert {job.id: job.priority for job in await queue.list_jobs(status="pending", queue="mail")} == {
+        "m-pending-1": 5, "m-pending-2": 5}  # fmt: skip
+    deleted = await client.act({"action": "delete", "status": "dead", "queue": "web", "note": "spam"})
+    entry = await client.get(deleted.headers["Location"])
+    assert entry.cell("entry-outcome") == "deleted: 1" and "w-gone" in entry.text
+    assert await queue.get("w-gone") is None
+    assert (await client.get("/audit/999999")).status == 404
+    assert (await client.get("/fragment/nothing")).status == 404
+    assert (await client.get("/events?view=nothing")).status == 400
+    home = await client.get("/")
+    assert (await client.post("/logout", {"csrf": home.csrf()})).headers["Location"] == "/login"
+    assert (await client.get("/")).status == 303  # signed out

@@ -100,3 +100,29 @@ async def test_a_version_7_postgresql_schema_migrates_to_the_console_version(pos
     assert SCHEMA_VERSION == 8
     async with await Queue.open(postgres_url, clock=lambda: T0 + 1) as queue:
         await check_migrated(queue)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("postgres_database")
+def test_the_console_benchmark_runs_quick_on_both_stores_and_writes_no_docs(tmp_path: Path) -> None:
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from postgres_support import run_database
+
+    root = Path(__file__).resolve().parents[1]
+    docs = root / "docs" / "benchmarks.md"
+    before = hashlib.sha256(docs.read_bytes()).hexdigest()
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "console_search.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root), "ASYNCQ_BENCH_POSTGRES": run_database()},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the console's reads at depth" in done.stdout and " met" in done.stdout
+    assert hashlib.sha256(docs.read_bytes()).hexdigest() == before

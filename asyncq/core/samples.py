@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from asyncq.core.limits import DAY_MS, SECOND_MS
+from asyncq.core.stats import OwnerLeases, Stats
 
 #: Pending (and ready, and leased) jobs of one queue a sample counts, at most.
 DEPTH_CAP = 1_000_000
@@ -28,6 +29,26 @@ DEFAULT_SAMPLE_MS = 10 * SECOND_MS
 DEFAULT_KEEP_MS = 7 * DAY_MS
 MIN_SAMPLE_MS = 50
 MAX_KEEP_MS = 366 * DAY_MS
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What the console shows of the whole store on every refresh: ``core.stats.Stats`` without the attempts
+    histogram, which a PostgreSQL store reads from every live row (``Totals.of`` is the definition)."""
+
+    now_ms: int
+    by_status: dict[str, int]
+    dead_by_reason: dict[str, int]
+    oldest_ready_age_ms: int | None
+    expired_leases: int
+    leases: list[OwnerLeases]
+
+    @classmethod
+    def of(cls, stats: Stats) -> Totals:
+        return cls(
+            stats.now_ms, stats.by_status, stats.dead_by_reason, stats.oldest_ready_age_ms, stats.expired_leases,
+            stats.leases,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

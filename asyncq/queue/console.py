@@ -25,6 +25,7 @@ from asyncq.core.samples import (
     MAX_KEEP_MS,
     MIN_SAMPLE_MS,
     Sample,
+    Totals,
     WorkerSeen,
     lease_map,
     look_at_workers,
@@ -128,6 +129,10 @@ class OperatorConsole:
         for seq in seqs:
             check_int(seq, "seq", 1, 2**63 - 1)
         return await self.store.operations_by_seq(seqs)
+
+    async def totals(self) -> Totals:
+        """The store's counts and live figures now, as the console shows them on every refresh."""
+        return await self.store.totals(self.queue.now())
 
     async def samples(self, since_ms: int) -> list[Sample]:
         """The samples kept since ``since_ms``, oldest first."""

@@ -84,3 +84,15 @@ async def test_a_renewal_is_a_lease_whose_expiry_moved_on_under_the_same_token(s
     assert seen["w1"] == WorkerSeen("w1", T0 + 1, T0 + 700, 2, 1, T0 + 700)
     assert seen["w2"] == WorkerSeen("w2", T0 + 700, T0 + 700, 1, 0, None)
     assert b.id == "b"
+
+
+async def test_the_consoles_totals_are_the_stores_stats_without_the_attempts(store: QueueStore) -> None:
+    from asyncq.core.samples import Totals
+
+    await enqueue(store, new("a", queue="mail"), new("b"), new("c", delay_ms=5_000), new("d"))
+    a, b = await claim(store, "w1", T0, queue="default", n=2, lease_ms=100)
+    assert await store.finish([outcome(a, "permanent", error=BOOM)], T0 + 1) == ["dead"]
+    for now in (T0 + 2, T0 + 500):  # the lease of b live, then expired
+        totals = await store.console().totals(now)
+        assert totals == Totals.of(await store.stats(now))
+        assert totals.expired_leases == (now > b.lease_until)

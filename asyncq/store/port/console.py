@@ -25,7 +25,7 @@ from typing import Protocol
 
 from asyncq.core.jobs import Job
 from asyncq.core.operations import AuditQuery, Operation, OperationEntry
-from asyncq.core.samples import Figures, Sample, WorkerLook, WorkerSeen
+from asyncq.core.samples import Figures, Sample, Totals, WorkerLook, WorkerSeen
 from asyncq.core.search import DeadGroup, JobPage, Position, SearchPlan
 
 
@@ -63,6 +63,10 @@ class ConsoleStore(Protocol):
     async def dead_groups(self, queue: str | None, scan: int) -> tuple[list[DeadGroup], int]:
         """The newest ``scan`` dead jobs (of ``queue`` if named) grouped by ``(queue, reason, last error type)``
         with their counts, most first; and how many dead jobs were looked at."""
+        ...
+
+    async def totals(self, now_ms: int) -> Totals:
+        """The store's counts and live figures (``Stats`` without its attempts histogram), one read snapshot."""
         ...
 
     async def read_figures(self, now_ms: int) -> Figures:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from asyncq.core.jobs import Job
 from asyncq.core.operations import BULK_SCAN, REDRIVE, RESUME, AuditQuery, Operation, OperationEntry
-from asyncq.core.samples import Figures, Sample, WorkerLook, WorkerSeen
+from asyncq.core.samples import Figures, Sample, Totals, WorkerLook, WorkerSeen
 from asyncq.core.search import MAX_IDS, DeadGroup, JobPage, Position, SearchPlan
 from asyncq.store.postgres import operations, samples, search
 from asyncq.store.postgres.connection import Connection
@@ -57,6 +57,9 @@ class PostgresConsoleStore:
 
     async def dead_groups(self, queue: str | None, scan: int) -> tuple[list[DeadGroup], int]:
         return await self._store._read(samples.dead_groups, queue, scan)
+
+    async def totals(self, now_ms: int) -> Totals:
+        return await self._store._read(samples.totals, now_ms)
 
     async def read_figures(self, now_ms: int) -> Figures:
         return await self._store._read(samples.read_figures, now_ms)

@@ -15,11 +15,14 @@ from asyncq.core.samples import (
     LeaseSeen,
     QueueFigures,
     Sample,
+    Totals,
     WorkerLook,
     WorkerSeen,
     is_due,
 )
 from asyncq.core.search import DeadGroup
+from asyncq.core.stats import StatsReads, assemble_stats
+from asyncq.store.postgres import admin
 from asyncq.store.postgres.connection import Connection, advisory_key
 
 _SKIP_SCAN = """
@@ -31,10 +34,11 @@ WITH RECURSIVE q(name) AS (
 """
 _INDEXED = ("status = 'pending'", "status = 'leased'", "status IN ('done', 'dead')")
 QUEUES = (*(_SKIP_SCAN.format(where=where) for where in _INDEXED), "SELECT queue FROM {schema}.queues")
-PENDING = "SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs WHERE status = 'pending' AND queue = $1 LIMIT $2) c"
-READY = """
-SELECT count(*), min(available_at) FROM (SELECT available_at FROM {schema}.jobs
-  WHERE status = 'pending' AND queue = $1 AND available_at <= $2 ORDER BY available_at LIMIT $3) r
+# A queue's pending jobs in one pass of jobs_waiting (queue, available_at), the soonest due first, at most $3: how
+# many, how many of them are ready at $2, and the oldest ready one.
+PENDING = """
+SELECT count(*), count(*) FILTER (WHERE available_at <= $2), min(available_at) FILTER (WHERE available_at <= $2)
+FROM (SELECT available_at FROM {schema}.jobs WHERE status = 'pending' AND queue = $1 ORDER BY available_at LIMIT $3) p
 """
 LEASED = "SELECT count(*) FROM {schema}.jobs WHERE status = 'leased' AND queue = $1"
 ENDED = """
@@ -73,12 +77,14 @@ SELECT owner, first_seen_ms, last_seen_ms, leases, renewals, last_renewal_ms FRO
 ORDER BY last_seen_ms DESC, owner COLLATE "C" LIMIT 1000
 """
 _NEWEST_DEAD = "SELECT seq FROM {schema}.jobs WHERE status = 'dead' ORDER BY seq DESC LIMIT $2"
+# Each dead job looked up by its key in a LATERAL subquery (its LIMIT 1 keeps the planner from folding it into a
+# join that scans the whole table).
 DEAD_GROUPS = f"""
 SELECT j.queue, j.reason,
   (SELECT e.type FROM {{schema}}.errors e WHERE e.job_seq = j.seq ORDER BY e.seq DESC LIMIT 1) AS type,
   count(*), (array_agg(j.id ORDER BY j.seq DESC))[1]
-FROM ({_NEWEST_DEAD}) d JOIN {{schema}}.jobs j ON j.seq = d.seq
-WHERE $1::text IS NULL OR j.queue = $1
+FROM ({_NEWEST_DEAD}) d CROSS JOIN LATERAL (
+  SELECT seq, id, queue, reason FROM {{schema}}.jobs WHERE seq = d.seq AND ($1::text IS NULL OR queue = $1) LIMIT 1) j
 GROUP BY 1, 2, 3
 """
 DEAD_LOOKED_AT = f"SELECT count(*) FROM ({_NEWEST_DEAD.replace('$2', '$1')}) d"
@@ -86,6 +92,18 @@ DEAD_LOOKED_AT = f"SELECT count(*) FROM ({_NEWEST_DEAD.replace('$2', '$1')}) d"
 
 def q(statement: str, schema: str) -> str:
     return statement.format(schema=schema)
+
+
+async def totals(conn: Connection, schema: str, now_ms: int) -> Totals:
+    """``Stats``' reads without the attempts histogram (it reads every live row), in the caller's snapshot."""
+    reads = StatsReads(
+        counts=[(status, reason, n) for status, reason, n in await conn.fetch(q(admin.COUNTS, schema))],
+        attempts=[],
+        leases=[(owner, n, first) for owner, n, first in await conn.fetch(q(admin.LEASES_BY_OWNER, schema))],
+        expired=await conn.fetchval(q(admin.EXPIRED_LEASES, schema), now_ms),
+        oldest_ready=await conn.fetchval(q(admin.OLDEST_READY, schema), now_ms),
+    )
+    return Totals.of(assemble_stats(now_ms, reads))
 
 
 async def read_figures(conn: Connection, schema: str, now_ms: int) -> Figures:
@@ -106,16 +124,15 @@ async def read_figures(conn: Connection, schema: str, now_ms: int) -> Figures:
 async def _queue_figures(
     conn: Connection, schema: str, queue: str, now_ms: int, since: int | None, failed: int
 ) -> QueueFigures:
-    pending = int(await conn.fetchval(q(PENDING, schema), queue, DEPTH_CAP))
-    ready = await conn.fetchrow(q(READY, schema), queue, now_ms, DEPTH_CAP)
-    assert ready is not None
+    found = await conn.fetchrow(q(PENDING, schema), queue, now_ms, DEPTH_CAP)
+    assert found is not None
+    pending, ready, oldest = int(found[0]), int(found[1]), found[2]
     leased = int(await conn.fetchval(q(LEASED, schema), queue))
     done = dead = 0
     if since is not None:
         done = int(await conn.fetchval(q(DONE, schema), queue, since, now_ms))
         dead = int(await conn.fetchval(q(DEAD, schema), queue, since, now_ms))
-    oldest = None if ready[1] is None else int(ready[1])
-    return QueueFigures(queue, pending, int(ready[0]), leased, oldest, done, dead, failed, pending >= DEPTH_CAP)
+    return QueueFigures(queue, pending, ready, leased, oldest, done, dead, failed, pending >= DEPTH_CAP)
 
 
 async def write_sample(

@@ -4,8 +4,9 @@ driver's statements in PostgreSQL's words.
 
 A page is one statement in the caller's snapshot: the walk (at most ``:scan`` rows of the path's index, in its
 order, past the cursor) is a subquery whose order the outer query keeps (its sort keys are the walk's), each row's
-job is fetched by its primary key and the unserved filters are checked on it, and the ``LIMIT`` stops the walk
-once the page is full. Only a short page asks how far the walk went.
+job is fetched by its primary key in a ``LATERAL`` subquery that checks the unserved filters (its ``LIMIT 1`` keeps
+the planner from folding it into a join: for a selective filter it then scanned the whole table and merged), and
+the ``LIMIT`` stops the walk once the page is full. Only a short page asks how far the walk went.
 """
 
 from __future__ import annotations
@@ -110,8 +111,9 @@ async def search(
         "s.available_at, s.seq" if plan.path is Path.DUE else f"s.seq {'DESC' if plan.order is Order.NEWEST else ''}"
     )
     statement = (
-        f"SELECT {_COLUMNS.format(schema=schema)} FROM ({scanned}) s JOIN {schema}.jobs j ON j.seq = s.seq"
-        f" WHERE {unserved(plan, schema)} ORDER BY {order} LIMIT :page"
+        f"SELECT {_COLUMNS.format(schema=schema)} FROM ({scanned}) s CROSS JOIN LATERAL"
+        f" (SELECT j.* FROM {schema}.jobs j WHERE j.seq = s.seq AND {unserved(plan, schema)} LIMIT 1) j"
+        f" ORDER BY {order} LIMIT :page"
     )
     params = parameters(plan, after, scan, page + 1)
     jobs = [Job.from_row(tuple(row)) for row in await conn.fetch(*_args(statement, params))]

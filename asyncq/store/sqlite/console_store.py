@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING
 
 from asyncq.core.jobs import Job
 from asyncq.core.operations import BULK_SCAN, REDRIVE, RESUME, AuditQuery, Operation, OperationEntry
-from asyncq.core.samples import Figures, Sample, WorkerLook, WorkerSeen
+from asyncq.core.samples import Figures, Sample, Totals, WorkerLook, WorkerSeen
 from asyncq.core.search import MAX_IDS, DeadGroup, JobPage, Position, SearchPlan
+from asyncq.core.stats import Stats
 from asyncq.store.sqlite import operations, samples, search
 from asyncq.store.sqlite.admin import snapshot
+from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.stats import read_stats
 
 if TYPE_CHECKING:
     from asyncq.store.sqlite.queue_store import SqliteQueueStore
@@ -60,6 +63,10 @@ class SqliteConsoleStore:
     async def dead_groups(self, queue: str | None, scan: int) -> tuple[list[DeadGroup], int]:
         found: tuple[list[DeadGroup], int] = await self._store._file.run(samples.dead_groups, queue, scan)
         return found
+
+    async def totals(self, now_ms: int) -> Totals:
+        stats: Stats = await self._store._file.run(read_stats, PRODUCT, now_ms)  # the kept counts: no scan
+        return Totals.of(stats)
 
     async def read_figures(self, now_ms: int) -> Figures:
         found: Figures = await self._store._file.run(samples.read_figures, now_ms)

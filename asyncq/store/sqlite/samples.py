@@ -41,11 +41,12 @@ WITH RECURSIVE q(name) AS (
 """
 _INDEXED = ("status = 'pending'", "status = 'leased'", "status IN ('done', 'dead')")
 QUEUES = (*(_SKIP_SCAN.format(jobs=_JOBS, where=where) for where in _INDEXED), "SELECT queue FROM asyncq_queues")
-PENDING = f"SELECT count(*) FROM (SELECT 1 FROM {_JOBS} WHERE status = 'pending' AND queue = :queue LIMIT :cap)"
-READY = (
-    f"SELECT count(*), min(available_at) FROM (SELECT available_at FROM {_JOBS}"
-    " WHERE status = 'pending' AND queue = :queue AND available_at <= :now ORDER BY available_at LIMIT :cap)"
-)
+# A queue's pending jobs in one pass of asyncq_jobs_waiting (queue, available_at), the soonest due first, at most
+# :cap: how many, how many of them are ready, and the oldest ready one.
+PENDING = f"""
+SELECT count(*), ifnull(sum(available_at <= :now), 0), min(CASE WHEN available_at <= :now THEN available_at END)
+FROM (SELECT available_at FROM {_JOBS} WHERE status = 'pending' AND queue = :queue ORDER BY available_at LIMIT :cap)
+"""
 LEASED = f"SELECT count(*) FROM {_JOBS} WHERE status = 'leased' AND queue = :queue"
 # Jobs that ended since the previous sample, by the ended jobs' index (finish and cancel stamp ``available_at``).
 ENDED = f"""
@@ -111,8 +112,7 @@ def _failed(con: sqlite3.Connection, errors_after: int) -> dict[str, int]:
 
 def _queue_figures(con: sqlite3.Connection, queue: str, now_ms: int, since: int | None, failed: int) -> QueueFigures:
     params: dict[str, Any] = {"queue": queue, "now": now_ms, "cap": DEPTH_CAP, "since": since}
-    pending = int(con.execute(PENDING, params).fetchone()[0])
-    ready, oldest = con.execute(READY, params).fetchone()
+    pending, ready, oldest = con.execute(PENDING, params).fetchone()
     leased = int(con.execute(LEASED, params).fetchone()[0])
     done = dead = 0
     if since is not None:

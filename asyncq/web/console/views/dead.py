@@ -25,7 +25,7 @@ async def values(ctx: Ctx) -> dict[str, Any]:
     newest = await ctx.console.search(
         JobQuery(status="dead", queue=query.queue), order=Order.NEWEST, page=ctx.app.settings.page_size
     )
-    stats = await ctx.console.queue.stats()
+    stats = await ctx.console.totals()
     return {
         "queue": query.queue,
         "groups": groups,

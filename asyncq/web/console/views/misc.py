@@ -63,7 +63,7 @@ async def logout(ctx: Ctx) -> Response:
 async def stats_json(ctx: Ctx) -> Response:
     """The counts now and the newest sample's queues, for scripts."""
     queue = ctx.console.queue
-    stats = await queue.stats()
+    stats = await ctx.console.totals()
     samples = await ctx.console.samples(queue.now() - 3_600_000)
     latest = samples[-1] if samples else None
     body = {

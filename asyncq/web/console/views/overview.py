@@ -45,7 +45,7 @@ async def values(ctx: Ctx) -> dict[str, Any]:
     queue = ctx.console.queue
     now = queue.now()
     start = now - charts.WINDOWS[window]
-    stats = await queue.stats()
+    stats = await ctx.console.totals()
     samples = await ctx.console.samples(start)
     settings = {each.queue: each for each in await queue.queue_settings()}
     rows = queue_rows(samples, settings, start, now)

@@ -41,7 +41,7 @@ async def page(ctx: Ctx) -> Response:
 
 
 async def values(ctx: Ctx) -> dict[str, Any]:
-    stats = await ctx.console.queue.stats()
+    stats = await ctx.console.totals()
     holders = {lease.owner: Holder(lease.owner, lease.count, lease.first_expiry_ms) for lease in stats.leases}
     listed = await ctx.console.search(JobQuery(status="leased"), order=Order.OLDEST, page=LEASES_LISTED)
     for job in listed.jobs:
