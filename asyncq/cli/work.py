@@ -148,7 +148,7 @@ async def dashboard(args: argparse.Namespace) -> int:
     """Serve the operator's console on ``--host``/``--port``; print ``dashboard: URL`` and who may do what once
     listening, then serve until SIGINT or SIGTERM."""
     from asyncq.web.console import ConsoleApp, ConsoleSettings, console_aiohttp
-    from asyncq.web.console.templates import is_loopback
+    from asyncq.web.console.rendering import is_loopback
     from asyncq.web.serving import serve
 
     resolver, access = console_access(args)

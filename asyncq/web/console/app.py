@@ -20,8 +20,8 @@ from asyncq.queue.console import OperatorConsole
 from asyncq.web.console import views
 from asyncq.web.console.auth import Identity, Session, Sessions, resolve
 from asyncq.web.console.http import Request, Response, match
+from asyncq.web.console.rendering import environment, is_loopback
 from asyncq.web.console.settings import ConsoleSettings
-from asyncq.web.console.templates import environment, is_loopback
 
 log = logging.getLogger("asyncq.web.console")
 

@@ -10,7 +10,7 @@ from asyncq.core.operations import MAX_ACTOR_CHARS
 from asyncq.core.values import check_text
 from asyncq.web.console.auth import TokenRoles
 from asyncq.web.console.http import Response, redirect
-from asyncq.web.console.templates import static_file
+from asyncq.web.console.rendering import static_file
 
 if TYPE_CHECKING:
     from asyncq.web.console.app import Ctx
