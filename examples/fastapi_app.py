@@ -43,6 +43,7 @@ tokens = {
     for role in ("operator", "admin")
     if os.environ.get(f"ASYNCQ_CONSOLE_{role.upper()}_TOKEN")
 }
+# Loopback host names only; served under a real name, add allow_remote=True (it needs the tokens: a resolver).
 console = ConsoleApp(lambda: api.state.queue, ConsoleSettings(resolver=TokenRoles(tokens) if tokens else None))
 
 

@@ -211,8 +211,11 @@ async def test_only_loopback_host_names_are_answered_unless_told(queue: Queue) -
     async with serving(queue) as (base, _console), Client(base) as client:
         assert (await client.get("/", Host="attacker.example")).status == 403
         assert (await client.get("/", Host="localhost:8080")).status == 200
-    async with serving(queue, ConsoleSettings(sample_seconds=None, allow_remote=True)) as (base, _c), Client(base) as c:
+    remote = ConsoleSettings(resolver=TokenRoles(TOKENS, anonymous="read_only"), sample_seconds=None, allow_remote=True)
+    async with serving(queue, remote) as (base, _c), Client(base) as c:
         assert (await c.get("/", Host="console.example")).status == 200
+    with pytest.raises(ValueError, match="allow_remote needs a resolver"):
+        ConsoleSettings(allow_remote=True).checked()
 
 
 async def test_samples_are_kept_in_the_store_and_charted_after_a_restart(queue: Queue, clock: list[int]) -> None:

@@ -86,7 +86,8 @@ async def test_a_console_given_a_path_opens_the_existing_queue_and_closes_it(que
 
 REFUSALS = [
     (["--host", "0.0.0.0"], "asyncq: error: refusing to bind 0.0.0.0, not a loopback address (add --allow-remote"),
-    (["--host", "0.0.0.0", "--allow-remote"], "asyncq: error: refusing to bind 0.0.0.0 without auth"),
+    (["--host", "0.0.0.0", "--allow-remote"], "asyncq: error: refusing to serve 0.0.0.0 remotely without auth"),
+    (["--allow-remote"], "asyncq: error: refusing to serve 127.0.0.1 remotely without auth"),
     (["--operator-token", "short"], "asyncq: error: the operator token must be a str of at least 16 characters"),
     (["--operator-token", "x" * 16, "--role-header", "X-Role"], "asyncq: error: give role tokens or --role-header"),
     (["--role-header", "X Role"], "asyncq: error: a header name is letters, digits and '-'"),

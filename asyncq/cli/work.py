@@ -152,11 +152,10 @@ async def dashboard(args: argparse.Namespace) -> int:
     from asyncq.web.serving import serve
 
     resolver, access = console_access(args)
-    if not is_loopback(args.host):
-        if not args.allow_remote:
-            raise UsageError(f"refusing to bind {args.host}, not a loopback address (add --allow-remote to mean it)")
-        if resolver is None:
-            raise UsageError(f"refusing to bind {args.host} without auth: give role tokens or --role-header")
+    if not is_loopback(args.host) and not args.allow_remote:
+        raise UsageError(f"refusing to bind {args.host}, not a loopback address (add --allow-remote to mean it)")
+    if args.allow_remote and resolver is None:
+        raise UsageError(f"refusing to serve {args.host} remotely without auth: give role tokens or --role-header")
     settings = ConsoleSettings(
         resolver=resolver, sample_seconds=args.sample_seconds, keep_seconds=args.keep_days * 86_400,
         refresh_seconds=args.refresh_seconds, allow_remote=args.allow_remote,

@@ -1,9 +1,9 @@
-"""An operator's console actions on PostgreSQL, each in the caller's one transaction: the set found again and
-checked against the preview (``core.operations.check_same_set``), every member moved by ``transitions``' own steps
-(a redrive, a cancel decided by ``decide_cancel`` on its locked row) or fenced by its status (a delete on rows locked
-in their status, a new priority by a conditional update), each with its job audit row, then one operator audit row
-(``operations``) that those rows name. A member that moved between the check and its move (another host's
-claim) makes the whole action ``SetChanged``: the transaction rolls back. Also the operator audit's reads."""
+"""An operator's console actions on PostgreSQL, each in the caller's one transaction: the set found again, its rows
+locked in ``seq`` order and checked against the preview (``core.operations.check_same_set``), so that no other
+transaction can move a member until the commit; every member then moved by ``transitions``' own steps (a redrive, a
+cancel decided by ``decide_cancel``) or fenced by its status (a delete, a new priority), each with its job audit
+row, then one operator audit row (``operations``) that those rows name; a member that does not move as checked
+makes the whole action ``SetChanged`` and the transaction rolls back. Also the operator audit's reads."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ INSERT INTO {{schema}}.operations (at_ms, actor, role, action, note, filter, cou
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING {ENTRY_COLUMNS}
 """
 NAME_ENTRY = "UPDATE {schema}.audit SET op_seq = $1 WHERE seq = ANY($2::bigint[])"
+LOCK_SET = "SELECT seq, id, status, token FROM {schema}.jobs WHERE seq = ANY($1::bigint[]) ORDER BY seq FOR UPDATE"
 LOCK_TO_DELETE = (
     "SELECT seq FROM {schema}.jobs WHERE seq = ANY($1::bigint[]) AND status IN ('pending', 'done', 'dead') FOR UPDATE"
 )
@@ -83,10 +84,7 @@ async def operate(conn: Connection, schema: str, operation: Operation, now_ms: i
         ids, audited, outcome = await _on_queues(conn, schema, operation, now_ms)
         filter_: dict[str, Any] = {"queues": list(operation.queues)}
     else:
-        plan = selection_plan(operation.action, operation.query)
-        jobs = (await search(conn, schema, plan, None, MAX_IDS, BULK_SCAN, body=False)).jobs
-        members = [(job.seq, job.id, job.status, job.token) for job in jobs]
-        check_same_set(operation.action, operation.count, operation.digest, members)
+        jobs = await _found_again(conn, schema, operation)
         ids = [job.id for job in jobs]
         audited, outcome = await _ACTS[operation.action](conn, schema, operation, jobs, now_ms)
         filter_ = operation.query.as_dict()
@@ -100,6 +98,17 @@ async def operate(conn: Connection, schema: str, operation: Operation, now_ms: i
 
 
 Acted = tuple[list[int], dict[str, int]]
+
+
+async def _found_again(conn: Connection, schema: str, operation: Operation) -> list[Job]:
+    """The action's set found as its preview found it, its rows locked (in ``seq`` order) and checked as locked:
+    from here to the commit no other transaction can move a member, so the digest holds for the whole action."""
+    plan = selection_plan(operation.action, operation.query)
+    jobs = (await search(conn, schema, plan, None, MAX_IDS, BULK_SCAN, body=False)).jobs
+    rows = await conn.fetch(LOCK_SET.format(schema=schema), [job.seq for job in jobs])
+    members = [(int(row[0]), str(row[1]), str(row[2]), int(row[3])) for row in rows]
+    check_same_set(operation.action, operation.count, operation.digest, members)
+    return jobs
 
 
 async def _redrive(conn: Connection, schema: str, op: Operation, jobs: list[Job], now_ms: int) -> Acted:

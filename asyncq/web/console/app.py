@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,7 +174,7 @@ class ConsoleApp:
             await self.start()
         except (StoreError, OSError) as error:
             return Response(503, f"cannot open the queue: {error}".encode(), "text/plain; charset=utf-8")
-        now_s = int(time.time())
+        now_s = self.console.queue.now() // 1000  # sessions expire by the queue's (injected) clock
         session = self.sessions.read(request, now_s)
         cookies = []
         if session is None:

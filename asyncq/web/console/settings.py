@@ -22,9 +22,9 @@ class ConsoleSettings:
     sample, and shows what other consoles sampled); ``keep_seconds``: how long samples are kept.
     ``refresh_seconds``: how often a live screen looks for changes (server-sent events, or the browser's polling
     when those fail). ``page_size`` and ``scan``: jobs a page shows, rows of an index a page looks at.
-    ``allow_remote``: answer any ``Host`` (behind a reverse proxy); by default only loopback names are answered,
-    against DNS rebinding. ``secret``: signs session cookies and CSRF tokens (random per process by default:
-    sign-ins end with the process)."""
+    ``allow_remote``: answer any ``Host`` (served under a real name, behind a reverse proxy; a resolver is then
+    required); by default only loopback names are answered, against DNS rebinding. ``secret``: signs session
+    cookies and CSRF tokens (random per process by default: sign-ins end with the process)."""
 
     resolver: Resolver | None = None
     sample_seconds: float | None = DEFAULT_SAMPLE_MS / 1000
@@ -46,7 +46,8 @@ class ConsoleSettings:
         _seconds(self.refresh_seconds, "refresh_seconds", 0.05, 3600)
         check_int(self.page_size, "page_size", 1, MAX_PAGE)
         check_int(self.scan, "scan", self.page_size, 1_000_000)
-        check_flag(self.allow_remote, "allow_remote")
+        if check_flag(self.allow_remote, "allow_remote") and self.resolver is None:
+            raise ValueError("allow_remote needs a resolver: a console other machines reach must know who asks")
         if type(self.secret) is not bytes or len(self.secret) < 16:
             raise ValueError("secret must be at least 16 bytes")
         return self

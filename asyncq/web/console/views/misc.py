@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING
 
 from asyncq.core.operations import MAX_ACTOR_CHARS
@@ -47,14 +46,14 @@ async def login(ctx: Ctx) -> Response:
         return ctx.render("login.html", 400, error=str(error))
     if role is None:
         return ctx.render("login.html", 403, error="that token opens no role")
-    session = ctx.app.sessions.new(int(time.time()), name, role)
+    session = ctx.app.sessions.new(ctx.console.queue.now() // 1000, name, role)
     response = redirect(ctx.request.url("/"))
     response.cookies.append(ctx.app.sessions.cookie(session, ctx.request))
     return response
 
 
 async def logout(ctx: Ctx) -> Response:
-    session = ctx.app.sessions.new(int(time.time()))
+    session = ctx.app.sessions.new(ctx.console.queue.now() // 1000)
     response = redirect(ctx.request.url("/login" if _tokens(ctx) else "/"))
     response.cookies.append(ctx.app.sessions.cookie(session, ctx.request))
     return response
