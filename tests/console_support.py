@@ -15,7 +15,9 @@ import aiohttp
 from aiohttp import web
 
 from asyncq.core.jobs import JobSpec
+from asyncq.core.search import JobQuery
 from asyncq.queue import Queue
+from asyncq.queue.console import OperatorConsole
 from asyncq.web.console import ConsoleApp, ConsoleSettings, console_aiohttp
 
 T0 = 1_700_000_000_000
@@ -140,7 +142,6 @@ async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> 
     waves, worked by three workers, most done, some retried after an error, a few dead; ``clock`` (the queue's) moves
     a minute a step and ends at its start plus ``minutes``. Then: billing paused, the mail queue's retention set,
     a burst of mail waiting, a few leases held."""
-    from asyncq.queue.console import OperatorConsole
     from asyncq.queue.working import Attempt
 
     console = OperatorConsole(queue)
@@ -171,8 +172,21 @@ async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> 
             await queue.finish_many(attempts)
         clock[0] += 59_999
         await console.sample(60_000, 7 * 86_400_000)
-    await queue.pause("billing", note="card processor outage INC-412", by="olga")
+        if minute == 30:  # an operator redrives the orders a missing SKU killed, through the console
+            await act(console, "redrive", JobQuery(queue="orders", error_type="KeyError"), "sku catalogue fixed")
+    await act(console, "pause", None, "card processor outage INC-412", queues=("billing",))
     await queue.set_retention("mail", done=7 * 86400, cancelled=86400, by="ops")
     await queue.claim("worker-7f3a", queue="mail", limit=3, lease=1800)
     waiting = await queue.list_jobs(status="pending", queue="mail", limit=1)
     await queue.cancel(waiting[0].id, "customer left")
+
+
+async def act(
+    console: Any, action: str, query: Any, note: str, *, queues: tuple[str, ...] = (), actor: str = "olga"
+) -> Any:
+    """Preview ``action`` and carry it out on what the preview found, as an operator does."""
+    from asyncq.core.operations import OPERATOR, Operation
+
+    preview = await console.preview(action, query, queues)
+    operation = Operation(action, preview.count, preview.digest, actor, OPERATOR, note, query or JobQuery(), queues)
+    return await console.operate(operation)

@@ -1,6 +1,7 @@
 """The console's schema versions (SQLite 11, PostgreSQL 8) migrate a queue of the version before with its rows: its
 jobs, errors and audit rows kept (``op_seq`` empty on the old rows), the operator audit, samples and workers tables
-added, the job audit taking the console's moves, and a console action working at once."""
+added, the job audit taking the console's moves, and a console action working at once. And the console's benchmark
+smoke run on both stores."""
 
 from __future__ import annotations
 
