@@ -7,6 +7,7 @@
     ├── JobFailed    ``TaskJob.result()``: the job ended dead; carries its stored error
     ├── Retryable    a handler or transport asks for another attempt later
     ├── Permanent    a handler or transport says another attempt cannot help
+    ├── SetChanged   a console's bulk action found another set than its preview showed: nothing changed
     ├── BadAck       an answer that is not evidence of completion
     │   └── Unroutable   (asyncq.delivery.amqp) the broker returned a mandatory publish: no queue took it
     └── StoreError   a store cannot be used as asked: missing, not a queue, a newer schema, read-only
@@ -41,6 +42,17 @@ class UniqueConflict(Conflict):
         self.job_id = job_id
         subject = "" if job_id is None else f"job {job_id!r}: "
         super().__init__(f"{subject}unique key {unique_key!r} is held by active job {existing_id!r} in queue {queue!r}")
+
+
+class SetChanged(AsyncqError):
+    """An operator's action found its set changed since the preview the operator confirmed (another count, or
+    members in another state): nothing was changed. ``expected`` is the confirmed count, ``found`` the count now."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        self.expected = expected
+        self.found = found
+        what = "the same count but members in another state" if expected == found else f"{found} now"
+        super().__init__(f"the set changed since its preview ({expected} confirmed, {what}): nothing changed")
 
 
 class InvalidArguments(AsyncqError, ValueError):

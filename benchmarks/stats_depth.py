@@ -6,9 +6,9 @@
    (the triggers count them as they land). At each depth, in alternating rounds on the same file: v4's
    statements (``COUNT … GROUP BY`` status, dead by reason, the attempts histogram and the oldest ready job over
    the ``pending`` index) on a raw connection, ``read_stats`` (what ``Queue.stats()`` runs) on a raw connection,
-   ``Queue.stats()`` itself through a read-only queue, and the dashboard's page read (``read_snapshot``: stats, the
+   ``Queue.stats()`` itself through a read-only queue, and the console's page read (``page_read``: stats, the
    newest dead jobs, the leases). Medians; every v4 figure must equal the v5 one. Targets: ``Queue.stats()`` at
-   5M queued <= 50 ms, and the dashboard's page read too.
+   5M queued <= 50 ms, and the console's page read too.
 2. The cost per job: the engine's own statements (enqueue, claim, finish ok; 128 jobs a commit, WAL+FULL) on fresh
    files: v5; v5 with the counting triggers and the new indexes dropped (= v4); and that v4 file with counts kept
    by the engine instead, as it was measured when choosing (a prototype: the deltas of each commit from the rows
@@ -17,7 +17,7 @@
 3. The v4 -> v5 migration of the deepest file (made v4 again: the counts table, triggers and indexes dropped): how
    long ``SqliteQueueStore.open`` holds the write lock to count the rows and build the indexes, and that its counts
    give the same figures.
-4. EXPLAIN QUERY PLAN of every statement on the deepest file, of the dashboard's listings, and of the claim (it
+4. EXPLAIN QUERY PLAN of every statement on the deepest file, of the old listings, and of the claim (it
    must not take the new index).
 
 Instructions per job: ``valgrind --tool=callgrind .venv/bin/python benchmarks/stats_depth.py --one-side v5 --jobs
@@ -47,15 +47,16 @@ import _report
 
 from asyncq.core.jobs import Finish, Held, NewJob
 from asyncq.core.lifecycle import STATUSES, Fence
+from asyncq.core.search import JobQuery
 from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.queue import Queue
+from asyncq.queue.console import OperatorConsole
 from asyncq.store.sqlite import engine, stats
 from asyncq.store.sqlite.admin import LIST_INDEXED
 from asyncq.store.sqlite.connection import write_transaction
 from asyncq.store.sqlite.queue_store import SqliteQueueStore
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.statements import sql
-from asyncq.web.dashboard import read_snapshot
 
 COMMAND = ".venv/bin/python benchmarks/stats_depth.py"
 T0 = 1_700_000_000_000
@@ -87,11 +88,14 @@ V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "D
            "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
 # What version 9 (unique keys) added, undone first: its partial unique index and the column.
 V9_ONLY = ("DROP INDEX asyncq_jobs_unique", "ALTER TABLE asyncq_jobs DROP COLUMN unique_key")
-# What versions 11 and 13 added to the jobs table (its task and retention rules; dependencies and groups), undone
-# first: the task's index, the index of ended jobs that names it (version 10's, which v11 replaced, is made again by
-# v10's step), the rules' table and the column; the graph columns, indexes and tables (the widened status check
-# stays: v13 finds it widened and leaves it). Version 12's schedule tables stay: its step makes them if missing.
+# What versions 11, 13 and 14 added (the jobs' task and retention rules; dependencies and groups; the console),
+# undone first: the task's index, the index of ended jobs that names it (version 10's, which v11 replaced, is made
+# again by v10's step), the rules' table and the column; the graph columns, indexes and tables (the widened status
+# check stays: v13 finds it widened and leaves it); the console's tables, index and audit column. Version 12's
+# schedule tables stay: its step makes them if missing.
 V11_ONLY = (
+    "DROP TABLE asyncq_operations", "DROP TABLE asyncq_samples", "DROP TABLE asyncq_workers_seen",
+    "DROP INDEX asyncq_errors_type", "ALTER TABLE asyncq_audit DROP COLUMN op_seq",
     "DROP INDEX asyncq_jobs_task",
     "DROP INDEX asyncq_jobs_retained",
     "DROP TABLE asyncq_retention",
@@ -194,7 +198,7 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 async def measure_depth(path: Path, con: sqlite3.Connection, depth: int, settings: Settings) -> Depth:
-    """Alternating rounds at one depth: v4's scans, ``read_stats``, ``Queue.stats()``, the dashboard's page read."""
+    """Alternating rounds at one depth: v4's scans, ``read_stats``, ``Queue.stats()``, the console's page read."""
     v4_times, v5_times, facade_times, page_times, same = [], [], [], [], True
     async with await Queue.open(path, read_only=True, clock=lambda: T0) as queue:
         for index in range(settings.samples):
@@ -209,11 +213,21 @@ async def measure_depth(path: Path, con: sqlite3.Connection, depth: int, setting
             assert await queue.stats() == new
             facade_times.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            await read_snapshot(queue)
+            await page_read(queue)
             page_times.append((time.perf_counter() - started) * 1000)
     rows = sum(new.by_status.values())
     med = statistics.median
     return Depth(depth, rows, med(v4_times), med(v5_times), med(facade_times), med(page_times), same)
+
+
+async def page_read(queue: Queue) -> None:
+    """What the console reads on a refresh of its overview, dead and workers screens (counts, the newest dead jobs,
+    the leases, the queues' settings; the samples it shows are a read of their own table)."""
+    console = OperatorConsole(queue)
+    await queue.stats()
+    await console.search(JobQuery(status="dead"), page=50)
+    await console.search(JobQuery(status="leased"), page=200)
+    await queue.queue_settings()
 
 
 def plans(con: sqlite3.Connection) -> list[tuple[str, str, str]]:
@@ -235,7 +249,8 @@ def plans(con: sqlite3.Connection) -> list[tuple[str, str, str]]:
 
 async def migration_seconds(path: Path, con: sqlite3.Connection, expected: Stats) -> float:
     """Make the file v4 again, then time the open that migrates it to the current version (v5's counts, v6, v7's
-    cancel column, v8's priority indexes, v9's unique keys: one write transaction; v6's tables are kept)."""
+    cancel column, v8's priority indexes, v9's unique keys, v11's console tables: one write transaction; v6's tables
+    are kept)."""
     with write_transaction(con):
         for statement in (*V11_ONLY, *V9_ONLY, *V8_ONLY, *V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
             con.execute(statement)
@@ -360,14 +375,14 @@ def depth_rows(results: list[Depth]) -> list[list[str]]:
 
 
 DEPTH_HEADERS = ["queued", "jobs in file", "v4 scans ms", "v5 read_stats ms", "v4/v5", "Queue.stats() ms",
-                 "dashboard page read ms", "same figures"]  # fmt: skip
+                 "console page read ms", "same figures"]  # fmt: skip
 
 
 def verdicts(results: list[Depth]) -> list[list[str]]:
     deepest = results[-1]
     label = f"Queue.stats() at {deepest.depth:,} queued <= {TARGET_MS:.0f} ms"
     rows = [[label, f"{deepest.facade_ms:.2f} ms", _report.verdict(deepest.facade_ms <= TARGET_MS)]]
-    page = f"the dashboard's page read at {deepest.depth:,} queued <= {TARGET_MS:.0f} ms"
+    page = f"the console's page read at {deepest.depth:,} queued <= {TARGET_MS:.0f} ms"
     rows.append([page, f"{deepest.page_ms:.1f} ms", _report.verdict(deepest.page_ms <= TARGET_MS)])
     rows.append(["every v4 figure equals v5's, at every depth", "", _report.verdict(all(r.same for r in results))])
     if deepest.depth < TARGET_DEPTH:
@@ -388,7 +403,7 @@ def markdown(
         f"`{COMMAND}` on {_report.environment()}. One file grown through the depths "
         "(10% of the depth done, 1% dead, 16 leased, 1 in 50 delayed); medians of alternating rounds on the same "
         "file: v4's scans and v5's `read_stats` on a raw connection, `Queue.stats()` through a read-only queue, "
-        "and the dashboard's page read (`read_snapshot`).",
+        "and the console's page read (`page_read`: stats, the newest dead jobs, the leases, the queues' settings).",
         _report.markdown_table(DEPTH_HEADERS, depth_rows(results)),
         _report.markdown_table(["target", "measured", "verdict"], verdicts(results)),
         "v4's dead-by-reason statement runs here on the v5 file, so it seeks the dead-only index that v4 files lack "

@@ -1,18 +1,23 @@
 """A FastAPI app with asyncq tasks: the queue opens with the app, a worker runs in the same process, and a signup
-row and its welcome email's job commit together. Run ``uvicorn examples.fastapi_app:api`` (``ASYNCQ_DB`` names the
-file, default ``app.db``), or ``asyncq worker examples.fastapi_app:tasks --db app.db`` as separate workers (then
-pass ``worker=False`` to the lifespan).
+row and its welcome email's job commit together. The operator's console is mounted at ``/ops`` (read-only unless
+``ASYNCQ_CONSOLE_OPERATOR_TOKEN`` or ``ASYNCQ_CONSOLE_ADMIN_TOKEN`` is set: then sign in with it). Run
+``uvicorn examples.fastapi_app:api`` (``ASYNCQ_DB`` names the file, default ``app.db``), or ``asyncq worker
+examples.fastapi_app:tasks --db app.db`` as separate workers (then pass ``worker=False`` to the lifespan).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
 
 import asyncq
+from asyncq.web.console import ConsoleApp, ConsoleSettings, TokenRoles, console_asgi
 
 tasks = asyncq.App()
 
@@ -32,7 +37,25 @@ async def send_welcome(email: str) -> Welcome:
     return Welcome(email=email, message=f"Welcome aboard, {email}!")
 
 
-api = FastAPI(lifespan=tasks.lifespan(os.environ.get("ASYNCQ_DB", "app.db"), worker=True, concurrency=8))
+queue_lifespan = tasks.lifespan(os.environ.get("ASYNCQ_DB", "app.db"), worker=True, concurrency=8)
+tokens = {
+    role: os.environ[f"ASYNCQ_CONSOLE_{role.upper()}_TOKEN"]
+    for role in ("operator", "admin")
+    if os.environ.get(f"ASYNCQ_CONSOLE_{role.upper()}_TOKEN")
+}
+# Loopback host names only; served under a real name, add allow_remote=True (it needs the tokens: a resolver).
+console = ConsoleApp(lambda: api.state.queue, ConsoleSettings(resolver=TokenRoles(tokens) if tokens else None))
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+    """The queue and its worker, then the console over that queue (its sampler stops first)."""
+    async with queue_lifespan(app) as state, console:
+        yield state
+
+
+api = FastAPI(lifespan=lifespan)
+api.mount("/ops", console_asgi(console))
 
 
 def queue_of(request: Request) -> asyncq.Queue:

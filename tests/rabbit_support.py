@@ -126,6 +126,7 @@ def headless_chromium(profile: Path, *arguments: str, prefs: dict[str, object] |
         options.add_argument(argument)
     options.add_argument("--disable-dev-shm-usage")
     options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, read by get_log("browser")
     for argument in arguments:
         options.add_argument(argument)
     if prefs:

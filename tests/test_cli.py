@@ -239,7 +239,7 @@ def test_show_gives_the_row_and_its_audit_history(db: Path) -> None:
     assert job["errors"] == []
     [entry] = data["history"]
     assert (entry["action"], entry["note"], entry["reason"], entry["token"]) == ("cancel", "old-note", "cancelled", 0)
-    assert set(entry) == {"seq", "id", "action", "token", "at_ms", "note", "reason"}
+    assert set(entry) == {"seq", "id", "action", "token", "at_ms", "note", "reason", "op_seq"}
     text = run_cli("show", "--db", "q.db", "p-1", cwd=db.parent).stdout
     assert "status        pending" in text and '"n": [' in text and "no redrive or cancel" in text
     assert "no errors recorded" in text

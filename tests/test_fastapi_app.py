@@ -4,6 +4,7 @@ the in-process worker runs the welcome task for real, the result comes back over
 from __future__ import annotations
 
 import importlib.util
+import re
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -70,3 +71,41 @@ async def test_a_job_still_pending_answers_409_without_a_worker(example: ModuleT
             assert waiting.status_code == 409
     with sqlite3.connect(tmp_path / "app.db") as con:
         assert con.execute("SELECT status FROM asyncq_jobs").fetchall() == [("pending",)]
+
+
+async def test_the_console_is_mounted_at_ops_and_acts_through_the_asgi_adapter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASYNCQ_DB", str(tmp_path / "app.db"))
+    monkeypatch.setenv("ASYNCQ_CONSOLE_OPERATOR_TOKEN", "operator-token-0123456789")
+    spec = importlib.util.spec_from_file_location("fastapi_console_example", ROOT / "examples" / "fastapi_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    api = module.api
+    async with api.router.lifespan_context(api):
+        await api.state.queue.pause("emails", note="before the test", by="setup")
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            first = await client.get("/ops/")
+            assert first.status_code == 303 and first.headers["location"] == "/ops/login"
+            login = await client.get("/ops/login")
+            csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', login.text)
+            assert csrf is not None and 'href="/ops/static/console.css"' in login.text
+            form = {"csrf": csrf.group(1), "name": "ada", "token": "operator-token-0123456789"}
+            assert (await client.post("/ops/login", data=form)).status_code == 303
+            overview = await client.get("/ops/")
+            assert overview.status_code == 200 and 'id="resume-emails"' in overview.text
+            csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', overview.text)  # a new session: a new token
+            assert csrf is not None
+            preview = await client.post("/ops/preview", data={"csrf": csrf.group(1), "action": "resume",
+                                                              "queues": "emails"})  # fmt: skip
+            digest = re.search(r'name="digest" value="([0-9a-f]{64})"', preview.text)
+            assert preview.status_code == 200 and digest is not None
+            confirm = {"csrf": csrf.group(1), "action": "resume", "queues": "emails", "count": "1", "confirm": "1",
+                       "digest": digest.group(1), "note": "all clear"}  # fmt: skip
+            done = await client.post("/ops/act", data=confirm)
+            assert done.status_code == 303 and done.headers["location"].startswith("/ops/audit/")
+        assert await api.state.queue.paused_queues() == []
+        [move] = await api.state.queue.queue_audit("emails", limit=1)
+        assert (move.action, move.actor, move.note) == ("resume", "ada", "all clear")

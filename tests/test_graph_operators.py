@@ -4,12 +4,9 @@ file (the CLI as a child process, the dashboard over real HTTP on loopback)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
-from aiohttp import web
 from cli_support import run_cli, run_json
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
@@ -19,7 +16,6 @@ from asyncq.core.dependencies import Dependency
 from asyncq.core.groups import group_callback_id
 from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
-from asyncq.web.dashboard import make_dashboard_app
 from asyncq.web.metrics import QueueCollector
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,29 +73,6 @@ def test_groups_show_their_progress_and_one_group_its_members(db: Path) -> None:
     assert "import" in text and "sealed" in text and "2 group(s)" in text
     missing = run_cli("groups", "nobody", "--db", "queue.db", cwd=db.parent)
     assert missing.returncode == 1 and "no group 'nobody'" in missing.stderr
-
-
-@pytest.fixture
-async def page(db: Path) -> AsyncIterator[str]:
-    app = make_dashboard_app(db, token="t", clock=lambda: T0 + 1, sample_seconds=3600)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{runner.addresses[0][1]}/") as got,
-        ):
-            assert got.status == 200
-            yield await got.text()
-    finally:
-        await runner.cleanup()
-
-
-async def test_the_dashboard_shows_waiting_jobs_and_groups(page: str) -> None:
-    assert "<h2>Waiting jobs</h2>" in page and "<h2>Groups</h2>" in page
-    assert "<td>merge</td>" in page and "fetch-2 (leased)" in page and "group import" in page
-    assert "<td>import</td><td>sealed</td>" in page and "<td>later</td><td>open</td>" in page
 
 
 async def test_metrics_count_waiting_jobs_and_open_groups(db: Path) -> None:

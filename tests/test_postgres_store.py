@@ -450,31 +450,23 @@ def test_the_wakeup_benchmark_runs_quick_and_writes_no_docs(tmp_path: Any) -> No
     assert hashlib.sha256(docs.read_bytes()).hexdigest() == before
 
 
-async def test_the_dashboard_and_the_metrics_read_a_postgresql_queue_unchanged(
+async def test_the_console_and_the_metrics_read_a_postgresql_queue_unchanged(
     queue: Queue, postgres_url: str, clock: list[int]
 ) -> None:
-    import aiohttp
-    from aiohttp import web
+    from console_support import Client, serving
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from asyncq.web.dashboard import make_dashboard_app
     from asyncq.web.metrics import QueueCollector
 
     await queue.enqueue_many([JobSpec("a", 1), JobSpec("b", 2), JobSpec("c", 3)])
     [ticket] = await queue.claim("w1")
     await queue.finish(ticket, "permanent")
-    app = make_dashboard_app(postgres_url, token="t" * 16, clock=lambda: clock[0], sample_seconds=3600)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        base = f"http://127.0.0.1:{runner.addresses[0][1]}/"
-        async with aiohttp.ClientSession() as session, session.get(base) as response:
-            page = await response.text()
-        assert response.status == 200
-        assert 'id="count-pending">2<' in page and 'id="count-dead">1<' in page and "permanent" in page
-    finally:
-        await runner.cleanup()
+    async with serving(postgres_url) as (base, console), Client(base) as client:
+        assert await console.sample_once()
+        page = await client.get("/")
+        assert page.status == 200
+        assert (page.cell("count-pending"), page.cell("count-dead")) == ("2", "1")
+        assert "permanent" in (await client.get("/dead")).text
     registry = CollectorRegistry()
     registry.register(QueueCollector(postgres_url, clock=lambda: clock[0]))
     text = (await asyncio.to_thread(generate_latest, registry)).decode()

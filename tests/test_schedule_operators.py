@@ -9,15 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from cli_support import run_cli, run_json
 from prometheus_client import CollectorRegistry
-from test_dashboard import TOKEN, get, table
 from test_metrics import scrape_registry, value
 
 from asyncq.core.schedules import ScheduleSpec, schedule_job_id
 from asyncq.queue import Queue
-from asyncq.web.dashboard import make_dashboard_app
 from asyncq.web.metrics import QueueCollector
 
 pytestmark = pytest.mark.timeout(60)
@@ -92,24 +89,6 @@ async def test_bad_usage_and_refused_moves_are_one_line_and_change_nothing(
     assert "Traceback" not in done.stderr
     after = run_json("schedules", "--events", "--db", "q.db", cwd=tmp_path)
     assert (after["schedules"], after["events"]) == (before["schedules"], before["events"])
-
-
-async def test_the_dashboard_shows_each_schedule_and_the_skipped_ticks(tmp_path: Path) -> None:
-    clock = [T0]
-    await (await seeded(tmp_path / "q.db", clock)).close()
-    app = make_dashboard_app(tmp_path / "q.db", token=TOKEN, clock=lambda: clock[0], sample_seconds=3600)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        status, page, _headers = await get(f"http://127.0.0.1:{runner.addresses[0][1]}/")
-    finally:
-        await runner.cleanup()
-    assert status == 200 and "<h2>Schedules</h2>" in page
-    schedules = table(page, "schedules")
-    assert 'data-schedule="beat"' in schedules and "every 10s" in schedules
-    assert "paused by ops: &lt;b&gt;holiday&lt;/b&gt;" in schedules and "<b>holiday" not in page  # escaped
-    assert "overlap" in table(page, "skipped-ticks")
 
 
 async def test_the_metrics_read_each_schedules_ticks_next_run_and_pause_at_scrape_time(tmp_path: Path) -> None:

@@ -318,13 +318,22 @@ def _add_servers(add: Adder) -> None:
     _server(inbox)
     inbox.add_argument("--path", default="/events", help="the receiver's path (default /events)")
     inbox.add_argument("--effect", choices=("none", "stock"), default="none", help="'stock' adds qty to stock")
-    summary = "Serve the status page (loopback by default; its redrive button needs the token it prints)."
+    summary = "Serve the operator's console (loopback by default; read-only unless a role is configured)."
     board = add("dashboard", _command("work", "dashboard"), summary, common=False)
     board.add_argument(
         "--db", required=True, metavar="PATH|URL", help="the queue file or postgresql:// URL (must exist)"
     )
     _server(board)
-    board.add_argument("--token", help="the redrive token (default: $ASYNCQ_DASHBOARD_TOKEN or a random one)")
-    board.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host (plain HTTP!)")
-    board.add_argument("--sample-seconds", type=seconds(0.05, 3600), default=2.0, help="chart sampling period")
-    board.add_argument("--refresh-seconds", type=seconds(0.5, 3600), default=5.0, help="page reload period")
+    for role in ("read-only", "operator", "admin"):
+        env = "ASYNCQ_CONSOLE_" + role.upper().replace("-", "_") + "_TOKEN"
+        board.add_argument(f"--{role}-token", metavar="TOKEN", help=f"the {role} role's sign-in token (or ${env})")
+    board.add_argument(
+        "--role-header", metavar="HEADER", help="trust this header (set by a reverse proxy) for the role"
+    )
+    board.add_argument(
+        "--user-header", default="X-Forwarded-User", metavar="HEADER", help="with --role-header: the actor's header"
+    )
+    board.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host (with auth; plain HTTP!)")
+    board.add_argument("--sample-seconds", type=seconds(0.05, 86_400), default=10.0, help="how often to sample")
+    board.add_argument("--keep-days", type=seconds(0.001, 366), default=7.0, help="how long samples are kept")
+    board.add_argument("--refresh-seconds", type=seconds(0.05, 3600), default=5.0, help="how often live screens look")

@@ -16,7 +16,6 @@ import importlib
 import inspect
 import logging
 import os
-import secrets
 import sys
 import time
 from dataclasses import asdict
@@ -146,21 +145,46 @@ def serve_inbox(args: argparse.Namespace) -> int:
 
 
 async def dashboard(args: argparse.Namespace) -> int:
-    """Serve the status page on ``--host``/``--port``; print ``dashboard: URL`` and ``token: TOKEN`` once
+    """Serve the operator's console on ``--host``/``--port``; print ``dashboard: URL`` and who may do what once
     listening, then serve until SIGINT or SIGTERM."""
-    from asyncq.web.dashboard import is_loopback, serve_dashboard
+    from asyncq.web.console import ConsoleApp, ConsoleSettings, console_aiohttp
+    from asyncq.web.console.rendering import is_loopback
+    from asyncq.web.serving import serve
 
-    if not args.allow_remote and not is_loopback(args.host):
+    resolver, access = console_access(args)
+    if not is_loopback(args.host) and not args.allow_remote:
         raise UsageError(f"refusing to bind {args.host}, not a loopback address (add --allow-remote to mean it)")
-    if args.token == "":
-        raise UsageError("--token must not be empty")
-    token = args.token or os.environ.get("ASYNCQ_DASHBOARD_TOKEN") or secrets.token_urlsafe(24)
+    if args.allow_remote and resolver is None:
+        raise UsageError(f"refusing to serve {args.host} remotely without auth: give role tokens or --role-header")
+    settings = ConsoleSettings(
+        resolver=resolver, sample_seconds=args.sample_seconds, keep_seconds=args.keep_days * 86_400,
+        refresh_seconds=args.refresh_seconds, allow_remote=args.allow_remote,
+    )  # fmt: skip
 
     def ready(url: str) -> None:
-        print(f"dashboard: {url}\ntoken: {token}", flush=True)
+        print(f"dashboard: {url}\naccess: {access}", flush=True)
 
-    await serve_dashboard(
-        args.db, host=args.host, port=args.port, token=token, allow_remote=args.allow_remote,
-        sample_seconds=args.sample_seconds, refresh_seconds=args.refresh_seconds, ready=ready,
-    )  # fmt: skip
+    await serve(console_aiohttp(ConsoleApp(args.db, settings)), args.host, args.port, "/", ready)
     return 0
+
+
+def console_access(args: argparse.Namespace) -> tuple[Any, str]:
+    """The console's resolver from the command's options (tokens, or a proxy's headers), and a line saying it."""
+    from asyncq.web.console import HeaderRoles, TokenRoles
+
+    tokens = {}
+    for role in ("read_only", "operator", "admin"):
+        given = getattr(args, f"{role}_token") or os.environ.get(f"ASYNCQ_CONSOLE_{role.upper()}_TOKEN")
+        if given is not None:
+            tokens[role] = given
+    if tokens and args.role_header:
+        raise UsageError("give role tokens or --role-header, not both")
+    try:
+        if tokens:
+            return TokenRoles(tokens), "sign in with a token for " + ", ".join(sorted(tokens))
+        if args.role_header:
+            headers = HeaderRoles(user_header=args.user_header, role_header=args.role_header)
+            return headers, f"roles from the {args.role_header} header, actors from {args.user_header}"
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return None, "read-only for everyone (no role configured)"

@@ -474,8 +474,9 @@ class CancelOutcome:
 
 @dataclass(frozen=True)
 class AuditEntry:
-    """One operator action on a job, as the audit log keeps it: ``redrive`` or ``cancel``, the token the job had,
-    when (``at_ms``), the operator's note, and for a cancel the reason it was parked with."""
+    """One operator action on a job, as the audit log keeps it: ``redrive``, ``cancel``, ``cancel_request``,
+    ``delete`` or ``priority``, the token the job had, when (``at_ms``), the operator's note, for a cancel the reason
+    it was parked with, and for a console's action the operator audit entry that made it (``op_seq``)."""
 
     seq: int
     id: str
@@ -484,3 +485,4 @@ class AuditEntry:
     at_ms: int
     note: str
     reason: str | None
+    op_seq: int | None = None

@@ -38,6 +38,13 @@ def check_note(value: object, name: str = "note") -> str:
     return _printable_text(value, name, MAX_NOTE_CHARS)
 
 
+def check_text(value: object, name: str, most: int) -> str:
+    """Return ``value`` if it is an exact ``str`` of 1-``most`` printable characters (a note's rule, another length)."""
+    if type(value) is not str:
+        raise ValueError(f"{name} must be a str, not {type(value).__name__}")
+    return _printable_text(value, name, most)
+
+
 def _printable_text(value: str, name: str, most: int) -> str:
     """``value`` if it is 1-``most`` printable characters (no control characters, no line breaks), not starting or
     ending with whitespace: an operator's note and a unique key alike."""

@@ -1,1 +1,2 @@
-"""Served over HTTP: the dashboard, Prometheus metrics, and the small aiohttp serving helper they share."""
+"""Served over HTTP: the operator's console (``asyncq.web.console``), Prometheus metrics, and the small aiohttp
+serving helper they share."""

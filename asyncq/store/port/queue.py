@@ -42,6 +42,7 @@ from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, N
 from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
+from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.graphs import GraphStore, GraphTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.port.schedules import ScheduleStore
@@ -267,6 +268,11 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
 
     async def close(self) -> None:
         """Close the store (after the transaction in progress)."""
+        ...
+
+    def console(self) -> ConsoleStore:
+        """The operator console's reads and writes on this store, on its connection or pool
+        (``asyncq.store.port.console``)."""
         ...
 
 

@@ -28,17 +28,17 @@ JOB_COLUMNS = (
 _REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
 #: its unique key, its task, its group and how many dependencies it still waits for.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
+JOB_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
 _LISTED = (
-    f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
+    f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
 )
-GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j WHERE id = $1"
+GET_JOB = f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {{schema}}.jobs j WHERE id = $1"
 ERRORS_OF = "SELECT attempt, at_ms, type, message, traceback FROM {schema}.errors WHERE job_seq = $1 ORDER BY seq"
 LAST_ERRORS = """
 SELECT DISTINCT ON (job_seq) job_seq, attempt, at_ms, type, message, traceback FROM {schema}.errors
 WHERE job_seq = ANY($1::bigint[]) ORDER BY job_seq, seq DESC
 """
-AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
+AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason, op_seq"
 HISTORY = f"SELECT {AUDIT_COLUMNS} FROM {{schema}}.audit WHERE id = $1 ORDER BY seq"
 AUDIT_LOG = f"SELECT {AUDIT_COLUMNS} FROM {{schema}}.audit ORDER BY seq DESC LIMIT $1"
 

@@ -10,7 +10,7 @@ from asyncq.core.dependencies import DependencyState, WaitsFor
 from asyncq.core.groups import Group, group_callback_id
 from asyncq.core.jobs import Job
 from asyncq.store.port.graphs import GroupFilter
-from asyncq.store.postgres.admin import _EXTRAS, JOB_COLUMNS, _job, q
+from asyncq.store.postgres.admin import JOB_COLUMNS, JOB_EXTRAS, _job, q
 from asyncq.store.postgres.connection import Connection
 
 _GROUP = """SELECT g.name, g.members, g.done, g.dead, g.created_at, g.sealed_at, g.completed_at, g.callback_seq,
@@ -19,7 +19,7 @@ GROUP = f"{_GROUP} WHERE g.name = $1"
 GROUPS = f"""{_GROUP} WHERE g.name COLLATE "C" > $1 AND (NOT $2 OR g.completed_at IS NULL)
 ORDER BY g.name COLLATE "C" LIMIT $3"""
 OPEN_GROUPS = "SELECT count(*) FROM {schema}.groups WHERE completed_at IS NULL"
-MEMBERS = f"""SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j
+MEMBERS = f"""SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {{schema}}.jobs j
 WHERE group_name IS NOT NULL AND group_name = $1 AND ($2::text IS NULL OR status = $2) AND seq > $3
 ORDER BY seq LIMIT $4"""
 EDGES_OF = """SELECT j.id, d.id, d.status, e.policy, e.state FROM {schema}.jobs j

@@ -23,6 +23,7 @@ from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
+from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.postgres import admin, flow, retention, transitions
@@ -352,6 +353,11 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
         """Close after the transactions in progress (the pool waits for every connection to come back)."""
         await self.wakeups.close()
         await self._pool.close()
+
+    def console(self) -> ConsoleStore:
+        from asyncq.store.postgres.console_store import PostgresConsoleStore
+
+        return PostgresConsoleStore(self)
 
     # -- helpers ------------------------------------------------------------------------------------------
 

@@ -246,6 +246,54 @@ RETENTION_RULES = (
     " WHERE status IN ('done', 'dead')",
 )
 
+# Version 11: the operator's console (docs/console.md; the SQLite store's v14). ``operations`` is the operator audit:
+# one row per console action (who, their role, why, the filter, the count and the ids of its set, its digest and
+# what came of it), named by each job audit row it wrote (``op_seq``; the job audit gains the ``delete`` and
+# ``priority`` moves); ``samples`` each queue's figures at each console sample (deleted past its keep);
+# ``workers_seen`` the lease holders the samples saw; ``errors_type`` the jobs that failed with an error type.
+CONSOLE = (
+    "ALTER TABLE {schema}.audit ADD COLUMN op_seq bigint",
+    "ALTER TABLE {schema}.audit DROP CONSTRAINT audit_action_check",
+    "ALTER TABLE {schema}.audit ADD CONSTRAINT audit_action_check"
+    " CHECK (action IN ('redrive', 'cancel', 'cancel_request', 'delete', 'priority'))",
+    """CREATE TABLE {schema}.operations (
+  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  at_ms bigint NOT NULL,
+  actor text NOT NULL,
+  role text NOT NULL,
+  action text NOT NULL,
+  note text NOT NULL,
+  filter text NOT NULL,
+  count integer NOT NULL,
+  ids text NOT NULL,
+  digest text NOT NULL,
+  outcome text NOT NULL
+)""",
+    """CREATE TABLE {schema}.samples (
+  at_ms bigint NOT NULL,
+  queue text NOT NULL,
+  pending bigint NOT NULL,
+  ready bigint NOT NULL,
+  leased bigint NOT NULL,
+  oldest_ready_at bigint,
+  done bigint NOT NULL,
+  dead bigint NOT NULL,
+  failed bigint NOT NULL,
+  capped boolean NOT NULL,
+  errors_seq bigint NOT NULL,
+  PRIMARY KEY (at_ms, queue)
+)""",
+    """CREATE TABLE {schema}.workers_seen (
+  owner text PRIMARY KEY,
+  first_seen_ms bigint NOT NULL,
+  last_seen_ms bigint NOT NULL,
+  leases integer NOT NULL,
+  renewals bigint NOT NULL,
+  last_renewal_ms bigint
+)""",
+    "CREATE INDEX errors_type ON {schema}.errors (type, job_seq)",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -275,6 +323,7 @@ QUEUE = Migrations(
         (*TASKS, *RETENTION_RULES),  # version 8: the task a job's body names; retention rules per task, queue, default
         SCHEDULE_TABLES,  # version 9: schedules as stored state, their events
         GRAPHS,  # version 10: dependencies and groups (the waiting status, edges, groups)
+        CONSOLE,  # version 11: the console's operator audit, samples and workers seen; errors by type
     ),
 )
 SCHEMA_VERSION = QUEUE.version

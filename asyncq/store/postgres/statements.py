@@ -195,7 +195,7 @@ LOCK_ONE = "SELECT seq, status, token FROM {schema}.jobs WHERE id = $1 FOR UPDAT
 
 AUDIT = """
 INSERT INTO {schema}.audit (id, job_seq, token, at_ms, note, action, reason) VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING seq, id, action, token, at_ms, note, reason
+RETURNING seq, id, action, token, at_ms, note, reason, op_seq
 """
 
 REDRIVE = """

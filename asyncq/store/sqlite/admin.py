@@ -32,33 +32,33 @@ JOB_COLUMNS = (
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
 #: its unique key, its task, its group and how many dependencies it still waits for.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
+JOB_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"
 )
 LIST_OLDEST = (
-    f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE seq > :after AND {_FILTERS} ORDER BY seq LIMIT :limit"
+    f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {_JOBS} j WHERE seq > :after AND {_FILTERS} ORDER BY seq LIMIT :limit"
 )
-LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE {_FILTERS} ORDER BY seq DESC LIMIT :limit"
+LIST_NEWEST = f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {_JOBS} j WHERE {_FILTERS} ORDER BY seq DESC LIMIT :limit"
 # Leased and dead jobs are listed from their status's partial index (O(leased), and O(limit) newest first for dead),
 # not by walking the table: a dashboard lists both on every refresh, and a deep queue holds millions of pending rows
 # before the first of them. ``INDEXED BY`` names the index (the planner prefers the rowid walk of ``seq > :after``).
 # Pending, done and any-status listings walk the table in ``seq`` order: at depth, most rows are their answer.
 _BY_INDEX = {"leased": f"{_JOBS}_leased", "dead": f"{_JOBS}_dead"}
 LIST_INDEXED = {
-    (status, newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
+    (status, newest): f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {_JOBS} j INDEXED BY {index} WHERE status = '{status}'"
     f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
     for status, index in _BY_INDEX.items()
     for newest in (False, True)
 } | {  # waiting jobs: from the index of jobs with edges not met (``graph_schema``), whose WHERE is repeated here
-    ("waiting", newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {_JOBS}_waits WHERE waits > 0"
+    ("waiting", newest): f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {_JOBS} j INDEXED BY {_JOBS}_waits WHERE waits > 0"
     f" AND status = 'waiting' AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'}"
     " LIMIT :limit"
     for newest in (False, True)
 }
-GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE id = :id"
-AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
+GET_JOB = f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {_JOBS} j WHERE id = :id"
+AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason, op_seq"
 HISTORY = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} WHERE id = :id ORDER BY seq"
 AUDIT_LOG = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} ORDER BY seq DESC LIMIT :limit"
 LAST_AUDIT_OF = f"SELECT {AUDIT_COLUMNS} FROM {_AUDIT} WHERE id = :id ORDER BY seq DESC LIMIT 1"
@@ -239,7 +239,7 @@ def list_jobs(con: sqlite3.Connection, which: JobFilter) -> list[Job]:
     params |= {"after": which.after, "limit": which.limit}
     with snapshot(con):
         rows = con.execute(_listing(which), params).fetchall()
-        last = _last_errors(con, [row[0] for row in rows]) if which.errors and rows else {}
+        last = last_errors(con, [row[0] for row in rows]) if which.errors and rows else {}
     jobs = [_job(row, which.body) for row in rows]
     return [replace(job, errors=(last[job.seq],)) if job.seq in last else job for job in jobs]
 
@@ -252,7 +252,7 @@ def _listing(which: JobFilter) -> str:
     return LIST_NEWEST if which.newest else LIST_OLDEST
 
 
-def _last_errors(con: sqlite3.Connection, seqs: list[int]) -> dict[int, AttemptError]:
+def last_errors(con: sqlite3.Connection, seqs: list[int]) -> dict[int, AttemptError]:
     """The newest error of each job in ``seqs`` that has one."""
     rows = con.execute(LAST_ERRORS, (json.dumps(seqs),)).fetchall()
     return {row[0]: AttemptError(*row[1:]) for row in rows}

@@ -429,21 +429,35 @@ def redrive(
     """Re-arm a dead job with a fresh budget, writing the audit row first; ``ValueError`` if the job is
     missing or not dead (nothing changes)."""
     with write_transaction(con):
-        found = read_state(con, layout, job_id)
-        if found is None or found[2].status != DEAD:
-            raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
-        seq, payload, state = found
-        _check_key_free(con, layout, job_id, payload)
-        rearm = graphs.plan_rearm(con, seq, job_id) if layout.graphs else None  # refused here: nothing written
-        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "seq": seq}
-        con.execute(sql(layout, "AUDIT"), audit)
-        call_hook(fault, "after-audit")
-        con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
-        if rearm is not None:
-            graphs.rearm(con, seq, *rearm)
-        call_hook(fault, "after-redrive")
+        redrive_in_transaction(con, layout, job_id, now_ms, deadline, note, fault=fault)
     call_hook(fault, "after-commit")
     return True
+
+
+def redrive_in_transaction(
+    con: sqlite3.Connection,
+    layout: Layout,
+    job_id: str,
+    now_ms: int,
+    deadline: int,
+    note: str,
+    *,
+    fault: Hook = None,
+) -> None:
+    """``redrive``'s statements inside the caller's write transaction (a console's bulk redrive runs many)."""
+    found = read_state(con, layout, job_id)
+    if found is None or found[2].status != DEAD:
+        raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
+    seq, payload, state = found
+    _check_key_free(con, layout, job_id, payload)
+    rearm = graphs.plan_rearm(con, seq, job_id) if layout.graphs else None  # refused here: nothing written
+    audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "seq": seq}
+    con.execute(sql(layout, "AUDIT"), audit)
+    call_hook(fault, "after-audit")
+    con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
+    if rearm is not None:
+        graphs.rearm(con, seq, *rearm)
+    call_hook(fault, "after-redrive")
 
 
 def _check_key_free(con: sqlite3.Connection, layout: Layout, job_id: str, payload: dict[str, Any]) -> None:
@@ -465,23 +479,30 @@ def cancel(
     audit row was written (a request made again writes none) and its status before; ``ValueError`` if the job is
     missing."""
     with write_transaction(con):
-        found = read_state(con, layout, job_id)
-        if found is None:
-            raise ValueError(f"job {job_id!r} is missing")
-        seq, _payload, state = found
-        decided = decide_cancel(state, now_ms)
-        if decided is CancelState.TOO_LATE:
-            return decided, False, state.status
-        params = {"seq": seq, "now": now_ms}
-        if decided is CancelState.CANCELLED:
-            (links,) = con.execute(sql(layout, "CANCEL"), params).fetchone()
-            if links is not None:  # a job in a graph: its dependants and group are settled with it
-                graphs.settle_ends(con, [(seq, DEAD, links)], now_ms, Ripple() if ripple is None else ripple)
-        elif con.execute(sql(layout, "REQUEST_CANCEL"), params).rowcount == 0:
-            return decided, False, state.status  # a request stored already
-        action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
-        audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": action, "seq": seq}
-        con.execute(sql(layout, "AUDIT_ACTION"), audit | {"reason": REASON_CANCELLED})
+        return cancel_in_transaction(con, layout, job_id, now_ms, note, ripple)
+
+
+def cancel_in_transaction(
+    con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str, ripple: Ripple | None = None
+) -> tuple[CancelState, bool, str]:
+    """``cancel``'s statements inside the caller's write transaction (a console's bulk cancel runs many)."""
+    found = read_state(con, layout, job_id)
+    if found is None:
+        raise ValueError(f"job {job_id!r} is missing")
+    seq, _payload, state = found
+    decided = decide_cancel(state, now_ms)
+    if decided is CancelState.TOO_LATE:
+        return decided, False, state.status
+    params = {"seq": seq, "now": now_ms}
+    if decided is CancelState.CANCELLED:
+        (links,) = con.execute(sql(layout, "CANCEL"), params).fetchone()
+        if links is not None:  # a job in a graph: its dependants and group are settled with it
+            graphs.settle_ends(con, [(seq, DEAD, links)], now_ms, Ripple() if ripple is None else ripple)
+    elif con.execute(sql(layout, "REQUEST_CANCEL"), params).rowcount == 0:
+        return decided, False, state.status  # a request stored already
+    action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
+    audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": action, "seq": seq}
+    con.execute(sql(layout, "AUDIT_ACTION"), audit | {"reason": REASON_CANCELLED})
     return decided, True, state.status
 
 

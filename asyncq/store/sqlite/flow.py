@@ -74,14 +74,21 @@ def set_paused(
     """Pause (or resume) ``queue`` with its audit row, which is returned; ``ValueError`` (nothing changes) if it
     is paused already (or is not paused)."""
     with write_transaction(con):
-        refused = pause_refused(queue, paused, settings_of(con, queue))
-        if refused is not None:
-            raise ValueError(refused)
-        state: dict[str, Any] = {"queue": queue, "paused_at": None, "actor": None, "note": None}
-        if paused:
-            state |= {"paused_at": now_ms, "actor": actor, "note": note}
-        con.execute(SET_PAUSED, state)
-        return _audit(con, queue, PAUSE if paused else RESUME, now_ms, actor, note, None)
+        return set_paused_in_transaction(con, queue, paused, now_ms, note, actor)
+
+
+def set_paused_in_transaction(
+    con: sqlite3.Connection, queue: str, paused: bool, now_ms: int, note: str, actor: str
+) -> QueueAuditEntry:
+    """``set_paused`` inside the caller's write transaction (a console's bulk pause runs several)."""
+    refused = pause_refused(queue, paused, settings_of(con, queue))
+    if refused is not None:
+        raise ValueError(refused)
+    state: dict[str, Any] = {"queue": queue, "paused_at": None, "actor": None, "note": None}
+    if paused:
+        state |= {"paused_at": now_ms, "actor": actor, "note": note}
+    con.execute(SET_PAUSED, state)
+    return _audit(con, queue, PAUSE if paused else RESUME, now_ms, actor, note, None)
 
 
 def set_max_wait(

@@ -12,14 +12,14 @@ from asyncq.core.dependencies import DependencyState, WaitsFor
 from asyncq.core.groups import Group, group_callback_id
 from asyncq.core.jobs import Job
 from asyncq.store.port.graphs import GroupFilter
-from asyncq.store.sqlite.admin import _EXTRAS, JOB_COLUMNS, _job, snapshot
+from asyncq.store.sqlite.admin import JOB_COLUMNS, JOB_EXTRAS, _job, snapshot
 
 _GROUP = """SELECT g.name, g.members, g.done, g.dead, g.created_at, g.sealed_at, g.completed_at, g.callback_seq,
   c.status FROM asyncq_groups g LEFT JOIN asyncq_jobs c ON c.seq = g.callback_seq"""
 GROUP = f"{_GROUP} WHERE g.name = ?"
 GROUPS = f"""{_GROUP} WHERE g.name > :after AND (NOT :open OR g.completed_at IS NULL) ORDER BY g.name LIMIT :limit"""
 OPEN_GROUPS = "SELECT count(*) FROM asyncq_groups WHERE completed_at IS NULL"
-MEMBERS = f"""SELECT {JOB_COLUMNS}, {_EXTRAS} FROM asyncq_jobs j INDEXED BY asyncq_jobs_members
+MEMBERS = f"""SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM asyncq_jobs j INDEXED BY asyncq_jobs_members
 WHERE group_name IS NOT NULL AND group_name = :name AND (:status IS NULL OR status = :status) AND seq > :after
 ORDER BY seq LIMIT :limit"""
 _IDS = "(SELECT value FROM json_each(:ids))"

@@ -11,6 +11,7 @@ from asyncq.store.sqlite.schedules import SCHEDULE_TABLES
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
+    CONSOLE,
     ERROR_TABLES,
     FLOW_CONTROL,
     JOB_COUNTS,
@@ -57,6 +58,7 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     (*TASKS, *RETENTION_RULES),  # version 11: the task a job's body names; retention rules per task, queue, default
     SCHEDULE_TABLES,  # version 12: schedules as stored state, their events
     GRAPHS,  # version 13: dependencies and groups (the waiting status, edges, groups)
+    CONSOLE,  # version 14: the console's operator audit, samples and workers seen; errors by type
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -21,6 +21,7 @@ from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
+from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite import admin, engine, flow, retention
@@ -318,6 +319,11 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
 
     async def close(self) -> None:
         await self._file.close()
+
+    def console(self) -> ConsoleStore:
+        from asyncq.store.sqlite.console_store import SqliteConsoleStore
+
+        return SqliteConsoleStore(self)
 
     # -- helpers ------------------------------------------------------------------------------------------
 

@@ -259,7 +259,9 @@ UNIQUE_KEYS = (
 ENDED_AT = (
     "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
     " ELSE deadline END)"
-)  # Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
+)
+
+# Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
 # settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
 # set (SQLite cannot change a CHECK in place: the table is rebuilt, its rows and their seqs kept, and
 # AUTOINCREMENT goes on from the highest). ``asyncq_jobs_ended`` holds the finished jobs by queue, status, reason and
@@ -322,4 +324,25 @@ RETENTION_RULES = (
     "DROP INDEX IF EXISTS asyncq_jobs_ended",
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_retained ON asyncq_jobs(queue, task, status, reason, available_at)"
     " WHERE status IN ('done', 'dead')",
+)
+
+# Version 14: the operator's console (docs/console.md). ``asyncq_operations`` is the operator audit: one row per
+# console action (who, their role, why, the filter, the count and the ids of the set it acted on, its digest and
+# what came of it); each job audit row that action wrote names it (``op_seq``). ``asyncq_samples`` keeps each queue's
+# figures at each sample the running console takes (deleted past the console's keep), ``asyncq_workers_seen`` the
+# lease holders those samples saw. ``asyncq_errors_type`` finds the jobs that failed with an error type (the Jobs
+# screen's filter) by ``job_seq``: an entry per failed attempt, written only on a failure.
+CONSOLE = (
+    "ALTER TABLE asyncq_audit ADD COLUMN op_seq INTEGER",
+    """CREATE TABLE IF NOT EXISTS asyncq_operations (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
+  actor TEXT NOT NULL, role TEXT NOT NULL, action TEXT NOT NULL, note TEXT NOT NULL, filter TEXT NOT NULL,
+  count INTEGER NOT NULL, ids TEXT NOT NULL, digest TEXT NOT NULL, outcome TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS asyncq_samples (at_ms INTEGER NOT NULL, queue TEXT NOT NULL,
+  pending INTEGER NOT NULL, ready INTEGER NOT NULL, leased INTEGER NOT NULL, oldest_ready_at INTEGER,
+  done INTEGER NOT NULL, dead INTEGER NOT NULL, failed INTEGER NOT NULL, capped INTEGER NOT NULL,
+  errors_seq INTEGER NOT NULL, PRIMARY KEY (at_ms, queue)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS asyncq_workers_seen (owner TEXT PRIMARY KEY, first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL, leases INTEGER NOT NULL, renewals INTEGER NOT NULL, last_renewal_ms INTEGER)
+  WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS asyncq_errors_type ON asyncq_errors(type, job_seq)",
 )

@@ -1,0 +1,94 @@
+"""A Job's page: its body and result, its lease (owner, token, expiry) and cancel request, and one timeline of its
+failed attempts (each with its error and traceback), its audit rows (with the operator, role and note of a
+console action behind each) and where it stands now. The actions its status allows, for the viewer's role, each
+pinned to the job as shown (a job that moved since is refused, nothing changed). What it waits for, what waits
+for it and its group join the page once jobs have them (``dependencies``, ``group``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncq.core.jobs import AttemptError, AuditEntry, Job
+from asyncq.core.lifecycle import DEAD, DONE, LEASED, PENDING
+from asyncq.core.operations import JOB_ACTIONS, OperationEntry
+from asyncq.core.search import JobQuery
+from asyncq.queue.console import JobStory, Preview
+from asyncq.web.console.http import Response
+
+if TYPE_CHECKING:
+    from asyncq.web.console.app import Ctx
+
+
+@dataclass(frozen=True)
+class Event:
+    """One moment of a job's timeline."""
+
+    at_ms: int
+    kind: str
+    title: str
+    detail: str = ""
+    error: AttemptError | None = None
+    audit: AuditEntry | None = None
+    operation: OperationEntry | None = None
+
+
+async def page(ctx: Ctx) -> Response:
+    found = await values(ctx)
+    if found["story"].job is None and not found["story"].history:
+        return ctx.message("No such job", f"no job {found['story'].job_id} (nor any audit row of one)", 404)
+    return ctx.render("job.html", **found)
+
+
+async def values(ctx: Ctx) -> dict[str, Any]:
+    job_id = ctx.params.get("job_id") or ctx.request.arg("id") or ""
+    story = await ctx.console.story(job_id)
+    return {
+        "story": story,
+        "job": story.job,
+        "timeline": timeline(story, ctx.console.queue.now()),
+        "actions": await _actions(ctx, story.job),
+        "dependencies": None,  # h-graphs: what it waits for and what waits for it
+        "group": None,  # h-graphs: its group and the group's progress
+    }
+
+
+async def _actions(ctx: Ctx, job: Job | None) -> list[Preview]:
+    """A preview of each action the job's status allows and the viewer may take: each pins the job as shown."""
+    if job is None:
+        return []
+    found = []
+    for action, statuses in JOB_ACTIONS.items():
+        if job.status in statuses and ctx.identity.may(action):
+            found.append(await ctx.console.preview(action, JobQuery(ids=(job.id,))))
+    return [preview for preview in found if preview.count == 1]
+
+
+def timeline(story: JobStory, now_ms: int) -> list[Event]:
+    """The job's moments oldest first: failed attempts, audit rows, and where it stands now."""
+    events = [
+        Event(error.at_ms, "failed", f"attempt {error.attempt} failed", f"{error.type}: {error.message}", error=error)
+        for error in (story.job.errors if story.job else ())
+    ]
+    for entry in story.history:
+        operation = story.operations.get(entry.op_seq) if entry.op_seq is not None else None
+        title = entry.action.replace("_", " ")
+        events.append(Event(entry.at_ms, entry.action, title, entry.note, audit=entry, operation=operation))
+    if story.job is not None:
+        events.append(_now(story.job, now_ms))
+    events.sort(key=lambda event: (event.at_ms, event.kind == "now"))
+    return events
+
+
+def _now(job: Job, now_ms: int) -> Event:
+    if job.status == PENDING:
+        due = "ready" if job.available_at <= now_ms else "due"
+        return Event(job.available_at, "now", f"pending: {due}", f"attempt {job.attempts + 1} of {job.max_attempts}")
+    if job.status == LEASED:
+        detail = f"held by {job.owner} under token {job.token}, attempt {job.attempts} of {job.max_attempts}"
+        return Event(job.lease_until or now_ms, "now", "leased until", detail)
+    if job.status == DONE:
+        return Event(job.available_at, "now", "done", f"after {job.attempts} attempt(s)")
+    assert job.status == DEAD
+    at = job.available_at if job.reason in ("permanent", "cancelled") else min(job.deadline, now_ms)
+    return Event(at, "now", f"dead: {job.reason}", f"after {job.attempts} attempt(s)")

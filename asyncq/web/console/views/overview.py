@@ -1,0 +1,77 @@
+"""The Overview: jobs by status now, throughput and failures and depth over a window (charts from the samples kept in
+the store), and every queue: its depth, ready and leased jobs, its oldest ready job's wait, its recent rates,
+whether it is paused (since, by whom, why), with pause and resume. The limits in force show here too once the store
+keeps them (``limits`` stays empty until then)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from asyncq.core.flow import QueueSettings
+from asyncq.core.samples import QueueFigures, Sample
+from asyncq.web.console import charts
+from asyncq.web.console.http import Response
+
+if TYPE_CHECKING:
+    from asyncq.web.console.app import Ctx
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue as the overview lists it."""
+
+    name: str
+    figures: QueueFigures | None
+    settings: QueueSettings | None
+    done_per_min: float | None
+    failed_per_min: float | None
+    spark: str
+
+    @property
+    def paused(self) -> bool:
+        return self.settings is not None and self.settings.paused
+
+
+async def page(ctx: Ctx) -> Response:
+    return ctx.render("overview.html", **await values(ctx))
+
+
+async def values(ctx: Ctx) -> dict[str, Any]:
+    """Everything the overview (and its live region) shows."""
+    window = ctx.request.arg("window") or "1h"
+    if window not in charts.WINDOWS:
+        window = "1h"
+    queue = ctx.console.queue
+    now = queue.now()
+    start = now - charts.WINDOWS[window]
+    stats = await ctx.console.totals()
+    samples = await ctx.console.samples(start)
+    settings = {each.queue: each for each in await queue.queue_settings()}
+    rows = queue_rows(samples, settings, start, now)
+    return {
+        "window": window,
+        "windows": list(charts.WINDOWS),
+        "stats": stats,
+        "rows": rows,
+        "charts": [charts.rates(samples, start, now), charts.depth(samples, start, now)],
+        "last_sample": samples[-1] if samples else None,
+        "sampling": ctx.app.settings.sample_seconds,
+        "limits": [],  # h-limits: the rate and concurrency limits in force and the slots they use, per queue
+    }
+
+
+def queue_rows(samples: list[Sample], settings: dict[str, QueueSettings], start: int, now: int) -> list[QueueRow]:
+    """Each queue of the newest sample (and each with stored settings), with its rates over the newest interval."""
+    latest = samples[-1] if samples else None
+    previous = samples[-2] if len(samples) > 1 else None
+    figures = {each.queue: each for each in latest.queues} if latest else {}
+    minutes = (latest.at_ms - previous.at_ms) / 60_000 if latest and previous else None
+    rows = []
+    for name in sorted(set(figures) | set(settings)):
+        found = figures.get(name)
+        done = found.done / minutes if found and minutes else None
+        failed = found.failed / minutes if found and minutes else None
+        spark = charts.sparkline(samples, name, start, now)
+        rows.append(QueueRow(name, found, settings.get(name), done, failed, spark))
+    return rows
