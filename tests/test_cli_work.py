@@ -81,7 +81,7 @@ def test_work_burst_drains_the_queue_into_a_real_inbox(tmp_path: Path, receiver:
     assert set(data) == {
         "path", "owner", "queues", "seconds", "claimed", "finished", "stale_finishes", "leases_lost",
         "handler_errors", "commits", "internal_errors", "store_busy", "cancels_requested", "cancelled",
-        "retention_removed", "retention_runs", "schedule_ticks",
+        "retention_removed", "retention_runs", "schedule_ticks", "wakeups_lost",
     }  # fmt: skip
     assert data["internal_errors"] == data["store_busy"] == 0
     status = run_json("status", "--db", "q.db", "--inbox", "sink.db", cwd=tmp_path)

@@ -22,6 +22,8 @@ metric                                      meaning
                                             ``*``: the default; task empty: the whole queue; absent: for ever)
 ``asyncq_store_busy_total``                 store calls that failed transiently and were retried (a lock, a lost
                                             connection, a restarting or read-only server)
+``asyncq_wakeups_lost_total``               times the store's wake-ups from other processes were lost (a listener's
+                                            connection, a file watcher's source) while the pool ran: it polled
 ``asyncq_retention_removed_total{state}``   finished jobs this pool's retention step removed
 ``asyncq_enqueues_total{result}``           a queue's enqueue answers: added, existing, unique_held (an active job
                                             held the key), unique_refused (``EnqueueCollector``)
@@ -128,6 +130,12 @@ class PoolMetrics:
             " connection, a restarting or read-only server (PostgreSQL).",
             registry=into,
         )
+        self.wakeups_lost = Counter(
+            "asyncq_wakeups_lost",
+            "Times the store's wake-ups from other processes were lost (a listening connection, a file watcher's"
+            " source) while this pool ran: it polled until they were back.",
+            registry=into,
+        )
         self.retention_removed = Counter(
             "asyncq_retention_removed", "Finished jobs this pool's retention step removed, by state.", ["state"],
             registry=into,
@@ -174,6 +182,10 @@ class PoolMetrics:
     def on_retention(self, state: str, jobs: int) -> None:
         """The pool's retention step removed ``jobs`` finished jobs in ``state``."""
         self.retention_removed.labels(state).inc(jobs)
+
+    def on_wakeups_lost(self, losses: int) -> None:
+        """The store's wake-ups from other processes were lost ``losses`` more times."""
+        self.wakeups_lost.inc(losses)
 
 
 class QueueCollector(Collector):

@@ -29,6 +29,9 @@ class PoolCounters:
     retention_runs: int = 0
     #: Ticks of the store's schedules this pool's keeper evaluated: ``fired`` (a job each), ``skipped``, ``missed``.
     schedule_ticks: dict[str, int] = field(default_factory=dict)
+    #: Times the store's wake-ups from other processes were lost (a listener's connection, a file watcher's source)
+    #: while this pool ran, seen when it waited for work: it polled until they were back.
+    wakeups_lost: int = 0
 
     def count_status(self, status: str | None) -> None:
         if status is None:
@@ -40,7 +43,8 @@ class PoolCounters:
 class PoolObserver(Protocol):
     """What a pool reports as it works (``asyncq.web.metrics.PoolMetrics`` is one). Called on the event loop:
     each method must return at once and never raise. An observer may also have ``on_retention(state, jobs)``
-    (optional, so that observers written before it still fit): jobs its retention step removed in ``state``."""
+    (optional, so that observers written before it still fit): jobs its retention step removed in ``state``; and
+    ``on_wakeups_lost(losses)`` (optional too): the store's wake-ups from other processes were lost again."""
 
     def on_claimed(self, count: int) -> None: ...
 

@@ -100,6 +100,7 @@ class Pool:
         self.batch, self.prefetch, self.linger = settings.batch, settings.claim_ahead, settings.linger_seconds
         self._result_keep_ms = settings.result_keep_ms
         self._report = report
+        report.wakeup_losses_seen = queue.store.wakeup_losses  # losses before this pool are not its own
         self.counters, self.observer, self._observed = report.counters, report.observer, report.observed
         self._busy = busy or BusyStore(report, self.poll_min, self.poll_max)
         self._handlers: dict[str, Handler] = {}
@@ -199,7 +200,7 @@ class Pool:
                 return
             if flights.buffer or self.running >= self.concurrency:
                 continue  # nothing to claim for now; the next finished job wakes the batcher
-            await wait_for_work(self.queue, flights.wake, idle_wait)
+            await wait_for_work(self.queue, flights.wake, idle_wait, self._report)
             idle_wait = min(idle_wait * 2, self.poll_max)
 
     def _capacity(self) -> int:

@@ -43,6 +43,8 @@ class PoolReport:
         self.counters = PoolCounters()
         self.observer: PoolObserver = checked if checked is not None else NoObserver()
         self.observed = checked is not None
+        #: The store's ``wakeup_losses`` already reported (set to the store's count when the pool starts).
+        self.wakeup_losses_seen = 0
 
     def observe(self, event: str, *args: object) -> None:
         """Tell the observer, if any; an observer that raises is logged and counted, never propagated."""
@@ -80,6 +82,13 @@ class PoolReport:
         counters.internal_errors += done.failed
         if done.jobs or done.skipped or done.missed:
             log.debug("schedules: %d tick(s) fired, %d skipped, %d missed", len(done.jobs), done.skipped, done.missed)
+
+    def wakeups_lost(self, losses: int) -> None:
+        """The store's wake-ups from other processes were lost ``losses`` more times (each logged by the store):
+        counted, and told to an observer that has ``on_wakeups_lost``."""
+        self.counters.wakeups_lost += losses
+        if self.observed and callable(getattr(self.observer, "on_wakeups_lost", None)):
+            self.observe("on_wakeups_lost", losses)
 
     def claimed(self, count: int) -> None:
         self.counters.claimed += count

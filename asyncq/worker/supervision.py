@@ -53,9 +53,14 @@ class BusyStore:
             return queue
 
 
-async def wait_for_work(queue: Queue, wake: asyncio.Event, seconds: float) -> None:
+async def wait_for_work(queue: Queue, wake: asyncio.Event, seconds: float, report: PoolReport) -> None:
     """Nothing was ready: wait for an enqueue in this process (or a wake-up from another), ``wake`` (a job
-    finished, a slot freed, a stop), or ``seconds`` (the poll)."""
+    finished, a slot freed, a stop), or ``seconds`` (the poll). Wake-ups the store lost since the last wait are
+    reported first."""
+    losses = queue.store.wakeup_losses - report.wakeup_losses_seen
+    if losses > 0:
+        report.wakeup_losses_seen += losses
+        report.wakeups_lost(losses)
     wake.clear()
     with anyio.move_on_after(seconds):
         async with anyio.create_task_group() as waiters:

@@ -103,6 +103,13 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
     location: str
     capabilities: Capabilities
 
+    @property
+    def wakeup_losses(self) -> int:
+        """How many times wake-ups from other processes were lost since the store opened (a listening connection
+        lost or refused, a file watcher's source failed; on SQLite, this process's watchers), each logged: waiting
+        fell back to polling until they came back. A pool reports the rise to its observer."""
+        ...
+
     # -- producers ----------------------------------------------------------------------------------------
 
     async def enqueue(self, rows: Sequence[NewJob], *, connection: Any = None) -> list[Enqueued]:

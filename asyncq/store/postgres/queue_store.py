@@ -354,6 +354,11 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
         await self.wakeups.close()
         await self._pool.close()
 
+    @property
+    def wakeup_losses(self) -> int:
+        """Times this store's listening connection was lost or could not be opened (``Wakeups.lost``)."""
+        return self.wakeups.lost
+
     def console(self) -> ConsoleStore:
         from asyncq.store.postgres.console_store import PostgresConsoleStore
 

@@ -24,7 +24,7 @@ from asyncq.errors import StoreError
 from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.sqlite import admin, engine, flow, retention
+from asyncq.store.sqlite import admin, engine, flow, retention, wakeup
 from asyncq.store.sqlite.aio import AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
@@ -319,6 +319,12 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
 
     async def close(self) -> None:
         await self._file.close()
+
+    @property
+    def wakeup_losses(self) -> int:
+        """This process's file watchers' failed sources (``wakeup.COUNTERS``): a file's watcher is shared by every
+        queue of the process on it."""
+        return wakeup.COUNTERS.failures
 
     def console(self) -> ConsoleStore:
         from asyncq.store.sqlite.console_store import SqliteConsoleStore
