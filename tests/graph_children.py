@@ -3,7 +3,8 @@
     python tests/graph_children.py --store TARGET --effects EFFECTS.db --owner W [--concurrency N] [--lease-ms MS]
 
 serves a ``Pool`` on the store's ``default`` queue until SIGTERM. Each start of a handler is a row of ``started``
-``(id, token, owner, early)`` in the effects file (SQLite, WAL, autocommit), written before the job's own work:
+``(id, token, owner, early)`` in the effects file (SQLite, WAL, autocommit), written before the job's own work, and
+its end a row of ``ended`` ``(id, token)`` (so that a test can kill a worker while it runs a handler):
 
 - a job whose body names ``needs`` (a dependant) reads each of those jobs: ``early`` is 1 if one has not ended done;
 - a group's callback (its body carries the ``group`` outcome) reads the group and its members: ``early`` is 1 if the
@@ -26,14 +27,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-EFFECTS_DDL = """CREATE TABLE IF NOT EXISTS started (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL,
-  token INTEGER NOT NULL, owner TEXT NOT NULL, early INTEGER NOT NULL, at REAL NOT NULL)"""
+EFFECTS_DDL = (
+    """CREATE TABLE IF NOT EXISTS started (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL,
+  token INTEGER NOT NULL, owner TEXT NOT NULL, early INTEGER NOT NULL, at REAL NOT NULL)""",
+    "CREATE TABLE IF NOT EXISTS ended (id TEXT NOT NULL, token INTEGER NOT NULL, PRIMARY KEY (id, token))",
+)
 
 
 def open_effects(path: str | Path) -> sqlite3.Connection:
     con = sqlite3.connect(path, timeout=30, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
-    con.execute(EFFECTS_DDL)
+    for statement in EFFECTS_DDL:
+        con.execute(statement)
     return con
 
 
@@ -66,6 +71,7 @@ async def serve(args: argparse.Namespace) -> None:
                 row = (context.id, context.token, args.owner, int(was_early), time.time())
                 effects.execute("INSERT INTO started (id, token, owner, early, at) VALUES (?, ?, ?, ?, ?)", row)
                 await asyncio.sleep(body.get("ms", 20) / 1000)
+                effects.execute("INSERT INTO ended (id, token) VALUES (?, ?)", (context.id, context.token))
                 if body.get("fail"):
                     raise Permanent("this job fails")
 

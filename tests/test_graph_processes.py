@@ -35,6 +35,7 @@ pytestmark = pytest.mark.timeout(120)
 
 SCRIPT = Path(graph_children.__file__).resolve()
 MEMBERS = 48  # every 8th fails (permanent): 42 done, 6 dead
+ATTEMPTS = 10  # more than the kills: a job hit by several of them still ends as its handler decides
 CHAINS = 6  # a_i, b_i; c_i after both; d_i after c_i. a_0 fails: c_0 and d_0 end dead (dependency), never run
 KILLS = 5
 CALLBACK = group_callback_id("import")
@@ -44,16 +45,17 @@ async def enqueue_graph(target: str) -> None:
     async with await Queue.open(target) as queue:
         async with queue.transaction() as tx:
             for n in range(MEMBERS):
-                await tx.enqueue(f"m{n:03d}", {"ms": 20 + n % 5 * 20, "fail": n % 8 == 0}, group="import")
+                body = {"ms": 20 + n % 5 * 20, "fail": n % 8 == 0}
+                await tx.enqueue(f"m{n:03d}", body, group="import", max_attempts=ATTEMPTS)
             await tx.seal_group("import", callback=JobSpec(CALLBACK, {"ms": 5}))
         for i in range(CHAINS):
             a, b, c = f"a{i}", f"b{i}", f"c{i}"
             await queue.enqueue_many(
                 [
-                    JobSpec(a, {"ms": 60, "fail": i == 0}),
-                    JobSpec(b, {"ms": 30}),
-                    JobSpec(c, {"needs": [a, b]}, after=[a, b]),
-                    JobSpec(f"d{i}", {"needs": [c]}, after=[c]),
+                    JobSpec(a, {"ms": 60, "fail": i == 0}, max_attempts=ATTEMPTS),
+                    JobSpec(b, {"ms": 30}, max_attempts=ATTEMPTS),
+                    JobSpec(c, {"needs": [a, b]}, max_attempts=ATTEMPTS, after=[a, b]),
+                    JobSpec(f"d{i}", {"needs": [c]}, max_attempts=ATTEMPTS, after=[c]),
                 ]
             )
 
@@ -84,8 +86,23 @@ class Workers:
         with open(self.tmp_path / f"{owner}.stderr", "wb") as errors:
             self.live[owner] = subprocess.Popen(argv, cwd=self.tmp_path, stderr=errors)
 
+    def running(self) -> list[str]:
+        """The live workers that have a handler running now (a start without its end)."""
+        con = sqlite3.connect(self.effects, timeout=30)
+        try:
+            rows = con.execute(
+                "SELECT DISTINCT owner FROM started s WHERE NOT EXISTS"
+                " (SELECT 1 FROM ended e WHERE e.id = s.id AND e.token = s.token)"
+            ).fetchall()
+        finally:
+            con.close()
+        return sorted(owner for (owner,) in rows if owner in self.live)
+
     def kill_one(self) -> None:
-        owner = random.choice(sorted(self.live))
+        """SIGKILL a worker while it runs a handler (waiting for one that does), so that the kill hits a job."""
+        busy = eventually_sync(self.running, "a worker running a handler", timeout=30, interval=0.005,
+                               stop=self.dead, details=self.stderr)  # fmt: skip
+        owner = random.choice(busy)
         proc = self.live.pop(owner)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
