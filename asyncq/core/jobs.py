@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 from asyncq.core.failures import ErrorText
+from asyncq.core.flow_limits import Hold
 from asyncq.core.jsontext import JSON, JSONInput, canonical_json
 from asyncq.core.lifecycle import CancelState, Fence
 from asyncq.core.limits import (
@@ -29,6 +30,7 @@ from asyncq.core.values import (
     Duration,
     check_identifier,
     check_int,
+    check_limit_key,
     check_on_conflict,
     check_priority,
     check_unique_key,
@@ -150,6 +152,7 @@ class EnqueueOptions(TypedDict, total=False):
     priority: int
     unique_key: str | None
     on_conflict: OnConflict
+    limit_key: str | None
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,10 @@ class JobSpec:
     delayed included, or leased), another is not inserted: the enqueue answers with the active job's id, or raises
     ``UniqueConflict`` with ``on_conflict="raise"``; once that job ends (done or dead) the key is free. The key is
     part of the job as the priority is (the same id with another key is a ``Conflict``); the id stays the
-    idempotency key forever (``docs/flow-control.md``)."""
+    idempotency key forever (``docs/flow-control.md``).
+
+    ``limit_key`` (1-200 printable characters: a tenant, an account) names the jobs a queue's per-key concurrency
+    limit bounds together (``Queue.set_limits``); it is part of the job too."""
 
     id: str
     body: JSONInput
@@ -176,6 +182,7 @@ class JobSpec:
     priority: int = field(default=0, kw_only=True)
     unique_key: str | None = field(default=None, kw_only=True)
     on_conflict: OnConflict = field(default="return", kw_only=True)
+    limit_key: str | None = field(default=None, kw_only=True)
 
     def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
         """Validate every field and build the row inserted at ``now_ms``."""
@@ -184,12 +191,19 @@ class JobSpec:
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         check_priority(self.priority)
         check_unique_key(self.unique_key)
+        check_limit_key(self.limit_key)
         raise_on_unique = check_on_conflict(self.on_conflict) == "raise"
         ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
-        payload = {"queue": self.queue, "body": body, "priority": self.priority, "unique_key": self.unique_key}
+        payload = {
+            "queue": self.queue,
+            "body": body,
+            "priority": self.priority,
+            "unique_key": self.unique_key,
+            "limit_key": self.limit_key,
+        }
         row = (self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms, raise_on_unique)
         return tuple.__new__(NewJob, row)
 
@@ -322,12 +336,14 @@ class Ticket:
 
 class Settled(NamedTuple):
     """What a pool's group commit did: the new status of each finish (``None``: stale), the tickets claimed
-    (those that start at once first, then those claimed ahead), and for each started job claimed ahead whether
-    its attempt was counted (``False``: its lease is no longer held)."""
+    (those that start at once first, then those claimed ahead), for each started job claimed ahead whether
+    its attempt was counted (``False``: its lease is no longer held), and the queues whose limits let the claim take
+    nothing (``holds``: until when, and whether only time frees them; ``core.flow_limits``)."""
 
     statuses: list[str | None]
     tickets: list[Ticket]
     started: list[bool]
+    holds: tuple[Hold, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -359,6 +375,8 @@ class Job:
     cancel_requested_at: int | None = None
     #: Its unique key (``JobSpec.unique_key``), held while it is active; ``None`` if it has none.
     unique_key: str | None = None
+    #: Its limit key (``JobSpec.limit_key``): the jobs a per-key concurrency limit bounds together; ``None``: none.
+    limit_key: str | None = None
 
     @property
     def result(self) -> JSON:
@@ -373,8 +391,8 @@ class Job:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
         """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
-        ``priority``, ``cancel_requested_at`` and ``unique_key``), the body as its stored JSON text."""
-        *values, redrives, priority, cancel_requested_at, unique_key = row
+        ``priority``, ``cancel_requested_at``, ``unique_key`` and ``limit_key``), the body as its stored JSON text."""
+        *values, redrives, priority, cancel_requested_at, unique_key, limit_key = row
         values[3] = json.loads(values[3])
         # mypy cannot tell that ``values`` stops before the keywords' fields (it is the 13 columns before redrives)
         return cls(  # type: ignore[misc]
@@ -383,6 +401,7 @@ class Job:
             priority=priority,
             cancel_requested_at=cancel_requested_at,
             unique_key=unique_key,
+            limit_key=limit_key,
         )
 
 

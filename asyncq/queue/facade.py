@@ -125,6 +125,7 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
         priority: int = 0,
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
+        limit_key: str | None = None,
         connection: Any = None,
     ) -> Enqueued:
         """Add a job; ``True`` if added, ``False`` if the same id and body exist already, ``Conflict`` for another
@@ -133,6 +134,9 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
 
         ``unique_key``: while an active (pending or leased) job of ``queue`` holds this key, nothing is inserted and
         the answer is that job's id (a ``str``), or ``UniqueConflict`` with ``on_conflict="raise"``.
+
+        ``limit_key`` (a tenant, an account): the jobs of ``queue`` a per-key concurrency limit bounds together
+        (``set_limits(queue, per_key_concurrency=…)``; docs/flow-control.md, "Limits").
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
@@ -147,6 +151,7 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
             priority=priority,
             unique_key=unique_key,
             on_conflict=on_conflict,
+            limit_key=limit_key,
         )
         return (await self.enqueue_many([spec], connection=connection))[0]
 

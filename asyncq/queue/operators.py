@@ -1,5 +1,5 @@
-"""The operator's calls on a ``Queue``: redrive, cancel, pause and resume, ``max_wait``, retention, and the stored
-settings and moves of queues (each move audited in the store)."""
+"""The operator's calls on a ``Queue``: redrive, cancel, pause and resume, ``max_wait``, retention, limits, and the
+stored settings and moves of queues (each move audited in the store)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import socket
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import LimitUsage, check_limits, limits_text
 from asyncq.core.jobs import (
     DEFAULT_TTL_MS,
     MAX_BATCH,
@@ -139,6 +140,37 @@ class OperatorCalls(StoreFacade[QueueStore]):
         log.info("queue %s retention set by %s: %s", queue, entry.actor, retention_text(windows))
         return entry
 
+    async def set_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        per_key_concurrency: int | None = None,
+        rate: int | None = None,
+        per: Duration | None = None,
+        burst: int | None = None,
+        note: str | None = None,
+        by: str | None = None,
+    ) -> QueueAuditEntry:
+        """Limit ``queue`` across every process and host (docs/flow-control.md, "Limits"): ``concurrency`` jobs at
+        once (its live leases), ``per_key_concurrency`` at once per ``limit_key`` (``enqueue(…, limit_key=…)``), and
+        ``rate`` jobs started per ``per`` seconds (default 1; or a ``timedelta``), up to ``burst`` at once (default 1:
+        never more than ``rate`` in any window of ``per``). Each ``None`` is no such limit (the default of each: a call
+        sets them all, ``set_limits(queue)`` clears them). Counted in the claim's transaction from the rows (an expired
+        lease frees its slot by itself); a job a limit holds is not claimed, spends no attempt and keeps its place.
+        Stored and audited like a pause; a bad value is ``TypeError``/``ValueError`` before any statement."""
+        check_identifier(queue, "queue")
+        limits = check_limits(concurrency, per_key_concurrency, rate, per, burst)
+        checked = check_note(note) if note is not None else f"limits {limits_text(limits)}"
+        entry = await self.store.set_limits(queue, limits, self.now(), checked, _actor(by))
+        log.info("queue %s limits set by %s: %s", queue, entry.actor, limits_text(limits))
+        return entry
+
+    async def limits(self) -> list[LimitUsage]:
+        """Every queue with limits, by name: its limits and what they hold now (``LimitUsage``: the live leases, the
+        keys holding one and those at their limit, when the rate lets the next job start)."""
+        return await self.store.limit_usage(self.now())
+
     async def apply_retention(
         self, *, max_batches: int = RETENTION_MAX_BATCHES, batch: int = RETENTION_BATCH
     ) -> RetentionReport:
@@ -171,7 +203,8 @@ class OperatorCalls(StoreFacade[QueueStore]):
         return [settings for settings in await self.queue_settings() if settings.paused]
 
     async def queue_audit(self, queue: str | None = None, *, limit: int = 100) -> list[QueueAuditEntry]:
-        """The newest moves on queues (pause, resume, max_wait), of ``queue`` only if named, newest first."""
+        """The newest moves on queues (pause, resume, max_wait, retention, limits), of ``queue`` only if named, newest
+        first."""
         if queue is not None:
             check_identifier(queue, "queue")
         return await self.store.queue_audit(queue, check_int(limit, "limit", 1, MAX_BATCH))

@@ -104,7 +104,7 @@ async def claim(
     store: QueueStore, owner: str, now: int, *, queue: str = "default", n: int = 1, lease_ms: int = 1_000
 ) -> list[Ticket]:
     """Claim up to ``n`` jobs of ``queue`` (a group commit that finishes nothing)."""
-    statuses, tickets, _started = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
+    statuses, tickets, _started, _holds = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
     assert statuses == []
     return tickets
 

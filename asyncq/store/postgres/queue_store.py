@@ -17,6 +17,7 @@ import asyncpg
 
 from asyncq.core.claim_plan import plan_claim
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.retention import Windows
@@ -24,7 +25,7 @@ from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.postgres import admin, flow, transitions
+from asyncq.store.postgres import admin, flow, limits, transitions
 from asyncq.store.postgres.connection import (
     Connection,
     Target,
@@ -88,6 +89,7 @@ class PostgresQueueStore:
         self._pool = pool
         self.wakeups = wakeups
         self.capabilities = Capabilities(backup=False, app_sql=True, survives_power_loss=True, read_only=read_only)
+        self._limited: set[str] = set()  # the queues a claim found limited (a hint: each claim reads them again)
 
     @classmethod
     async def open(cls, url: object, *, read_only: bool = False) -> PostgresQueueStore:
@@ -172,21 +174,23 @@ class PostgresQueueStore:
     ) -> Settled:
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
 
-        async def cycle(conn: Connection, schema: str) -> tuple[list[str | None], list[Ticket], list[bool]]:
+        async def cycle(conn: Connection, schema: str) -> Settled:
             activated = await transitions.activate(conn, schema, begun)
             statuses = await transitions.finish(conn, schema, finishes, now_ms, resend=resend) if finishes else []
             await self._notify_if_pending(conn, statuses)
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:
                 await transitions.sweep(conn, schema, now_ms)
-            rows, counted = await transitions.claim(conn, schema, owner, now_ms, lease_ms, wants, plan)
+            rows, counted, holds = await transitions.claim(
+                conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited
+            )
             tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(rows)]
-            return statuses, tickets, activated
+            return Settled(statuses, tickets, activated, holds)
 
-        statuses, tickets, activated = await self._write(cycle)
-        if PENDING in statuses:
+        settled: Settled = await self._write(cycle)
+        if PENDING in settled.statuses:
             self.wakeups.notify()
-        return Settled(statuses, tickets, activated)
+        return settled
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         async def step(conn: Connection, schema: str) -> list[str | None]:
@@ -269,6 +273,20 @@ class PostgresQueueStore:
     async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
         entry: QueueAuditEntry = await self._write(flow.set_retention, queue, windows, now_ms, note, actor)
         return entry
+
+    async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        async def step(conn: Connection, schema: str) -> QueueAuditEntry:
+            entry = await flow.set_limits(conn, schema, queue, limits, now_ms, note, actor)
+            await conn.execute(NOTIFY, self.wakeups.channel)  # a limit raised or cleared may let workers claim
+            return entry
+
+        entry: QueueAuditEntry = await self._write(step)
+        self.wakeups.notify()
+        return entry
+
+    async def limit_usage(self, now_ms: int) -> list[LimitUsage]:
+        found: list[LimitUsage] = await self._read(limits.limit_usage, now_ms)
+        return found
 
     async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
         removed: int = await self._write(admin.remove_expired, queue, state, cutoff_ms, now_ms, limit)

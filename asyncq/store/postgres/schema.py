@@ -211,6 +211,24 @@ RETENTION = (
     "CREATE INDEX jobs_ended ON {schema}.jobs (queue, status, reason, available_at) WHERE status IN ('done', 'dead')",
 )
 
+# Version 8: concurrency and rate limits (docs/flow-control.md, "Limits"; the SQLite store's v11). A job's optional
+# ``limit_key``; each queue's limits on its settings row (NULL: none) and the rate's state (``rate_tat_us``: GCRA's
+# theoretical arrival time, microseconds), advanced by the claim that takes jobs, which holds the row's lock: the
+# claims of a limited queue are serialised on it, so each counts every lease committed before it. The queue audit
+# gains the ``limits`` move and the limits it set. No index: a limited claim counts live leases through
+# ``jobs_leased`` and steps over a full key's jobs in ``jobs_ranked``.
+LIMITS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN limit_key text",
+    "ALTER TABLE {schema}.queues ADD COLUMN limit_concurrency integer, ADD COLUMN limit_per_key integer,"
+    " ADD COLUMN limit_rate integer, ADD COLUMN limit_per_ms bigint, ADD COLUMN limit_burst integer,"
+    " ADD COLUMN rate_tat_us bigint",
+    "ALTER TABLE {schema}.queue_audit ADD COLUMN limit_concurrency integer, ADD COLUMN limit_per_key integer,"
+    " ADD COLUMN limit_rate integer, ADD COLUMN limit_per_ms bigint, ADD COLUMN limit_burst integer",
+    "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
+    "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'limits'))",
+)
+
 QUEUE = Migrations(
     component="queue",
     steps=(
@@ -237,6 +255,7 @@ QUEUE = Migrations(
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
+        LIMITS,  # version 8: concurrency and rate limits per queue and limit key, the rate's state, their audit
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from asyncq.core.claim_plan import ClaimPlan, Rank, claim_rank, next_claim
+from asyncq.core.claim_plan import Claim, ClaimPlan, Rank, claim_rank, next_claim
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
     FinishPlan,
@@ -25,11 +25,13 @@ from asyncq.core.finish_plan import (
     statuses_after,
     unlanded,
 )
+from asyncq.core.flow_limits import Hold
 from asyncq.core.jobs import Enqueued, Finish, NewJob, StoredResult
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.limits import claim_limited, is_limited
 from asyncq.store.postgres.statements import sql
 
 #: ``(seq, payload, state)`` of a stored job, as ``read_states`` returns it.
@@ -89,6 +91,7 @@ async def _insert(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> set[
         [job.deadline for job in jobs],
         [job.payload["priority"] for job in jobs],
         [job.payload["unique_key"] for job in jobs],
+        [job.payload["limit_key"] for job in jobs],
     )
     return {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
 
@@ -120,11 +123,11 @@ async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> 
         return {}
     found: dict[str, Found] = {}
     for row in await conn.fetch(sql(schema, "SELECT_BY_IDS"), list(dict.fromkeys(job_ids))):
-        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority, key = (
-            row
-        )
+        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline = row[:11]
+        priority, unique_key, limit_key = row[11:]
         state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-        found[job_id] = (seq, {"queue": queue, "body": body, "priority": priority, "unique_key": key}, state)
+        payload = {"queue": queue, "body": body, "priority": priority, "unique_key": unique_key, "limit_key": limit_key}
+        found[job_id] = (seq, payload, state)
     return found
 
 
@@ -233,23 +236,57 @@ async def claim(
     lease_ms: int,
     wants: Sequence[tuple[str, int]],
     plan: ClaimPlan,
-) -> tuple[list[tuple[Any, ...]], int]:
+    limited: set[str] | None = None,
+) -> tuple[list[tuple[Any, ...]], int, tuple[Hold, ...]]:
     """Run ``plan``'s claims (``core.claim_plan``) over the queues of ``wants``, in the claim order within each
     queue (``claim_rank``): the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order, then the rank's
-    columns), those counted first, and how many were."""
+    columns), those counted first, how many were, and the queues their limits held. ``limited`` is the caller's
+    hint of the queues found limited before (kept up to date here)."""
     claimed: list[tuple[Any, ...]] = []
     counted = 0
-    dry: set[int] = set()  # queues found with no ready job left
+    dry: set[int] = set()  # queues found with no ready job left, and limited queues once asked
+    holds: list[Hold] = []
+    hint = set() if limited is None else limited
+    locked = False  # whether this transaction holds a limited queue's lock (the next ones are not waited for)
     step = next_claim(plan, 0, 0)
     while step is not None:
         queue = wants[step.queue][0]
-        rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, step.limit, owner, lease_ms, int(step.counts))
-        claimed += sorted((tuple(row) for row in rows), key=_rank)
+        rows, was_limited, hold = await _claim_one(conn, schema, step, queue, (now_ms, owner, lease_ms), hint, locked)
+        locked = locked or was_limited
+        claimed += sorted(rows, key=_rank)
         counted += len(rows) if step.counts else 0
-        if len(rows) < step.limit:
+        holds += [] if hold is None else [hold]
+        if was_limited or len(rows) < step.limit:
             dry.add(step.queue)
         step = next_claim(plan, step.step + 1, len(claimed), dry)
-    return claimed, counted
+    return claimed, counted, tuple(holds)
+
+
+async def _claim_one(
+    conn: Connection,
+    schema: str,
+    step: Claim,
+    queue: str,
+    params: tuple[int, str, int],
+    limited: set[str],
+    locked: bool,
+) -> tuple[list[tuple[Any, ...]], bool, Hold | None]:
+    """One claim of the plan: the plain claim, or a limited queue's (``limits.claim_limited``), with whether the
+    queue was limited and what held it. The plain claim takes nothing from a limited queue, so only a claim that
+    found nothing reads whether the queue is limited (a primary-key read); ``limited`` remembers it."""
+    if queue in limited:
+        done = await claim_limited(conn, schema, queue, step.limit, step.counts, params, not locked)
+        if done is not None:
+            return done[0], True, done[1]
+        limited.discard(queue)
+    now_ms, owner, lease_ms = params
+    found = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, step.limit, owner, lease_ms, int(step.counts))
+    rows = [tuple(row) for row in found]
+    if rows or not await is_limited(conn, schema, queue):
+        return rows, False, None
+    limited.add(queue)
+    done = await claim_limited(conn, schema, queue, step.limit, step.counts, params, not locked)
+    return ([], True, None) if done is None else (done[0], True, done[1])
 
 
 def _rank(row: tuple[Any, ...]) -> Rank:

@@ -14,7 +14,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any
 
-from asyncq.core.claim_plan import Rank, claim_rank, next_claim, plan_claim
+from asyncq.core.claim_plan import Claim, Rank, claim_rank, next_claim, plan_claim
 from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
@@ -28,11 +28,13 @@ from asyncq.core.finish_plan import (
     statuses_after,
     unlanded,
 )
+from asyncq.core.flow_limits import Hold
 from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
+from asyncq.store.sqlite.limits import claim_limited, is_limited
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
@@ -453,13 +455,15 @@ def settle_and_claim_in_transaction(
     start_now: int | None = None,
     started: Sequence[tuple[int, str, Fence]] = (),
     resend: bool = False,
-) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool]]:
+    limited: set[str] | None = None,
+) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool], tuple[Hold, ...]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
     ``items``, and claim up to ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (at most ``total`` over
     all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
     now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
-    them were counted, and the activations. The claims are ``core.claim_plan``'s."""
+    them were counted, the activations, and the queues their limits held. The claims are ``core.claim_plan``'s;
+    ``limited`` is the caller's hint of the queues found limited before (kept up to date here)."""
     activated = _activate(con, layout, started) if started else []
     found = finish_in_transaction(con, layout, items, now_ms, resend=resend)
     plan = plan_claim([limit for _scope, limit in wants], total, start_now)
@@ -467,26 +471,48 @@ def settle_and_claim_in_transaction(
         _sweep(con, layout, now_ms)
     claimed: list[tuple[Any, ...]] = []
     counted = 0
-    dry: set[int] = set()  # queues found with no ready job left
+    dry: set[int] = set()  # queues found with no ready job left, and limited queues once asked
+    holds: list[Hold] = []
+    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms}
     claim = next_claim(plan, 0, 0)
     while claim is not None:
-        rows = claim_rows_in_transaction(
-            con,
-            layout,
-            owner,
-            now_ms,
-            lease_ms,
-            limit=claim.limit,
-            scope=wants[claim.queue][0],
-            count=claim.counts,
-            sweep=False,
-        )
+        scope = wants[claim.queue][0]
+        rows, was_limited, hold = _claim_one(con, layout, claim, scope, params, set() if limited is None else limited)
         claimed += rows
         counted += len(rows) if claim.counts else 0
-        if len(rows) < claim.limit:
+        holds += [] if hold is None else [hold]
+        if was_limited or len(rows) < claim.limit:
             dry.add(claim.queue)
         claim = next_claim(plan, claim.step + 1, len(claimed), dry)
-    return found, claimed, counted, activated
+    return found, claimed, counted, activated, tuple(holds)
+
+
+def _claim_one(
+    con: sqlite3.Connection,
+    layout: Layout,
+    claim: Claim,
+    scope: dict[str, Any],
+    params: dict[str, Any],
+    limited: set[str],
+) -> tuple[list[tuple[Any, ...]], bool, Hold | None]:
+    """One claim statement of the plan: the plain claim, or a limited queue's (``limits.claim_limited``), with
+    whether the queue was limited and what held it. The plain claim takes nothing from a limited queue, so only a
+    claim that found nothing reads whether the queue is limited (a primary-key read); ``limited`` remembers it."""
+    queue = scope.get("queue")
+    if queue is not None and queue in limited:
+        done = claim_limited(con, queue, claim.limit, claim.counts, params)
+        if done is not None:
+            return done[0], True, done[1]
+        limited.discard(queue)
+    rows = claim_rows_in_transaction(
+        con, layout, params["owner"], params["now"], params["lease_ms"], limit=claim.limit, scope=scope,
+        count=claim.counts, sweep=False,
+    )  # fmt: skip
+    if rows or layout.settings is None or queue is None or not is_limited(con, queue):
+        return rows, False, None
+    limited.add(queue)
+    done = claim_limited(con, queue, claim.limit, claim.counts, params)
+    return ([], True, None) if done is None else (done[0], True, done[1])
 
 
 def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:

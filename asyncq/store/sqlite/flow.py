@@ -1,18 +1,30 @@
 """A queue's stored flow-control settings on SQLite (``asyncq_queues``) and their audit (``asyncq_queue_audit``):
-pause, resume, ``max_wait`` and retention, each one write transaction with its audit row. The claim statement reads the
-settings row itself (``statements.CLAIM_RANKED``), so a pause holds for every connection from its commit on."""
+pause, resume, ``max_wait``, retention and limits, each one write transaction with its audit row. The claim statement
+reads the settings row itself (``statements.CLAIM_RANKED``), so a pause holds for every connection from its commit
+on."""
 
 from __future__ import annotations
 
 import sqlite3
 from typing import Any
 
-from asyncq.core.flow import MAX_WAIT, PAUSE, RESUME, RETENTION, QueueAuditEntry, QueueSettings, pause_refused
+from asyncq.core.flow import (
+    LIMITS,
+    MAX_WAIT,
+    PAUSE,
+    RESUME,
+    RETENTION,
+    QueueAuditEntry,
+    QueueSettings,
+    pause_refused,
+)
+from asyncq.core.flow_limits import UNLIMITED, Limits, rate_state_kept
 from asyncq.core.retention import FOREVER, Windows
 from asyncq.store.sqlite.connection import write_transaction
 
 _RETAIN = "retain_done_ms, retain_dead_ms, retain_cancelled_ms"
-_COLUMNS = f"queue, paused_at, paused_by, note, max_wait_ms, {_RETAIN}"
+_LIMITS = "limit_concurrency, limit_per_key, limit_rate, limit_per_ms, limit_burst"
+_COLUMNS = f"queue, paused_at, paused_by, note, max_wait_ms, {_RETAIN}, {_LIMITS}"
 SETTINGS_OF = f"SELECT {_COLUMNS} FROM asyncq_queues WHERE queue = :queue"
 ALL_SETTINGS = f"SELECT {_COLUMNS} FROM asyncq_queues ORDER BY queue"
 SET_PAUSED = """
@@ -29,10 +41,20 @@ INSERT INTO asyncq_queues (queue, {_RETAIN}) VALUES (:queue, :done_ms, :dead_ms,
 ON CONFLICT (queue) DO UPDATE SET retain_done_ms = excluded.retain_done_ms,
   retain_dead_ms = excluded.retain_dead_ms, retain_cancelled_ms = excluded.retain_cancelled_ms
 """
-_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}"
+# The rate's state is kept as ``core.flow_limits.rate_state_kept`` says (the statement only writes it).
+SET_LIMITS = f"""
+INSERT INTO asyncq_queues (queue, {_LIMITS}, rate_tat_us)
+VALUES (:queue, :concurrency, :per_key_concurrency, :rate, :per_ms, :burst, :tat_us)
+ON CONFLICT (queue) DO UPDATE SET limit_concurrency = excluded.limit_concurrency,
+  limit_per_key = excluded.limit_per_key, limit_rate = excluded.limit_rate, limit_per_ms = excluded.limit_per_ms,
+  limit_burst = excluded.limit_burst, rate_tat_us = excluded.rate_tat_us
+"""
+RATE_STATE = "SELECT rate_tat_us FROM asyncq_queues WHERE queue = :queue"
+_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, {_LIMITS}"
 AUDIT_MOVE = f"""
-INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN})
-VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms)
+INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, {_LIMITS})
+VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms, :concurrency,
+  :per_key_concurrency, :rate, :per_ms, :burst)
 RETURNING {_AUDIT_COLUMNS}
 """
 AUDIT_LOG = f"""
@@ -84,6 +106,18 @@ def set_retention(
         return _audit(con, queue, RETENTION, now_ms, actor, note, None, windows)
 
 
+def set_limits(
+    con: sqlite3.Connection, queue: str, limits: Limits, now_ms: int, note: str, actor: str
+) -> QueueAuditEntry:
+    """Set ``queue``'s limits (each ``None``: none) with their audit row, which is returned; the rate's state is kept
+    as ``core.flow_limits.rate_state_kept`` says."""
+    with write_transaction(con):
+        row = con.execute(RATE_STATE, {"queue": queue}).fetchone()
+        tat_us = rate_state_kept(limits, None if row is None else row[0], now_ms)
+        con.execute(SET_LIMITS, {"queue": queue, "tat_us": tat_us, **limits._asdict()})
+        return _audit(con, queue, LIMITS, now_ms, actor, note, None, limits=limits)
+
+
 def _audit(
     con: sqlite3.Connection,
     queue: str,
@@ -93,10 +127,12 @@ def _audit(
     note: str,
     max_wait_ms: int | None,
     windows: Windows = FOREVER,
+    *,
+    limits: Limits = UNLIMITED,
 ) -> QueueAuditEntry:
     params = {"queue": queue, "action": action, "now": now_ms, "actor": actor, "note": note}
-    row = con.execute(AUDIT_MOVE, params | {"max_wait_ms": max_wait_ms, **windows._asdict()}).fetchone()
-    return QueueAuditEntry(*row)
+    params |= {"max_wait_ms": max_wait_ms, **windows._asdict(), **limits._asdict()}
+    return QueueAuditEntry(*con.execute(AUDIT_MOVE, params).fetchone())
 
 
 def audit_log(con: sqlite3.Connection, queue: str | None, limit: int) -> list[QueueAuditEntry]:

@@ -11,6 +11,7 @@ from asyncq.store.sqlite.schema import (
     ERROR_TABLES,
     FLOW_CONTROL,
     JOB_COUNTS,
+    LIMITS,
     PRODUCT,
     PRODUCT_TABLES,
     RECOUNT,
@@ -46,6 +47,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
+    LIMITS,  # version 11: concurrency and rate limits per queue and limit key, the rate's state, their audit
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

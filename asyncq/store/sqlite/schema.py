@@ -77,7 +77,8 @@ class Layout:
     claim: str = "CLAIM"
     settings: str | None = None
     #: Columns inserted and compared with the payload (the same id with another value is a ``Conflict``) that a
-    #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``; the lab's tables have none).
+    #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``) and ``limit_key`` (``LIMITS``; the lab's
+    #: tables have neither).
     keys: tuple[str, ...] = ()
 
     @property
@@ -105,7 +106,7 @@ PRODUCT = Layout(
     scope="AND queue = :queue",
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
-    keys=("unique_key",),
+    keys=("unique_key", "limit_key"),
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -272,4 +273,33 @@ RETENTION = (
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_ended ON asyncq_jobs(queue, status, reason, available_at)"
     " WHERE status IN ('done', 'dead')",
+)
+
+# Version 11: concurrency and rate limits (docs/flow-control.md, "Limits"; ``core.flow_limits``). A job's optional
+# ``limit_key`` (the jobs a per-key limit bounds together). Each queue's limits on its settings row (NULL: none):
+# live leases of the queue, of one key, and a rate of ``limit_rate`` jobs per ``limit_per_ms`` with up to
+# ``limit_burst`` at once; ``rate_tat_us`` is the rate's state (GCRA's theoretical arrival time, microseconds),
+# advanced by the claim that takes jobs, in its transaction. The queue audit gains the ``limits`` move and the limits
+# it set (rebuilt for its CHECK, as in version 10: its rows and seqs kept). No index: a limited claim counts live
+# leases through ``asyncq_jobs_leased``, and steps over a full key's jobs in ``asyncq_jobs_ranked``.
+_AUDIT_V10_COLUMNS = (
+    "seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms, retain_dead_ms, retain_cancelled_ms"
+)
+LIMITS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN limit_key TEXT",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_concurrency INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_per_key INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_rate INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_per_ms INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_burst INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN rate_tat_us INTEGER",
+    """CREATE TABLE asyncq_queue_audit_limits (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'limits')),
+  at_ms INTEGER NOT NULL, actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, limit_concurrency INTEGER, limit_per_key INTEGER,
+  limit_rate INTEGER, limit_per_ms INTEGER, limit_burst INTEGER)""",
+    f"INSERT INTO asyncq_queue_audit_limits ({_AUDIT_V10_COLUMNS}) SELECT {_AUDIT_V10_COLUMNS} FROM asyncq_queue_audit",
+    "DROP TABLE asyncq_queue_audit",
+    "ALTER TABLE asyncq_queue_audit_limits RENAME TO asyncq_queue_audit",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
 )
