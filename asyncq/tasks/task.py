@@ -22,6 +22,7 @@ from asyncq.core.values import (
     check_flag,
     check_identifier,
     check_int,
+    check_limit_key,
     check_on_conflict,
     check_priority,
     check_unique_key,
@@ -47,7 +48,8 @@ Target = Queue | Transaction
 class Options:
     """How a deferral is enqueued: ``key`` (the job's id: the same key and arguments again is a no-op, other
     arguments ``Conflict``; default a fresh unique id), ``delay`` and ``ttl`` in seconds; ``unique_key`` (one
-    active job of the queue with it at a time), or ``unique`` (the key derived from the task and its arguments)."""
+    active job of the queue with it at a time), or ``unique`` (the key derived from the task and its arguments);
+    ``limit_key`` (the jobs a queue's per-key concurrency limit bounds together)."""
 
     queue: str
     max_attempts: int
@@ -58,6 +60,7 @@ class Options:
     unique: bool = False
     unique_key: str | None = None
     on_conflict: OnConflict = "return"
+    limit_key: str | None = None
 
     def job_id(self) -> str:
         return uuid.uuid4().hex if self.key is None else self.key
@@ -65,7 +68,8 @@ class Options:
     def enqueue_options(self, body: dict[str, Any]) -> dict[str, Any]:
         options = {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
         unique_key = self.unique_key if self.unique_key is not None or not self.unique else derived_unique_key(body)
-        return options | {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
+        options |= {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
+        return options | {"limit_key": self.limit_key}
 
 
 def derived_unique_key(body: dict[str, Any]) -> str:
@@ -98,6 +102,7 @@ class Task(Generic[P, R]):
         result_ttl: float,
         priority: int = 0,
         unique: bool = False,
+        limit_key: str | None = None,
     ) -> None:
         self.app = app
         self.function = function
@@ -108,6 +113,7 @@ class Task(Generic[P, R]):
             ttl,
             priority=check_priority(priority),
             unique=check_flag(unique, "unique"),
+            limit_key=check_limit_key(limit_key),
         )
         self.timeout = None if timeout is None else check_duration(timeout, "timeout", 0.001, 86_400.0 * 7)
         self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL)
@@ -138,11 +144,14 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
+        limit_key: str | None = None,
     ) -> Deferral[P, R]:
         """The same task with options for one deferral: ``key`` (the job id, for idempotency), ``delay``,
         ``ttl``, ``max_attempts``, ``queue``, ``priority``, ``unique_key`` (instead of the task's derived one, if it
-        is ``unique``) and ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle)."""
+        is ``unique``), ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle) and
+        ``limit_key`` (instead of the task's default: a tenant whose jobs a per-key limit bounds together)."""
         check_unique_key(unique_key)
+        check_limit_key(limit_key)
         check_on_conflict(on_conflict)
         if key is not None:
             check_identifier(key, "key")
@@ -163,6 +172,7 @@ class Task(Generic[P, R]):
             base.unique,
             unique_key,
             on_conflict,
+            base.limit_key if limit_key is None else limit_key,
         )
         return Deferral(self, options)
 
