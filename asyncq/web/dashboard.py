@@ -50,14 +50,15 @@ SECURITY_HEADERS = {
 
 async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     """Counts, the newest dead jobs (each with its errors), the newest audit rows, the leases in flight, the queues'
-    stored settings and the newest moves on queues."""
+    stored settings, the newest moves on queues, and the limits in force with what they hold."""
     stats = await queue.stats()
     listed = await queue.list_jobs(status="dead", newest=True, limit=limit, body=False)
     dead = [job for job in [await queue.get(found.id) for found in listed] if job is not None]
     leases = await queue.list_jobs(status="leased", limit=limit, body=False)
     leases.sort(key=lambda job: job.lease_until or 0)
     settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
-    return Snapshot(stats, dead, await queue.audit_log(limit), leases, queues=settings, queue_moves=moves)
+    audit, limits = await queue.audit_log(limit), await queue.limits()
+    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, limits=limits)
 
 
 def is_loopback(host: str | None) -> bool:

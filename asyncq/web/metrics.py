@@ -17,6 +17,13 @@ metric                                      meaning
 ``asyncq_dead_jobs{reason}``                dead jobs by reason, read at scrape time
 ``asyncq_oldest_ready_age_seconds``         how long the oldest ready job has waited (0 when none waits)
 ``asyncq_queue_file_up``                    1 if the queue file could be read at scrape time, else 0
+``asyncq_queue_paused{queue}``              1 while a queue is paused (queues with stored settings)
+``asyncq_queue_retention_seconds{…}``       how long a queue keeps its finished jobs, by state (``{queue,state}``)
+``asyncq_queue_limit{queue,limit}``         a queue's limits in force: ``concurrency``, ``per_key_concurrency``,
+                                            ``rate_per_second``, ``burst`` (absent: no such limit)
+``asyncq_queue_slots_used{queue}``          a limited queue's live leases now (what its concurrency limit counts)
+``asyncq_queue_limit_keys_full{queue}``     limit keys at their per-key limit now
+``asyncq_queue_rate_wait_seconds{queue}``   how long until the rate lets the next job start (0: it has room)
 ``asyncq_inbox_events_total{outcome}``      inbox requests since start: applied, duplicate, conflict,
                                             rejected (400/413), failed (the effect refused or failed)
 ==========================================  =======================================================================
@@ -57,6 +64,7 @@ from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
+from asyncq.core.flow_limits import LimitUsage, rate_per_second
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.retention import RETENTION_STATES
 from asyncq.core.stats import Stats
@@ -162,9 +170,9 @@ class PoolMetrics:
 
 
 class QueueCollector(Collector):
-    """Depth by status, dead jobs by reason, the oldest ready job's age and which queues are paused, read through
-    ``Queue.stats()`` and ``Queue.queue_settings()`` per scrape (see the module's docstring for why on a loop of its
-    own)."""
+    """Depth by status, dead jobs by reason, the oldest ready job's age, which queues are paused, their retention and
+    their limits with the slots used, read through ``Queue.stats()``, ``Queue.queue_settings()`` and
+    ``Queue.limits()`` per scrape (see the module's docstring for why on a loop of its own)."""
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.path = path
@@ -172,22 +180,46 @@ class QueueCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         """The metric names, without reading the file (for the registry's duplicate check)."""
-        return self._families(None)
+        return self._families(None) + self._limit_families((), None)
 
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings = run_on_own_loop(self.read)
+            stats, settings, limits = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats, settings=settings)
+        return self._families(stats, settings=settings) + self._limit_families(limits, self.clock())
 
-    async def read(self) -> tuple[Stats, list[QueueSettings]]:
-        """The queue's stats and stored queue settings now, through a read-only ``Queue`` (nothing is created or
-        changed)."""
+    async def read(self) -> tuple[Stats, list[QueueSettings], list[LimitUsage]]:
+        """The queue's stats, stored queue settings and limits now, through a read-only ``Queue`` (nothing is
+        created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return await queue.stats(), await queue.queue_settings()
+            return await queue.stats(), await queue.queue_settings(), await queue.limits()
+
+    @staticmethod
+    def _limit_families(limits: Sequence[LimitUsage], now_ms: int | None) -> list[Metric]:
+        """The limits in force and what they hold (``describe`` names them with none)."""
+        limit = GaugeMetricFamily(
+            "asyncq_queue_limit", "A queue's limits in force (absent: no such limit).", labels=["queue", "limit"]
+        )
+        used = GaugeMetricFamily("asyncq_queue_slots_used", "A limited queue's live leases now.", labels=["queue"])
+        full = GaugeMetricFamily(
+            "asyncq_queue_limit_keys_full", "Limit keys at their per-key limit now.", labels=["queue"]
+        )
+        wait = GaugeMetricFamily(
+            "asyncq_queue_rate_wait_seconds", "Until the rate lets the next job start (0: room now).", labels=["queue"]
+        )
+        for each in limits:
+            values = each.limits._asdict() | {"rate_per_second": rate_per_second(each.limits)}
+            for name in ("concurrency", "per_key_concurrency", "rate_per_second", "burst"):
+                if values[name] is not None:
+                    limit.add_metric([each.queue, name], values[name])
+            used.add_metric([each.queue], each.slots_used)
+            full.add_metric([each.queue], each.keys_full)
+            if each.rate_next_ms is not None and now_ms is not None:
+                wait.add_metric([each.queue], max(0, each.rate_next_ms - now_ms) / 1000)
+        return [limit, used, full, wait]
 
     @staticmethod
     def _families(stats: Stats | None, up: int = 1, settings: Sequence[QueueSettings] = ()) -> list[Metric]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import LimitUsage
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.retention import RETENTION_STATES
 from asyncq.core.stats import Stats
@@ -57,6 +58,8 @@ class Snapshot:
     #: Every queue's stored settings (paused, max_wait) and the newest moves on queues.
     queues: list[QueueSettings] = field(default_factory=list)
     queue_moves: list[QueueAuditEntry] = field(default_factory=list)
+    #: The limits in force and what they hold now.
+    limits: list[LimitUsage] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -204,6 +207,25 @@ def render_queues(queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEnt
     return settings + _table("queue-moves", ("at", "queue", "action", "by", "note"), rows, "no moves on queues yet")
 
 
+def render_limits(limits: Sequence[LimitUsage], now_ms: int) -> str:
+    """The limits in force (``Queue.set_limits``) and what they hold now: the live leases against the queue's
+    concurrency, the keys at their per-key limit, the rate and when it lets the next job start."""
+    cells = []
+    for usage in limits:
+        limit = usage.limits
+        running = f"{usage.slots_used}" + ("" if limit.concurrency is None else f" of {limit.concurrency}")
+        per_key = "" if limit.per_key_concurrency is None else f"{limit.per_key_concurrency} a key"
+        full = "" if limit.per_key_concurrency is None else f"{usage.keys_full} of {usage.keys_busy}"
+        rate = "" if limit.rate is None else f"{limit.rate} per {(limit.per_ms or 0) / 1000:g} s, burst {limit.burst}"
+        due = usage.rate_next_ms
+        start = "" if due is None else "now" if due <= now_ms else f"in {(due - now_ms) / 1000:.1f} s"
+        cells.append(
+            f'<tr data-queue="{escape(usage.queue)}">{_cells((usage.queue, running, per_key, full, rate, start))}</tr>'
+        )
+    headers = ("queue", "running", "per key", "keys full", "rate", "next start")
+    return _table("limits", headers, cells, "no limits: every queue claims as fast as its workers go")
+
+
 def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
     """Leases in flight, the soonest to expire first."""
     cells = []
@@ -214,9 +236,10 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
         asked = job.cancel_requested_at
         cancel = "" if asked is None else f"requested {utc(asked)}"  # the holder stops it at its next renewal
         values = (job.owner or "", job.id, job.queue, job.priority, job.token, job.attempts, utc(until), remaining,
-                  cancel, job.unique_key or "")  # fmt: skip
+                  cancel, job.unique_key or "", job.limit_key or "")  # fmt: skip
         cells.append(f"<tr>{_cells(values, (3, 4, 5, 7))}</tr>")
-    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left", "cancel", "unique key")
+    headers = ("owner", "job", "queue", "priority", "token", "attempt", "lease until", "left", "cancel", "unique key",
+               "limit key")  # fmt: skip
     return _table("leases", headers, cells, "no leases in flight")
 
 
@@ -232,6 +255,7 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Dead jobs</h2>{render_dead(snapshot.dead_jobs, dead_total)}"
         f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
         f"<h2>Queues: pause and max wait</h2>{render_queues(snapshot.queues, snapshot.queue_moves)}"
+        f"<h3>Limits</h3>{render_limits(snapshot.limits, stats.now_ms)}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)
