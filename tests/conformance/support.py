@@ -47,6 +47,7 @@ def new(
     priority: int = 0,
     unique_key: str | None = None,
     on_conflict: OnConflict = "return",
+    limit_key: str | None = None,
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
     body = {"id": job_id} if body is None else body
@@ -60,6 +61,7 @@ def new(
         priority=priority,
         unique_key=unique_key,
         on_conflict=on_conflict,
+        limit_key=limit_key,
     )
     return spec.to_row(now)
 
@@ -82,6 +84,7 @@ def stored(row: NewJob, seq: int) -> Job:
         reason=None,
         priority=row.payload["priority"],
         unique_key=row.payload["unique_key"],
+        limit_key=row.payload["limit_key"],
     )
 
 
