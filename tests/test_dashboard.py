@@ -315,7 +315,7 @@ async def test_a_leased_jobs_unique_key_is_shown_among_the_leases(
     _status, page, _headers = await get(server[0] + "/")
     assert "<th>unique key</th>" in table(page, "leases")
     row = re.search(r"<tr><td>worker-9</td><td>keyed</td>.*?</tr>", table(page, "leases"))
-    assert row is not None and row.group(0).endswith("<td>digest:42</td></tr>")
+    assert row is not None and row.group(0).endswith("<td>digest:42</td><td></td></tr>")  # no limit key
 
 
 async def test_the_queues_section_shows_each_ended_states_retention(
@@ -329,3 +329,28 @@ async def test_the_queues_section_shows_each_ended_states_retention(
     row = re.search(r'<tr data-queue="mail">.*?</tr>', queues)
     assert row is not None and row.group(0).endswith("<td>604800 s</td><td>3600 s</td><td>forever</td></tr>")
     assert "<td>mail</td><td>retention</td><td>ops</td>" in table(page, "queue-moves")
+
+
+async def test_the_queues_section_shows_the_limits_in_force_and_the_slots_they_hold(
+    path: Path, clock: list[int], server: tuple[str, Dashboard]
+) -> None:
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        _status, page, _headers = await get(server[0] + "/")
+        assert 'id="limits-empty">no limits' in page
+        for n in range(3):
+            await queue.enqueue(f"m{n}", {}, queue="mail", limit_key="tenant-7")
+        await queue.set_limits(
+            "mail", concurrency=4, per_key_concurrency=1, rate=100, per=60, note="provider", by="ops"
+        )
+        [ticket] = await queue.claim("worker-3", queue="mail", limit=5, lease=60)
+    _status, page, _headers = await get(server[0] + "/")
+    limits = table(page, "limits")
+    assert "<th>running</th><th>per key</th><th>keys full</th><th>rate</th><th>next start</th>" in limits
+    row = re.search(r'<tr data-queue="mail">.*?</tr>', limits)
+    assert row is not None and row.group(0) == (
+        '<tr data-queue="mail"><td>mail</td><td>1 of 4</td><td>1 a key</td><td>1 of 1</td>'
+        "<td>100 per 60 s, burst 1</td><td>in 0.6 s</td></tr>"
+    )
+    assert "<td>mail</td><td>limits</td><td>ops</td>" in table(page, "queue-moves")
+    lease = re.search(r"<tr><td>worker-3</td><td>m0</td>.*?</tr>", table(page, "leases"))
+    assert ticket.id == "m0" and lease is not None and lease.group(0).endswith("<td>tenant-7</td></tr>")
