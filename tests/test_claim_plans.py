@@ -176,7 +176,7 @@ _LIMITED_COLUMNS = (
 
 
 async def test_the_sqlite_limited_claim_seeks_the_same_indexes_and_one_range_of_live_leases(tmp_path: Path) -> None:
-    from asyncq.store.sqlite.limits import CLAIM_LIMITED, LIVE_LEASES
+    from asyncq.store.sqlite.limits import CLAIM_BY_KEYS, CLAIM_LIMITED, LIVE_LEASES
 
     path = tmp_path / "deep.db"
     async with await Queue.open(str(path)):
@@ -186,9 +186,10 @@ async def test_the_sqlite_limited_claim_seeks_the_same_indexes_and_one_range_of_
         series = "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n)"
         con.execute(f"INSERT INTO asyncq_jobs {_LIMITED_COLUMNS} " + _LIMITED_ROWS.format(series=series), (DEPTH,))
         con.execute("ANALYZE")
-        params = {"now": NOW, "owner": "o", "lease_ms": 1000, "limit": 10, "queue": "q1", "per_key": 1}
+        params = {"now": NOW, "owner": "o", "lease_ms": 1000, "limit": 10, "queue": "q1", "per_key": 1, "window": 128}
         plan = [(row[0], row[1], row[3]) for row in con.execute("EXPLAIN QUERY PLAN " + CLAIM_LIMITED, params)]
         live = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + LIVE_LEASES, params)]
+        by_keys = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + CLAIM_BY_KEYS, params)]
     finally:
         con.close()
     lines = [detail for _id, _up, detail in plan]
@@ -204,12 +205,16 @@ async def test_the_sqlite_limited_claim_seeks_the_same_indexes_and_one_range_of_
     leases = "USING INDEX asyncq_jobs_leased (queue=? AND status=? AND lease_until>?)"
     assert any(leases in line for line in lines), lines  # the live leases per key: one range
     assert live == ["SEARCH asyncq_jobs USING COVERING INDEX " + leases.removeprefix("USING INDEX ")], live
+    # The key walk: one seek of the keyed index per key (the next key, then that key's best jobs), never a scan.
+    assert not [line for line in by_keys if line.startswith("SCAN asyncq_jobs")], by_keys
+    assert any("USING INDEX asyncq_jobs_keyed (queue=? AND limit_key>?)" in line for line in by_keys), by_keys
+    assert any("USING INDEX asyncq_jobs_keyed (queue=? AND limit_key=?)" in line for line in by_keys), by_keys
 
 
 async def test_the_postgresql_limited_claim_seeks_the_same_indexes_and_one_range_of_live_leases(
     postgres_url: str,
 ) -> None:
-    from asyncq.store.postgres.limits import CLAIM_LIMITED, LIVE_LEASES
+    from asyncq.store.postgres.limits import CLAIM_BY_KEYS, CLAIM_LIMITED, LIVE_LEASES
 
     async with await Queue.open(postgres_url):
         pass
@@ -220,7 +225,9 @@ async def test_the_postgresql_limited_claim_seeks_the_same_indexes_and_one_range
         await conn.execute(f"INSERT INTO {target.schema}.jobs {_LIMITED_COLUMNS} {rows}", DEPTH)
         await conn.execute(f"ANALYZE {target.schema}.jobs")
         claim = CLAIM_LIMITED.format(schema=target.schema)
-        plan = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + claim, "q1", NOW, 10, "o", 1000, 1))
+        plan = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + claim, "q1", NOW, 10, "o", 1000, 1, 128))
+        keyed = CLAIM_BY_KEYS.format(schema=target.schema)
+        by_keys = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + keyed, "q1", NOW, 10, "o", 1000, 1))
         live = _pg_plan_text(
             await conn.fetch("EXPLAIN (COSTS OFF) " + LIVE_LEASES.format(schema=target.schema), "q1", NOW)
         )
@@ -234,3 +241,9 @@ async def test_the_postgresql_limited_claim_seeks_the_same_indexes_and_one_range
     counted = plan.split("CTE live", 1)[1].split("CTE full_keys", 1)[0]
     assert "jobs_leased" in counted and "lease_until >" in counted, plan  # the live leases: one range
     assert "jobs_leased" in live, live
+    # The key walk: one seek of the keyed index per key (the next key, then that key's best jobs), never a scan.
+    assert "Seq Scan on jobs" not in by_keys, by_keys
+    walk = by_keys.split("CTE keys", 1)[1].split("CTE room", 1)[0]
+    assert "jobs_keyed" in walk and "Sort" not in walk, by_keys
+    best = by_keys.split("CTE candidates", 1)[1].split("CTE chosen", 1)[0]
+    assert "Index Scan using jobs_keyed" in best, by_keys

@@ -237,11 +237,21 @@ def usage_of(
     return LimitUsage(queue, limits, live, len(per_key), full, rate_next)
 
 
-def limited_again(limits: Limits, asked: int, got: int) -> bool:
-    """Whether a limited claim runs its statement again in the same commit: the per-key limit drops what a
-    statement found past a key's limit, so one that took some jobs but fewer than it asked may find other keys' jobs
-    now (each round takes at least one job, so the rounds end)."""
-    return limits.per_key_concurrency is not None and 0 < got < asked
+#: The fewest jobs of each branch of its index a limited claim reads before it leaves out the jobs of full keys.
+CLAIM_WINDOW = 128
+
+
+def claim_window(asked: int) -> int:
+    """How many jobs of each branch's index the window walk of a limited claim reads (the first of the queue's claim
+    order), before it leaves out the jobs of keys at their limit: a bounded walk, whatever the keys' backlogs."""
+    return max(CLAIM_WINDOW, 4 * asked)
+
+
+def by_keys(limits: Limits, asked: int, got: int) -> bool:
+    """Whether a limited claim walks the keys after its window walk: under a per-key limit, when the window (the
+    first jobs of the claim order) held fewer claimable jobs than it asked, the keys' own best jobs may be further
+    down, behind a full key's backlog: one seek a key finds them (``CLAIM_BY_KEYS``), not a walk of that backlog."""
+    return limits.per_key_concurrency is not None and got < asked
 
 
 def held_by_keys(queue: str, state: LimitState) -> Hold | None:

@@ -104,6 +104,26 @@ async def test_a_full_key_with_many_jobs_ahead_does_not_block_the_keys_behind_it
     assert ids(taken) == ["big0", "big1", "small"]  # the queue's 3 slots: 2 for big, then small's behind 38 more
 
 
+async def test_keys_behind_a_full_keys_backlog_deeper_than_the_claims_window_are_found_by_key(
+    store: QueueStore,
+) -> None:
+    """A full key's backlog fills the window the claim reads of the queue's order (``core.flow_limits.claim_window``):
+    the other keys' best jobs are found by one seek a key, with the per-key limit and the claim order kept."""
+    await enqueue(store, *[new(f"big{n:03d}", queue="mail", limit_key="big", priority=9) for n in range(300)])
+    rows = [new(f"c{k}-{n}", queue="mail", limit_key=f"c{k}", priority=k) for k in range(5) for n in range(3)]
+    await enqueue(store, *rows)
+    await facade(store).set_limits("mail", per_key_concurrency=2)
+    taken, _ = await held(store, T0, n=9)
+    assert ids(taken) == ["big000", "big001", "c4-0", "c4-1", "c3-0", "c3-1", "c2-0", "c2-1", "c1-0"]
+    nothing, holds = await held(store, T0 + 1, n=9)
+    assert [t.id for t in nothing] == ["c1-1", "c0-0", "c0-1"]  # what is left with room: c1 one, c0 two
+    nothing, holds = await held(store, T0 + 2, n=9)
+    assert nothing == [] and holds == (Hold("mail", T0 + LEASE, False),)  # every key at its limit
+    finished = next(t for t in taken if t.id == "c3-0")
+    assert await store.finish([outcome(finished, "ok")], T0 + 3) == ["done"]
+    assert ids((await held(store, T0 + 4, n=9))[0]) == ["c3-2"]  # c3's slot freed: its next job, found by its key
+
+
 async def test_priorities_hold_among_limited_jobs_as_slots_free(store: QueueStore) -> None:
     await enqueue(store, *[new(f"j{n}", queue="mail", priority=p) for n, p in enumerate((-1, 5, 3, 0, 5))])
     await facade(store).set_limits("mail", concurrency=1)

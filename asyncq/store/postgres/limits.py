@@ -9,6 +9,9 @@ statement), and only then counts the live leases and claims, each in a statement
 granted: every claim of the queue that held the lock before has committed, and is counted. The lock is held to the
 commit, which is also what the rate's state (``rate_tat_us`` on that row) needs.
 
+The claim reads a bounded window of the queue's claim order (``CLAIM_LIMITED``) and, under a per-key limit when that
+came back short, each key's best jobs by one seek a key (``CLAIM_BY_KEYS``): never a walk of a full key's backlog.
+
 Deadlocks: a group commit may claim several limited queues, in its own order. Only its first limited queue waits for
 the row's lock; the next ones are skipped if another transaction holds theirs (``SKIP LOCKED``: claimed at the next
 commit), so no transaction ever holds one queue's lock while it waits for another's.
@@ -25,8 +28,9 @@ from asyncq.core.flow_limits import (
     LimitState,
     LimitUsage,
     allowance,
+    by_keys,
+    claim_window,
     held_by_keys,
-    limited_again,
     rate_after,
     usage_of,
 )
@@ -52,12 +56,14 @@ WHERE status = 'leased' AND queue = $1 AND lease_until > $2 AND limit_key IS NOT
 SET_RATE_STATE = "UPDATE {schema}.queues SET rate_tat_us = $2 WHERE queue = $1"
 LIMITED_QUEUES = f"SELECT queue, {_LIMITS}, rate_tat_us FROM {{schema}}.queues WHERE {_LIMITED} ORDER BY queue"
 
-# ``statements.CLAIM``'s branches and order under the per-key limit ($6; NULL: none): ``live`` counts each key's live
-# leases, ``full`` lists the keys at their limit; every branch steps over a full key's jobs (they keep their place and
-# priority), and ``chosen`` keeps, of what the branches found, a key's jobs only up to its free slots (``nth``: the
-# job's place among its key's, in the claim order). A job without a key is bound by the queue's limits only. $3 is
-# what the queue's slots and rate allow (``core.flow_limits.allowance``); the claim counts the attempt (a limited
-# queue is never claimed ahead). $1 queue, $2 now, $4 owner, $5 lease_ms.
+# The window walk: ``statements.CLAIM``'s branches and order, each reading at most $7 jobs of its index (the first of
+# the queue's claim order), under the per-key limit ($6; NULL: none): ``live`` counts each key's live leases,
+# ``full_keys`` lists the keys at their limit, whose jobs are left out (they keep their place and priority); of each
+# other key's jobs ``chosen`` keeps only as many as its free slots (``nth``: the job's place among its key's, in the
+# claim order). A job without a key is bound by the queue's limits only. $3 is what the queue's slots and rate allow
+# (``core.flow_limits.allowance``); the claim counts the attempt (a limited queue is never claimed ahead). $1 queue,
+# $2 now, $4 owner, $5 lease_ms. The window bounds the walk: the jobs of full keys ranked past it are reached by the
+# key walk (``CLAIM_BY_KEYS``), not by walking them.
 CLAIM_LIMITED = """
 WITH flow AS MATERIALIZED (
   SELECT $2 - max_wait_ms AS late_at FROM {schema}.queues WHERE queue = $1
@@ -70,44 +76,93 @@ WITH flow AS MATERIALIZED (
   SELECT seq, priority, available_at, limit_key FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= (SELECT late_at FROM flow) AND deadline > $2
     AND attempts < max_attempts AND cancel_requested_at IS NULL
-    AND (limit_key IS NULL OR limit_key <> ALL ((SELECT keys FROM full_keys)::text[]))
-  ORDER BY available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
+  ORDER BY available_at, seq LIMIT $7
 ), pending AS MATERIALIZED (
   SELECT seq, priority, available_at, limit_key FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= $2 AND deadline > $2 AND attempts < max_attempts
     AND cancel_requested_at IS NULL
     AND NOT coalesce(available_at <= (SELECT late_at FROM flow), false)
-    AND (limit_key IS NULL OR limit_key <> ALL ((SELECT keys FROM full_keys)::text[]))
-  ORDER BY priority DESC, available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
+  ORDER BY priority DESC, available_at, seq LIMIT $7
 ), expired AS MATERIALIZED (
   SELECT seq, priority, available_at, limit_key FROM {schema}.jobs
   WHERE status = 'leased' AND queue = $1 AND lease_until <= $2 AND deadline > $2 AND attempts < max_attempts
     AND cancel_requested_at IS NULL
-    AND (limit_key IS NULL OR limit_key <> ALL ((SELECT keys FROM full_keys)::text[]))
   ORDER BY coalesce(available_at <= (SELECT late_at FROM flow), false) DESC,
     CASE WHEN coalesce(available_at <= (SELECT late_at FROM flow), false) THEN 0 ELSE priority END DESC,
     available_at, seq
-  LIMIT $3 FOR UPDATE SKIP LOCKED
+  LIMIT $7
 ), ranked AS MATERIALIZED (
   SELECT seq, priority, available_at, limit_key, late,
     row_number() OVER (PARTITION BY limit_key
                        ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq) AS nth
   FROM (SELECT seq, priority, available_at, limit_key,
           coalesce(available_at <= (SELECT late_at FROM flow), false) AS late
-        FROM (SELECT * FROM late UNION ALL SELECT * FROM pending UNION ALL SELECT * FROM expired) c) r
+        FROM (SELECT * FROM late UNION ALL SELECT * FROM pending UNION ALL SELECT * FROM expired) c
+        WHERE limit_key IS NULL OR limit_key <> ALL ((SELECT keys FROM full_keys)::text[])) r
 ), chosen AS MATERIALIZED (
-  SELECT seq, late FROM ranked r
-  WHERE r.limit_key IS NULL OR $6::integer IS NULL
-    OR r.nth + coalesce((SELECT n FROM live WHERE live.limit_key = r.limit_key), 0) <= $6::integer
+  SELECT r.seq, r.late FROM ranked r LEFT JOIN live ON live.limit_key = r.limit_key
+  WHERE r.limit_key IS NULL OR $6::integer IS NULL OR r.nth + coalesce(live.n, 0) <= $6::integer
   ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT $3
-)
+), {locked}
 UPDATE {schema}.jobs j
 SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1, owner = $4,
     lease_until = least($2 + $5, j.deadline), reason = NULL
-FROM chosen WHERE j.seq = chosen.seq
+FROM chosen WHERE j.seq = chosen.seq AND j.seq IN (SELECT seq FROM locked)
 RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts, j.lease_until, j.deadline,
   j.max_attempts, j.available_at, chosen.late
 """
+
+# The key walk, when the window walk came back short under a per-key limit: every key with pending jobs, one seek
+# each of ``jobs_keyed`` (queue, limit_key, priority DESC, available_at, seq: keyed pending jobs only), from the first
+# key to the last (``keys``); of each key with free slots (``room``), its best ready jobs, at most its free slots, by
+# priority, then ready time, then seq (a ``LATERAL`` seek); the best $3 of them all, then locked. Its cost is one seek
+# a key with pending jobs, whatever their backlogs. It sees the window walk's claims (this transaction's) in ``live``.
+CLAIM_BY_KEYS = """
+WITH RECURSIVE live AS MATERIALIZED (
+  SELECT limit_key, count(*) AS n FROM {schema}.jobs
+  WHERE status = 'leased' AND queue = $1 AND lease_until > $2 AND limit_key IS NOT NULL GROUP BY limit_key
+), keys(k) AS (
+  SELECT (SELECT min(limit_key) FROM {schema}.jobs WHERE status = 'pending' AND queue = $1 AND limit_key IS NOT NULL)
+  UNION ALL
+  SELECT (SELECT min(limit_key) FROM {schema}.jobs
+          WHERE status = 'pending' AND queue = $1 AND limit_key IS NOT NULL AND limit_key > keys.k)
+  FROM keys WHERE keys.k IS NOT NULL
+), room AS MATERIALIZED (
+  SELECT keys.k, $6::integer - coalesce(live.n, 0) AS free
+  FROM keys LEFT JOIN live ON live.limit_key = keys.k WHERE keys.k IS NOT NULL
+), candidates AS MATERIALIZED (
+  SELECT c.seq, c.priority, c.available_at, r.k, r.free,
+    row_number() OVER (PARTITION BY r.k ORDER BY c.priority DESC, c.available_at, c.seq) AS nth
+  FROM room r CROSS JOIN LATERAL (
+    SELECT seq, priority, available_at FROM {schema}.jobs
+    WHERE status = 'pending' AND queue = $1 AND limit_key = r.k AND limit_key IS NOT NULL AND available_at <= $2
+      AND deadline > $2 AND attempts < max_attempts AND cancel_requested_at IS NULL
+    ORDER BY priority DESC, available_at, seq LIMIT $6
+  ) c WHERE r.free > 0
+), chosen AS MATERIALIZED (
+  SELECT seq, false AS late FROM candidates WHERE nth <= free ORDER BY priority DESC, available_at, seq LIMIT $3
+), {locked}
+UPDATE {schema}.jobs j
+SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1, owner = $4,
+    lease_until = least($2 + $5, j.deadline), reason = NULL
+FROM chosen WHERE j.seq = chosen.seq AND j.seq IN (SELECT seq FROM locked)
+RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts, j.lease_until, j.deadline,
+  j.max_attempts, j.available_at, coalesce(j.available_at <= (SELECT $2 - max_wait_ms FROM {schema}.queues
+  WHERE queue = $1), false)
+"""
+
+# The rows chosen, locked before they are leased: a row another transaction holds (a cancel, the sweep) is left for
+# the next claim, and one that changed since the statement's snapshot is locked only if it is still claimable (the
+# lock re-checks these conditions on the row's newest version), so a job cancelled meanwhile is never leased.
+_LOCKED = """locked AS MATERIALIZED (
+  SELECT l.seq FROM {schema}.jobs l
+  WHERE l.seq IN (SELECT seq FROM chosen) AND l.queue = $1 AND l.deadline > $2 AND l.attempts < l.max_attempts
+    AND l.cancel_requested_at IS NULL
+    AND (l.status = 'pending' AND l.available_at <= $2 OR l.status = 'leased' AND l.lease_until <= $2)
+  FOR UPDATE SKIP LOCKED
+)"""
+CLAIM_LIMITED = CLAIM_LIMITED.replace("{locked}", _LOCKED)
+CLAIM_BY_KEYS = CLAIM_BY_KEYS.replace("{locked}", _LOCKED)
 
 
 async def is_limited(conn: Connection, schema: str, queue: str) -> bool:
@@ -147,24 +202,23 @@ async def claim_limited(
     state = await limit_state(conn, schema, queue, now_ms, wait)
     if state is False:
         return None
-    taken: list[tuple[Any, ...]] = []
-    while isinstance(state, LimitState) and not state.paused:
-        allowed = allowance(queue, state, now_ms)
-        asked = limited_take(counts, want - len(taken), allowed.jobs)
-        if asked == 0:
-            return taken, None if taken else allowed.hold
-        limits = state.limits
-        statement = CLAIM_LIMITED.format(schema=schema)
-        rows = await conn.fetch(statement, queue, now_ms, asked, owner, lease_ms, limits.per_key_concurrency)
-        found = [tuple(row) for row in rows]
-        if found and limits.rate is not None:
-            tat_us = rate_after(limits, state.tat_us, now_ms, len(found))
-            await conn.execute(SET_RATE_STATE.format(schema=schema), queue, tat_us)
-        taken += found
-        if not limited_again(limits, asked, len(found)):
-            return taken, None if taken else held_by_keys(queue, state)
-        state = await limit_state(conn, schema, queue, now_ms, True)  # held by this transaction now: no wait
-    return taken, None
+    if not isinstance(state, LimitState) or state.paused:  # held by another transaction, or paused
+        return [], None
+    allowed = allowance(queue, state, now_ms)
+    asked = limited_take(counts, want, allowed.jobs)
+    if asked == 0:
+        return [], allowed.hold
+    limits = state.limits
+    shape = (owner, lease_ms, limits.per_key_concurrency)
+    rows = await conn.fetch(CLAIM_LIMITED.format(schema=schema), queue, now_ms, asked, *shape, claim_window(asked))
+    taken = [tuple(row) for row in rows]
+    if by_keys(limits, asked, len(taken)):
+        rows = await conn.fetch(CLAIM_BY_KEYS.format(schema=schema), queue, now_ms, asked - len(taken), *shape)
+        taken += [tuple(row) for row in rows]
+    if taken and limits.rate is not None:
+        tat_us = rate_after(limits, state.tat_us, now_ms, len(taken))
+        await conn.execute(SET_RATE_STATE.format(schema=schema), queue, tat_us)
+    return taken, None if taken else held_by_keys(queue, state)
 
 
 async def limit_usage(conn: Connection, schema: str, now_ms: int) -> list[LimitUsage]:

@@ -215,8 +215,10 @@ RETENTION = (
 # ``limit_key``; each queue's limits on its settings row (NULL: none) and the rate's state (``rate_tat_us``: GCRA's
 # theoretical arrival time, microseconds), advanced by the claim that takes jobs, which holds the row's lock: the
 # claims of a limited queue are serialised on it, so each counts every lease committed before it. The queue audit
-# gains the ``limits`` move and the limits it set. No index: a limited claim counts live leases through
-# ``jobs_leased`` and steps over a full key's jobs in ``jobs_ranked``.
+# gains the ``limits`` move and the limits it set. A limited claim counts live leases through ``jobs_leased``;
+# ``jobs_keyed`` holds the pending jobs that have a key, by queue, key and claim order, so that a claim under a
+# per-key limit finds each key's best jobs in one seek instead of walking a full key's backlog
+# (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never limited by key) are not in it.
 LIMITS = (
     "ALTER TABLE {schema}.jobs ADD COLUMN limit_key text",
     "ALTER TABLE {schema}.queues ADD COLUMN limit_concurrency integer, ADD COLUMN limit_per_key integer,"
@@ -227,6 +229,8 @@ LIMITS = (
     "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
     "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
     " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'limits'))",
+    "CREATE INDEX jobs_keyed ON {schema}.jobs (queue, limit_key, priority DESC, available_at, seq)"
+    " WHERE status = 'pending' AND limit_key IS NOT NULL",
 )
 
 QUEUE = Migrations(

@@ -502,7 +502,7 @@ def _claim_one(
     if queue is not None and queue in limited:
         done = claim_limited(con, queue, claim.limit, claim.counts, params)
         if done is not None:
-            return done[0], True, done[1]
+            return sorted(done[0], key=_ranked(layout)), True, done[1]
         limited.discard(queue)
     rows = claim_rows_in_transaction(
         con, layout, params["owner"], params["now"], params["lease_ms"], limit=claim.limit, scope=scope,
@@ -512,7 +512,7 @@ def _claim_one(
         return rows, False, None
     limited.add(queue)
     done = claim_limited(con, queue, claim.limit, claim.counts, params)
-    return ([], True, None) if done is None else (done[0], True, done[1])
+    return ([], True, None) if done is None else (sorted(done[0], key=_ranked(layout)), True, done[1])
 
 
 def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:

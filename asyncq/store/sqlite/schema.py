@@ -280,8 +280,10 @@ RETENTION = (
 # live leases of the queue, of one key, and a rate of ``limit_rate`` jobs per ``limit_per_ms`` with up to
 # ``limit_burst`` at once; ``rate_tat_us`` is the rate's state (GCRA's theoretical arrival time, microseconds),
 # advanced by the claim that takes jobs, in its transaction. The queue audit gains the ``limits`` move and the limits
-# it set (rebuilt for its CHECK, as in version 10: its rows and seqs kept). No index: a limited claim counts live
-# leases through ``asyncq_jobs_leased``, and steps over a full key's jobs in ``asyncq_jobs_ranked``.
+# it set (rebuilt for its CHECK, as in version 10: its rows and seqs kept). A limited claim counts live leases through
+# ``asyncq_jobs_leased``; ``asyncq_jobs_keyed`` holds the pending jobs that have a key, by queue, key and claim order,
+# so that a claim under a per-key limit finds each key's best jobs in one seek instead of walking a full key's
+# backlog (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never limited by key) are not in it.
 _AUDIT_V10_COLUMNS = (
     "seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms, retain_dead_ms, retain_cancelled_ms"
 )
@@ -302,4 +304,6 @@ LIMITS = (
     "DROP TABLE asyncq_queue_audit",
     "ALTER TABLE asyncq_queue_audit_limits RENAME TO asyncq_queue_audit",
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_keyed ON asyncq_jobs(queue, limit_key, priority DESC, available_at)"
+    " WHERE status = 'pending' AND limit_key IS NOT NULL",
 )
