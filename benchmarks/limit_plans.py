@@ -4,8 +4,9 @@
 
 fills a fresh SQLite file and a fresh PostgreSQL schema with ``--depth`` pending jobs of one queue over 97 limit keys
 and eleven priorities (and a live lease of every 50th key's job), then prints the plan of the limited claim
-statement (per-key limit 1) and the time of one limited claim of 10 through the driver's own path (its limits read,
-the live leases counted, the claim, in a transaction rolled back). Then the cost a per-key limit can have: one key
+statements (the window walk and the key walk, per-key limit 1: every key is at it) and the time of one limited claim
+of 10 through the driver's own path (its limits read, the live leases counted, both walks, in a transaction rolled
+back). Then the cost a per-key limit can have: one key
 at its limit whose backlog ranks ahead of every other key's jobs (``--ahead`` sizes), which each branch of the
 claim steps over. ``tests/test_claim_plans.py`` checks the plans at a smaller depth.
 """
@@ -72,10 +73,11 @@ async def _create(target: str) -> None:
 def sqlite_report(depth: int, ahead: list[int]) -> None:
     con = sqlite_file(ROW, depth)
     con.execute("ANALYZE")
-    params = {"now": NOW, "owner": "o", "lease_ms": 1000, "limit": 10, "queue": "q1", "per_key": 1}
-    print(f"SQLite {sqlite3.sqlite_version}, {depth:,} pending jobs, 97 keys: EXPLAIN QUERY PLAN of a limited claim")
-    for row in con.execute("EXPLAIN QUERY PLAN " + sq_limits.CLAIM_LIMITED, params):
-        print(f"  {row[0]:>4} {row[1]:>4}  {row[3]}")
+    params = {"now": NOW, "owner": "o", "lease_ms": 1000, "limit": 10, "queue": "q1", "per_key": 1, "window": 128}
+    for name in ("CLAIM_LIMITED", "CLAIM_BY_KEYS"):
+        print(f"SQLite {sqlite3.sqlite_version}, {depth:,} pending jobs, 97 keys: EXPLAIN QUERY PLAN of {name}")
+        for row in con.execute("EXPLAIN QUERY PLAN " + getattr(sq_limits, name), params):
+            print(f"  {row[0]:>4} {row[1]:>4}  {row[3]}")
     taken, spent = sqlite_claim_ms(con)
     print(f"  one limited claim of {taken} (limits, live leases, claim): {spent:.2f} ms")
     con.close()
@@ -116,15 +118,15 @@ async def postgres_report(depth: int, ahead: list[int], server: str) -> None:
     conn, schema = await postgres_schema(server, ROW, depth)
     try:
         await conn.execute(f"VACUUM ANALYZE {schema}.jobs")
-        print(
-            f"PostgreSQL, {depth:,} pending jobs, 97 keys: EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) of a limited claim"
-        )
-        async with conn.transaction():
-            explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) " + pg_limits.CLAIM_LIMITED.format(
-                schema=schema
-            )
-            for row in await conn.fetch(explain, "q1", NOW, 10, "o", 1000, 1):
+        for name, extra in (("CLAIM_LIMITED", (128,)), ("CLAIM_BY_KEYS", ())):
+            print(f"PostgreSQL, {depth:,} pending jobs, 97 keys: EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) of {name}")
+            statement = getattr(pg_limits, name).format(schema=schema)
+            tx = conn.transaction()
+            await tx.start()
+            for row in await conn.fetch("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) " + statement,
+                                        "q1", NOW, 10, "o", 1000, 1, *extra):  # fmt: skip
                 print(f"  {row[0]}")
+            await tx.rollback()
         taken, spent = await postgres_claim_ms(conn, schema)
         print(f"  one limited claim of {taken} (lock, live leases, claim): {spent:.2f} ms")
     finally:

@@ -12,7 +12,9 @@ the rate's stored state (``docs/flow-control.md``, "Limits").
   ``burst + t / interval`` jobs start: with the default ``burst`` of 1, at most ``rate`` in any window of ``per``.
 
 The claim takes ``allowance``'s count at most (``core.claim_plan.limited_take``); the per-key limit is applied per row
-by the claim statement, which steps over the jobs of a key at its limit (they keep their place and priority).
+by the claim statements: a window of the queue's claim order (``claim_window``) leaves out the jobs of keys at their
+limit (they keep their place and priority), and when it comes back short (``by_keys``) each key's best jobs are found
+by one seek a key, so a full key's backlog is never walked.
 """
 
 from __future__ import annotations
