@@ -3,12 +3,11 @@
     .venv/bin/python benchmarks/limit_plans.py [--depth 1000000] [--url postgresql://postgres@127.0.0.1:5432/test]
 
 fills a fresh SQLite file and a fresh PostgreSQL schema with ``--depth`` pending jobs of one queue over 97 limit keys
-and eleven priorities (and a live lease of every 50th key's job), then prints the plan of the limited claim
-statements (the window walk and the key walk, per-key limit 1: every key is at it) and the time of one limited claim
-of 10 through the driver's own path (its limits read, the live leases counted, both walks, in a transaction rolled
-back). Then the cost a per-key limit can have: one key
-at its limit whose backlog ranks ahead of every other key's jobs (``--ahead`` sizes), which each branch of the
-claim steps over. ``tests/test_claim_plans.py`` checks the plans at a smaller depth.
+and eleven priorities (the first job of each key leased: every key at a per-key limit of 1), then prints the plans of
+the limited claim's statements (the window walk and the key walk) and the time of one limited claim of 10 through the
+driver's own path (its limits read, the live leases counted, both walks, in a transaction rolled back). Then the case
+a per-key limit must not make costly: one key at its limit whose backlog (``--ahead`` sizes) ranks ahead of another
+key's job, which the claim must find. ``tests/test_claim_plans.py`` checks the plans at a smaller depth.
 """
 
 from __future__ import annotations
@@ -33,14 +32,15 @@ COLUMNS = (
     "id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, limit_key, owner,"
     " lease_until"
 )
-# Every 50th job is leased until after NOW (a live lease: its key is at a per-key limit of 1).
+# The first 97 jobs are leased until after NOW, one of each key: every key is at a per-key limit of 1.
 ROW = (
-    "'j' || i, 'q1', '{}', CASE WHEN i % 50 = 0 THEN 'leased' ELSE 'pending' END, 0, 3, 0, i, 10000000000000,"
-    " i % 11 - 5, 'k' || (i % 97), CASE WHEN i % 50 = 0 THEN 'o' END, CASE WHEN i % 50 = 0 THEN 20000000 END"
+    "'j' || i, 'q1', '{}', CASE WHEN i <= 97 THEN 'leased' ELSE 'pending' END, 0, 3, 0, i, 10000000000000,"
+    " i % 11 - 5, 'k' || (i % 97), CASE WHEN i <= 97 THEN 'o' END, CASE WHEN i <= 97 THEN 20000000 END"
 )
 # One key at its limit (a live lease) with a backlog ranked ahead of everything (priority 9), then jobs of others.
 AHEAD = "'big' || i, 'q1', '{}', 'pending', 0, 3, 0, i, 10000000000000, 9, 'big', NULL, NULL"
 HOLDER = "'big-holder', 'q1', '{}', 'leased', 1, 3, 1, 0, 10000000000000, 9, 'big', 'o', 20000000"
+BEHIND = "'behind', 'q1', '{}', 'pending', 0, 3, 0, 1, 10000000000000, -4, 'k1', NULL, NULL"
 LIMITS = "INSERT INTO {queues} (queue, limit_per_key) VALUES ('q1', 1)"
 
 
@@ -84,7 +84,7 @@ def sqlite_report(depth: int, ahead: list[int]) -> None:
     for backlog in ahead:
         con = sqlite_file(AHEAD, backlog)
         con.execute(f"INSERT INTO asyncq_jobs ({COLUMNS}) VALUES ({HOLDER})")
-        con.execute(f"INSERT INTO asyncq_jobs ({COLUMNS}) SELECT {ROW.replace('j', 'o', 1)} FROM (SELECT 1 AS i)")
+        con.execute(f"INSERT INTO asyncq_jobs ({COLUMNS}) VALUES ({BEHIND})")
         con.execute("ANALYZE")
         taken, spent = sqlite_claim_ms(con)
         print(f"  a full key's {backlog:,} jobs ranked ahead: one limited claim of {taken}: {spent:.2f} ms")
@@ -136,9 +136,7 @@ async def postgres_report(depth: int, ahead: list[int], server: str) -> None:
         conn, schema = await postgres_schema(server, AHEAD, backlog)
         try:
             await conn.execute(f"INSERT INTO {schema}.jobs ({COLUMNS}) VALUES ({HOLDER})")
-            await conn.execute(
-                f"INSERT INTO {schema}.jobs ({COLUMNS}) SELECT {ROW.replace('j', 'o', 1)} FROM (SELECT 1 AS i) s"
-            )
+            await conn.execute(f"INSERT INTO {schema}.jobs ({COLUMNS}) VALUES ({BEHIND})")
             await conn.execute(f"VACUUM ANALYZE {schema}.jobs")
             taken, spent = await postgres_claim_ms(conn, schema)
             print(f"  a full key's {backlog:,} jobs ranked ahead: one limited claim of {taken}: {spent:.2f} ms")

@@ -87,6 +87,8 @@ V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "D
            "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
 # What version 9 (unique keys) added, undone first: its partial unique index and the column.
 V9_ONLY = ("DROP INDEX asyncq_jobs_unique", "ALTER TABLE asyncq_jobs DROP COLUMN unique_key")
+# What version 11 (limits) added to the jobs table, undone before: the keyed index and the limit key column.
+V11_ONLY = ("DROP INDEX asyncq_jobs_keyed", "ALTER TABLE asyncq_jobs DROP COLUMN limit_key")
 ENGINE_UPSERT = "INSERT INTO asyncq_counts VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs"
 
 # ``:n`` rows of one kind from ``:start`` on; ``x`` numbers them. Pending rows: a third have retried, one in fifty is
@@ -224,7 +226,7 @@ async def migration_seconds(path: Path, con: sqlite3.Connection, expected: Stats
     """Make the file v4 again, then time the open that migrates it to the current version (v5's counts, v6, v7's
     cancel column, v8's priority indexes, v9's unique keys: one write transaction; v6's tables are kept)."""
     with write_transaction(con):
-        for statement in (*V9_ONLY, *V8_ONLY, *V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
+        for statement in (*V11_ONLY, *V9_ONLY, *V8_ONLY, *V5_ONLY, f"DROP TABLE {PRODUCT.counts}", *V7_ONLY):
             con.execute(statement)
         con.execute("PRAGMA user_version = 4")
     started = time.perf_counter()
@@ -244,7 +246,13 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
     """CPU seconds to enqueue, claim and finish ``jobs`` jobs, 128 a commit (the engine's set-based statements);
     ``by_engine``: with the prototype's counting in each commit."""
     rows = [
-        NewJob(f"j{n}", {"queue": "default", "body": "{}", "priority": 0, "unique_key": None}, 3, T0, T0 + 3_600_000)
+        NewJob(
+            f"j{n}",
+            {"queue": "default", "body": "{}", "priority": 0, "unique_key": None, "limit_key": None},
+            3,
+            T0,
+            T0 + 3_600_000,
+        )
         for n in range(start, start + jobs)
     ]
     wants = [({"queue": "default"}, BATCH)]
