@@ -246,4 +246,30 @@ async def test_the_postgresql_limited_claim_seeks_the_same_indexes_and_one_range
     walk = by_keys.split("CTE keys", 1)[1].split("CTE room", 1)[0]
     assert "jobs_keyed" in walk and "Sort" not in walk, by_keys
     best = by_keys.split("CTE candidates", 1)[1].split("CTE chosen", 1)[0]
-    assert "Index Scan using jobs_keyed" in best, by_keys
+    assert "Index Scan using jobs_keyed" in best and "jobs_ranked" not in best, by_keys
+
+
+async def test_the_postgresql_key_walk_seeks_the_keyed_index_behind_one_keys_deep_backlog(postgres_url: str) -> None:
+    """The case the key walk is for: one key's backlog at the top of the queue, one other key behind it. Ordered by
+    priority alone, the planner took the ranked index for each key's best jobs and walked the backlog to find the
+    other key (43 ms at 300,000 jobs); ordered by key first, it seeks the keyed index."""
+    from asyncq.store.postgres.limits import CLAIM_BY_KEYS
+
+    async with await Queue.open(postgres_url):
+        pass
+    target = parse_url(postgres_url)
+    conn = await asyncpg.connect(target.dsn, timeout=5)
+    try:
+        await conn.execute(
+            f"INSERT INTO {target.schema}.jobs {_LIMITED_COLUMNS} SELECT 'j' || i, 'q1', '{{}}', 'pending', 0, 3, 0,"
+            " i, 10000000000000, CASE WHEN i = 1 THEN -4 ELSE 9 END, CASE WHEN i = 1 THEN 'small' ELSE 'big' END,"
+            " NULL, NULL FROM generate_series(1, $1) i",
+            10 * DEPTH,
+        )
+        await conn.execute(f"ANALYZE {target.schema}.jobs")
+        keyed = CLAIM_BY_KEYS.format(schema=target.schema)
+        plan = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + keyed, "q1", NOW, 10, "o", 1000, 1))
+    finally:
+        await conn.close()
+    best = plan.split("CTE candidates", 1)[1].split("CTE chosen", 1)[0]
+    assert "Index Scan using jobs_keyed" in best and "jobs_ranked" not in best, plan

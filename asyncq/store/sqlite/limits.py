@@ -107,16 +107,18 @@ RETURNING seq, id, queue, body, priority, owner, token, attempts, lease_until, d
 # each of ``asyncq_jobs_keyed`` (queue, limit_key, priority DESC, available_at: keyed pending jobs only), from the
 # first key to the last (``keys``); of each key with free slots (``room``), its best ready jobs, at most its free
 # slots, by priority, then ready time, then seq; the best ``:limit`` of them all. Its cost is one seek a key with
-# pending jobs, whatever their backlogs. It sees this transaction's claims (the window walk's) in ``live``.
+# pending jobs, whatever their backlogs. It sees this transaction's claims (the window walk's) in ``live``. ``INDEXED
+# BY``: the ranked index has the same order after the queue, and a planner taking it would walk a big key's backlog.
 CLAIM_BY_KEYS = """
 WITH RECURSIVE live AS MATERIALIZED (
   SELECT limit_key, count(*) AS n FROM asyncq_jobs
   WHERE status = 'leased' AND queue = :queue AND lease_until > :now AND limit_key IS NOT NULL GROUP BY limit_key
 ),
 keys(k) AS (
-  SELECT (SELECT min(limit_key) FROM asyncq_jobs WHERE status = 'pending' AND queue = :queue AND limit_key IS NOT NULL)
+  SELECT (SELECT min(limit_key) FROM asyncq_jobs INDEXED BY asyncq_jobs_keyed
+          WHERE status = 'pending' AND queue = :queue AND limit_key IS NOT NULL)
   UNION ALL
-  SELECT (SELECT min(limit_key) FROM asyncq_jobs
+  SELECT (SELECT min(limit_key) FROM asyncq_jobs INDEXED BY asyncq_jobs_keyed
           WHERE status = 'pending' AND queue = :queue AND limit_key IS NOT NULL AND limit_key > keys.k)
   FROM keys WHERE keys.k IS NOT NULL
 ),
@@ -125,10 +127,10 @@ room AS MATERIALIZED (
 ),
 candidates AS (
   SELECT j.seq, j.priority, j.available_at, j.limit_key, r.free FROM room r JOIN asyncq_jobs j
-  ON j.seq IN (SELECT s.seq FROM asyncq_jobs s
+  ON j.seq IN (SELECT s.seq FROM asyncq_jobs s INDEXED BY asyncq_jobs_keyed
                WHERE s.status = 'pending' AND s.queue = :queue AND s.limit_key = r.k AND s.limit_key IS NOT NULL
                  AND s.available_at <= :now
-               ORDER BY s.priority DESC, s.available_at, s.seq LIMIT :per_key)
+               ORDER BY s.limit_key, s.priority DESC, s.available_at, s.seq LIMIT :per_key)
   WHERE r.free > 0
 ),
 fits AS (
