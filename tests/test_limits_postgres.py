@@ -18,7 +18,7 @@ from waiting import eventually
 from asyncq import Queue
 from asyncq.core.claim_plan import plan_claim
 from asyncq.core.flow_limits import Hold
-from asyncq.store.postgres import transitions
+from asyncq.store.postgres import claiming
 from asyncq.store.postgres.connection import parse_url
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("postgres_database")]
@@ -50,7 +50,7 @@ async def lock_waits(url: str) -> bool:
 
 async def claim_open(conn: asyncpg.Connection, schema: str, queue: str, n: int) -> int:
     """Claim up to ``n`` jobs of ``queue`` as a group commit does, inside the caller's open transaction."""
-    rows, _counted, _holds = await transitions.claim(
+    rows, _counted, _holds = await claiming.claim(
         conn, schema, "host-a", T0, LEASE, [(queue, n)], plan_claim([n], None, None), set()
     )
     return len(rows)

@@ -299,7 +299,7 @@ class Ticket:
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], counted: bool = True) -> Ticket:
-        """The ticket of a row the product's CLAIM returned (``engine.claim_rows_in_transaction``), built in one
+        """The ticket of a row the product's CLAIM returned (``claiming.claim_rows_in_transaction``), built in one
         step: a group commit builds one per claimed job. Columns past ``max_attempts`` (the claim's rank) are
         not the ticket's."""
         seq, job_id, queue, body_json, priority, owner, token, attempts, lease_until, deadline, max_attempts = row[:11]

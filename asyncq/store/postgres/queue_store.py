@@ -25,7 +25,7 @@ from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.postgres import admin, flow, limits, transitions
+from asyncq.store.postgres import admin, claiming, flow, limits, transitions
 from asyncq.store.postgres.connection import (
     Connection,
     Target,
@@ -180,8 +180,8 @@ class PostgresQueueStore:
             await self._notify_if_pending(conn, statuses)
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:
-                await transitions.sweep(conn, schema, now_ms)
-            rows, counted, holds = await transitions.claim(
+                await claiming.sweep(conn, schema, now_ms)
+            rows, counted, holds = await claiming.claim(
                 conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited
             )
             tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(rows)]

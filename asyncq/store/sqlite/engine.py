@@ -14,7 +14,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any
 
-from asyncq.core.claim_plan import Claim, Rank, claim_rank, next_claim, plan_claim
+from asyncq.core.claim_plan import plan_claim
 from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
@@ -33,8 +33,8 @@ from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
 from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
+from asyncq.store.sqlite.claiming import claim_planned, claim_rows_in_transaction, sweep_unclaimable
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
-from asyncq.store.sqlite.limits import claim_limited, is_limited
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
@@ -158,39 +158,6 @@ def claim(
     if claimed:
         call_hook(fault, "after-commit")
     return claimed
-
-
-def claim_rows_in_transaction(
-    con: sqlite3.Connection,
-    layout: Layout,
-    owner: str,
-    now_ms: int,
-    lease_ms: int,
-    *,
-    limit: int = 1,
-    scope: dict[str, Any] | None = None,
-    count: bool = True,
-    sweep: bool = True,
-) -> list[tuple[Any, ...]]:
-    """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the layout's claim
-    statement returns them (``seq, id, payload…, owner, token, attempts, lease_until, deadline, max_attempts``,
-    then the product's rank columns), in the claim order (the lab's: ``seq``; the product's: ``claim_rank``).
-    ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
-    ``sweep=False`` skips the sweep, already run in this transaction (the sweeps cover every queue)."""
-    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
-    params |= scope or {}
-    if sweep:
-        _sweep(con, layout, now_ms)
-    rows = con.execute(sql(layout, layout.claim), params).fetchall()
-    return sorted(rows) if layout.settings is None else sorted(rows, key=_ranked(layout))
-
-
-@cache
-def _ranked(layout: Layout) -> Callable[[tuple[Any, ...]], Rank]:
-    """The sort key of the product's claimed rows: ``claim_rank`` of their priority, ``available_at``, ``seq`` and
-    ``late`` (the two rank columns CLAIM_RANKED returns last)."""
-    at = 2 + layout.payload.index("priority")
-    return lambda row: claim_rank(row[at], row[-2], row[0], bool(row[-1]))
 
 
 def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
@@ -468,60 +435,10 @@ def settle_and_claim_in_transaction(
     found = finish_in_transaction(con, layout, items, now_ms, resend=resend)
     plan = plan_claim([limit for _scope, limit in wants], total, start_now)
     if plan.sweep:
-        _sweep(con, layout, now_ms)
-    claimed: list[tuple[Any, ...]] = []
-    counted = 0
-    dry: set[int] = set()  # queues found with no ready job left, and limited queues once asked
-    holds: list[Hold] = []
+        sweep_unclaimable(con, layout, now_ms)
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms}
-    claim = next_claim(plan, 0, 0)
-    while claim is not None:
-        scope = wants[claim.queue][0]
-        rows, was_limited, hold = _claim_one(con, layout, claim, scope, params, set() if limited is None else limited)
-        claimed += rows
-        counted += len(rows) if claim.counts else 0
-        holds += [] if hold is None else [hold]
-        if was_limited or len(rows) < claim.limit:
-            dry.add(claim.queue)
-        claim = next_claim(plan, claim.step + 1, len(claimed), dry)
-    return found, claimed, counted, activated, tuple(holds)
-
-
-def _claim_one(
-    con: sqlite3.Connection,
-    layout: Layout,
-    claim: Claim,
-    scope: dict[str, Any],
-    params: dict[str, Any],
-    limited: set[str],
-) -> tuple[list[tuple[Any, ...]], bool, Hold | None]:
-    """One claim statement of the plan: the plain claim, or a limited queue's (``limits.claim_limited``), with
-    whether the queue was limited and what held it. The plain claim takes nothing from a limited queue, so only a
-    claim that found nothing reads whether the queue is limited (a primary-key read); ``limited`` remembers it."""
-    queue = scope.get("queue")
-    if queue is not None and queue in limited:
-        done = claim_limited(con, queue, claim.limit, claim.counts, params)
-        if done is not None:
-            return sorted(done[0], key=_ranked(layout)), True, done[1]
-        limited.discard(queue)
-    rows = claim_rows_in_transaction(
-        con, layout, params["owner"], params["now"], params["lease_ms"], limit=claim.limit, scope=scope,
-        count=claim.counts, sweep=False,
-    )  # fmt: skip
-    if rows or layout.settings is None or queue is None or not is_limited(con, queue):
-        return rows, False, None
-    limited.add(queue)
-    done = claim_limited(con, queue, claim.limit, claim.counts, params)
-    return ([], True, None) if done is None else (sorted(done[0], key=_ranked(layout)), True, done[1])
-
-
-def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested) as dead, in every queue:
-    once a claim."""
-    con.execute(sql(layout, "SWEEP_DEADLINE"), {"now": now_ms})
-    con.execute(sql(layout, "SWEEP_EXHAUSTED"), {"now": now_ms})
-    if layout.cancels:
-        con.execute(sql(layout, "SWEEP_CANCELLED"), {"now": now_ms})
+    claimed, counted, holds = claim_planned(con, layout, plan, wants, params, set() if limited is None else limited)
+    return found, claimed, counted, activated, holds
 
 
 def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:
