@@ -243,10 +243,11 @@ def usage_of(
 CLAIM_WINDOW = 128
 
 
-def claim_window(asked: int) -> int:
+def claim_window(limits: Limits, asked: int) -> int:
     """How many jobs of each branch's index the window walk of a limited claim reads (the first of the queue's claim
-    order), before it leaves out the jobs of keys at their limit: a bounded walk, whatever the keys' backlogs."""
-    return max(CLAIM_WINDOW, 4 * asked)
+    order), before it leaves out the jobs of keys at their limit: a bounded walk, whatever the keys' backlogs. Without
+    a per-key limit nothing is left out: the ``asked`` first jobs, as the plain claim reads."""
+    return asked if limits.per_key_concurrency is None else max(CLAIM_WINDOW, 4 * asked)
 
 
 def by_keys(limits: Limits, asked: int, got: int) -> bool:

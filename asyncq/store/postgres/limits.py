@@ -213,7 +213,9 @@ async def claim_limited(
         return [], allowed.hold
     limits = state.limits
     shape = (owner, lease_ms, limits.per_key_concurrency)
-    rows = await conn.fetch(CLAIM_LIMITED.format(schema=schema), queue, now_ms, asked, *shape, claim_window(asked))
+    rows = await conn.fetch(
+        CLAIM_LIMITED.format(schema=schema), queue, now_ms, asked, *shape, claim_window(limits, asked)
+    )
     taken = [tuple(row) for row in rows]
     if by_keys(limits, asked, len(taken)):
         rows = await conn.fetch(CLAIM_BY_KEYS.format(schema=schema), queue, now_ms, asked - len(taken), *shape)

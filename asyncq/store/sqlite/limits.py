@@ -179,7 +179,12 @@ def claim_limited(
     if asked == 0:
         return [], None if state.paused else allowed.hold
     limits = state.limits
-    shape = {"queue": queue, "limit": asked, "per_key": limits.per_key_concurrency, "window": claim_window(asked)}
+    shape = {
+        "queue": queue,
+        "limit": asked,
+        "per_key": limits.per_key_concurrency,
+        "window": claim_window(limits, asked),
+    }
     taken = con.execute(CLAIM_LIMITED, params | shape).fetchall()
     if by_keys(limits, asked, len(taken)):
         taken += con.execute(CLAIM_BY_KEYS, params | shape | {"limit": asked - len(taken)}).fetchall()
