@@ -265,7 +265,7 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
     finishes: list[Finish] = []
     while True:
         with write_transaction(con):
-            statuses, claimed, _, _ = engine.settle_and_claim_in_transaction(
+            statuses, claimed, *_ = engine.settle_and_claim_in_transaction(
                 con, PRODUCT, finishes, T0 + 1, "w", 60_000, wants, BATCH
             )
             if by_engine:
