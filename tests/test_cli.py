@@ -209,7 +209,7 @@ def test_jobs_filters_and_pages(db: Path) -> None:
     assert "body" not in page["jobs"][0] and page["jobs"][0]["redrives"] == 0
     assert set(page["jobs"][0]) == {
         "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-        "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key",
+        "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "limit_key",
     }  # fmt: skip
     rest = run_json("jobs", "--db", "q.db", "--after", str(page["jobs"][-1]["seq"]), "--body", cwd=db.parent)
     assert rest["count"] == 11 and rest["more"] is False and rest["jobs"][-1]["body"] == {"to": "someone"}
