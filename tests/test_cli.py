@@ -162,9 +162,9 @@ def test_status_counts_reasons_attempts_and_leases(db: Path) -> None:
     data = run_json("status", "--db", "q.db", cwd=db.parent)
     assert set(data) == {
         "path", "now_ms", "total", "by_status", "dead_by_reason", "oldest_pending_age_ms", "attempts", "leases",
-        "expired_leases", "inbox", "queues",
+        "expired_leases", "inbox", "queues", "limits",
     }  # fmt: skip
-    assert data["queues"] == []  # no queue was ever paused or given a max_wait
+    assert data["queues"] == [] and data["limits"] == []  # no queue was ever paused, given a max_wait or limited
     assert data["by_status"] == EXPECTED_STATUS and data["total"] == 16
     assert data["dead_by_reason"] == EXPECTED_DEAD
     assert data["attempts"] == [{"attempts": 0, "jobs": 3}, {"attempts": 1, "jobs": 1}]
