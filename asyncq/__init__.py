@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name loads on first use
     from asyncq.core.backoff import RetryPolicy
+    from asyncq.core.dependencies import Dependency, WaitsFor
+    from asyncq.core.groups import Group, GroupOutcome, group_callback_id
     from asyncq.core.jobs import Job, JobSpec, Ticket
     from asyncq.core.jsontext import JSON
     from asyncq.core.lifecycle import Outcome
+    from asyncq.core.schedules import Schedule, ScheduleEvent, ScheduleSpec
     from asyncq.delivery.fake import FakeTransport
     from asyncq.delivery.http import HttpTransport
     from asyncq.errors import (
@@ -29,7 +32,7 @@ if TYPE_CHECKING:  # the real types for mypy and editors; at run time each name 
     from asyncq.outbox import Outbox, Relay
     from asyncq.queue import Queue
     from asyncq.sqlite import enqueue_sync
-    from asyncq.tasks import App, Task, TaskJob, open
+    from asyncq.tasks import App, Task, TaskGroup, TaskJob, open
     from asyncq.worker.cancelling import shield
     from asyncq.worker.context import JobContext, deliver_with
     from asyncq.worker.pool import Pool
@@ -39,7 +42,10 @@ __all__ = [  # noqa: RUF022 (plain sorted order, as tests/test_exported_members.
     "AsyncqError",
     "BadAck",
     "Conflict",
+    "Dependency",
     "FakeTransport",
+    "Group",
+    "GroupOutcome",
     "HttpTransport",
     "Inbox",
     "InvalidArguments",
@@ -56,12 +62,18 @@ __all__ = [  # noqa: RUF022 (plain sorted order, as tests/test_exported_members.
     "Relay",
     "RetryPolicy",
     "Retryable",
+    "Schedule",
+    "ScheduleEvent",
+    "ScheduleSpec",
     "Task",
+    "TaskGroup",
     "TaskJob",
     "Ticket",
     "UniqueConflict",
+    "WaitsFor",
     "deliver_with",
     "enqueue_sync",
+    "group_callback_id",
     "open",
     "shield",
 ]
@@ -71,7 +83,10 @@ _WHERE = {
     "AsyncqError": "asyncq.errors",
     "BadAck": "asyncq.errors",
     "Conflict": "asyncq.errors",
+    "Dependency": "asyncq.core.dependencies",
     "FakeTransport": "asyncq.delivery.fake",
+    "Group": "asyncq.core.groups",
+    "GroupOutcome": "asyncq.core.groups",
     "HttpTransport": "asyncq.delivery.http",
     "Inbox": "asyncq.inbox",
     "InvalidArguments": "asyncq.errors",
@@ -88,12 +103,18 @@ _WHERE = {
     "Relay": "asyncq.outbox",
     "RetryPolicy": "asyncq.core.backoff",
     "Retryable": "asyncq.errors",
+    "Schedule": "asyncq.core.schedules",
+    "ScheduleEvent": "asyncq.core.schedules",
+    "ScheduleSpec": "asyncq.core.schedules",
     "Task": "asyncq.tasks",
+    "TaskGroup": "asyncq.tasks",
     "TaskJob": "asyncq.tasks",
     "Ticket": "asyncq.core.jobs",
     "UniqueConflict": "asyncq.errors",
+    "WaitsFor": "asyncq.core.dependencies",
     "deliver_with": "asyncq.worker.context",
     "enqueue_sync": "asyncq.sqlite",
+    "group_callback_id": "asyncq.core.groups",
     "open": "asyncq.tasks",
     "shield": "asyncq.worker.cancelling",
 }

@@ -32,8 +32,8 @@ from chaos_store import ENQUEUE_BATCH, Held, JobRow
 from pg_cluster import Cluster, running_cluster
 
 from asyncq import JobSpec, Queue
+from asyncq.store.postgres.connection import parse_url
 
-ASYNCQ_OPTIONS = ("schema", "wakeups", "pool_size")  # the URL options asyncq reads (asyncpg would refuse them)
 RETRY_FOR_S = 120.0  # how long a read waits for the server to come back
 
 
@@ -57,12 +57,9 @@ def with_schema(url: str) -> str:
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """asyncpg's DSN (asyncq's options removed) and the schema the URL names."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = dict(query).get("schema", "asyncq")
-    dsn = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in ASYNCQ_OPTIONS])))
-    return dsn, schema
+    """asyncpg's DSN (asyncq's options removed) and the schema the URL names (asyncq's own parse of it)."""
+    target = parse_url(url)
+    return target.dsn, target.schema
 
 
 LOST = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError)

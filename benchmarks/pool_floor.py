@@ -94,11 +94,11 @@ def floor_enqueue(con: sqlite3.Connection, jobs: int) -> None:
         con.execute("BEGIN IMMEDIATE")
         for start in range(first, min(first + ENQUEUE_BATCH, jobs), INSERT_ROWS_MAX):
             stop = min(start + INSERT_ROWS_MAX, first + ENQUEUE_BATCH, jobs)
-            rows = padded(  # priority 0, no unique key, no limit key
-                [
-                    (f"j{n}", "default", f'{{"n":{n}}}', 0, None, None, 3, now, now + 86_400_000)
-                    for n in range(start, stop)
-                ]
+            due = now + 86_400_000
+            body = '{{"n":{}}}'.format
+            # priority 0; no unique key, group, limit key or task
+            rows = padded(
+                [(f"j{n}", "default", body(n), 0, None, None, None, None, 3, now, due) for n in range(start, stop)]
             )
             con.execute(insert_rows(PRODUCT, len(rows)), [value for row in rows for value in row]).fetchall()
         con.execute("COMMIT")

@@ -87,8 +87,22 @@ V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "D
            "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
 # What version 9 (unique keys) added, undone first: its partial unique index and the column.
 V9_ONLY = ("DROP INDEX asyncq_jobs_unique", "ALTER TABLE asyncq_jobs DROP COLUMN unique_key")
-# What version 11 (limits) added to the jobs table, undone before: the keyed index and the limit key column.
-V11_ONLY = ("DROP INDEX asyncq_jobs_keyed", "ALTER TABLE asyncq_jobs DROP COLUMN limit_key")
+# What versions 11, 13 and 14 added to the jobs table (its task and retention rules; dependencies and groups; the limit
+# key), undone first: the keyed index and the limit key column; the task's index, the index of ended jobs that names
+# it (version 10's, which v11 replaced, is made again by v10's step), the rules' table and the column; the graph
+# columns, indexes and tables (the widened status check stays: v13 finds it widened and leaves it). Version 12's
+# schedule tables stay: its step makes them if missing.
+V11_ONLY = (
+    "DROP INDEX asyncq_jobs_keyed",
+    "ALTER TABLE asyncq_jobs DROP COLUMN limit_key",
+    "DROP INDEX asyncq_jobs_task",
+    "DROP INDEX asyncq_jobs_retained",
+    "DROP TABLE asyncq_retention",
+    "ALTER TABLE asyncq_jobs DROP COLUMN task",
+    "DROP INDEX asyncq_jobs_waits", "DROP INDEX asyncq_jobs_members", "ALTER TABLE asyncq_jobs DROP COLUMN group_name",
+    "ALTER TABLE asyncq_jobs DROP COLUMN links", "ALTER TABLE asyncq_jobs DROP COLUMN waits", "DROP TABLE asyncq_edges",
+    "DROP TABLE asyncq_groups",
+)  # fmt: skip
 ENGINE_UPSERT = "INSERT INTO asyncq_counts VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET jobs = jobs + excluded.jobs"
 
 # ``:n`` rows of one kind from ``:start`` on; ``x`` numbers them. Pending rows: a third have retried, one in fifty is
@@ -245,16 +259,11 @@ async def migration_seconds(path: Path, con: sqlite3.Connection, expected: Stats
 def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: bool) -> float:
     """CPU seconds to enqueue, claim and finish ``jobs`` jobs, 128 a commit (the engine's set-based statements);
     ``by_engine``: with the prototype's counting in each commit."""
-    rows = [
-        NewJob(
-            f"j{n}",
-            {"queue": "default", "body": "{}", "priority": 0, "unique_key": None, "limit_key": None},
-            3,
-            T0,
-            T0 + 3_600_000,
-        )
-        for n in range(start, start + jobs)
-    ]
+    payload = {
+        "queue": "default", "body": "{}", "priority": 0, "unique_key": None, "task": None, "group_name": None,
+        "limit_key": None,
+    }  # fmt: skip
+    rows = [NewJob(f"j{n}", payload, 3, T0, T0 + 3_600_000) for n in range(start, start + jobs)]
     wants = [({"queue": "default"}, BATCH)]
     began = time.process_time()
     for first in range(0, jobs, BATCH):

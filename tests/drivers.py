@@ -4,7 +4,8 @@ A ``Driver`` says how to make a fresh, empty store target for one test (a file i
 its own in this run's PostgreSQL database) and drop it after, how to open each store of the port on it, the two
 test factories (a state no port call makes, a failure inside a transaction), and the few facts where stores may
 differ. The entries: ``sqlite``, ``postgresql``, and ``postgresql-pgbouncer`` (the same server in the mode the
-README offers behind PgBouncer: ``?wakeups=poll``, no prepared-statement cache).
+README offers behind PgBouncer in transaction mode: ``?pooler=transaction``, woken by polling, no prepared-statement
+cache).
 
 ``ASYNCQ_TEST_DRIVER=module:attribute`` names a ``Driver`` (or a list of them) defined outside the repository: it
 is added to the registry (an entry of the same name is replaced), and every parametrised test runs on it too
@@ -236,13 +237,13 @@ def _bouncer_target(folder: Path, name: str) -> AbstractAsyncContextManager[str]
         async with fresh_schema() as (url, schema):
             bouncer = running_bouncer(SERVER_URL)
             async with schema_alias(bouncer, url, schema) as alias:
-                yield bouncer.url(alias, schema=schema, wakeups="poll")
+                yield bouncer.url(alias, schema=schema, pooler="transaction")
 
     return target()
 
 
-#: Through a real PgBouncer in transaction mode (``pgbouncer_support``), with the URL asyncq documents for it: no
-#: LISTEN (woken by polling) and no prepared-statement cache.
+#: Through a real PgBouncer in transaction mode (``pgbouncer_support``), with the URL asyncq documents for it
+#: (``?pooler=transaction``): no LISTEN (woken by polling) and no prepared-statement cache.
 POSTGRESQL_PGBOUNCER = replace(
     _postgres("postgresql-pgbouncer"),
     target=_bouncer_target,

@@ -1,16 +1,18 @@
 """A real PgBouncer in front of the machine's PostgreSQL, for the ``postgresql-pgbouncer`` driver (tests/drivers.py).
 
 Debian's ``pgbouncer`` (``make test`` installs it as root, like Chromium), started once per test run on a free
-loopback port in **transaction mode**: each transaction of a client may run on another server connection, so
-nothing of a session survives between transactions (no ``LISTEN``, no prepared-statement cache, no ``SET``).
+loopback port, each database alias in the pool mode it is made with (``pool_mode`` per database): **transaction
+mode** by default, where each transaction of a client may run on another server connection, so nothing of a
+session survives between transactions (no ``LISTEN``, no prepared-statement cache, no ``SET``); or **session
+mode**, where a client keeps its server connection until it disconnects (``LISTEN`` works).
 PgBouncer forwards no per-client ``search_path``, and the suite's app tables (an effect's ``effects``) resolve
 through it: so each test's schema gets a login role of its own whose default ``search_path`` is that schema
 (``ALTER ROLE … SET``: what a server connection goes back to after asyncpg's ``RESET ALL`` on release, which a
 ``SET`` at connect would not survive), and a database alias that logs in as that role, added to the configuration
 and loaded with ``SIGHUP``. The role is dropped after the test. The server
 configuration is Debian's defaults otherwise: no ``ignore_startup_parameters``, so asyncq must send no startup
-setting PgBouncer refuses (behind a pooler it sends only ``application_name``, and reads ``synchronous_commit``
-back on every new connection: the server's default is ``on``).
+setting PgBouncer refuses (behind a pooler, ``?pooler=…``, it sends only ``application_name``, and reads
+``synchronous_commit`` back on every new connection: the server's default is ``on``).
 
 PgBouncer refuses to run as root: as root it runs as the ``postgres`` user (``runuser``), its files in a folder
 of its own under the system's temporary directory.
@@ -67,7 +69,7 @@ pidfile = {folder}/pgbouncer.pid
 logfile = {folder}/pgbouncer.log
 pool_mode = transaction
 max_client_conn = 500
-default_pool_size = 10
+default_pool_size = 20
 """
 
 
@@ -80,19 +82,20 @@ class Bouncer:
     server_host: str
     server_port: int
     process: subprocess.Popen[bytes] | None = None
-    aliases: dict[str, tuple[str, str]] = field(default_factory=dict)  # alias: (server database, server role)
+    aliases: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # alias: (database, role, pool mode)
 
     def url(self, alias: str, **options: str) -> str:
         query = "&".join(f"{name}={value}" for name, value in options.items())
         return f"postgresql://{SERVER_USER}@127.0.0.1:{self.port}/{alias}" + (f"?{query}" if query else "")
 
-    def alias(self, database: str, schema: str, role: str) -> str:
-        """A database alias ``schema`` for ``database``, logging in to the server as ``role``, loaded."""
-        self.aliases[schema] = (database, role)
+    def alias(self, name: str, database: str, role: str, mode: str = "transaction") -> str:
+        """A database alias ``name`` for ``database``, logging in to the server as ``role``, pooled in ``mode``
+        (``transaction`` or ``session``), loaded."""
+        self.aliases[name] = (database, role, mode)
         self._write()
         self._reload()
-        self._wait_for(schema)
-        return schema
+        self._wait_for(name)
+        return name
 
     def _wait_for(self, alias: str) -> None:
         """Until PgBouncer serves ``alias`` (it loads a configuration a moment after ``SIGHUP``)."""
@@ -122,8 +125,8 @@ class Bouncer:
 
     def _write(self) -> None:
         lines = [
-            f"{alias} = host={self.server_host} port={self.server_port} dbname={database} user={role}"
-            for alias, (database, role) in self.aliases.items()
+            f"{alias} = host={self.server_host} port={self.server_port} dbname={database} user={role} pool_mode={mode}"
+            for alias, (database, role, mode) in self.aliases.items()
         ]
         fresh = self.folder / "pgbouncer.ini.new"
         fresh.write_text(INI.format(databases="\n".join(lines), port=self.port, folder=self.folder))
@@ -164,15 +167,16 @@ class Bouncer:
 
 
 @contextlib.asynccontextmanager
-async def schema_alias(bouncer: Bouncer, url: str, schema: str) -> AsyncIterator[str]:
-    """A PgBouncer alias for ``schema`` of the database ``url`` names, logging in as a role of its own whose default
-    ``search_path`` is the schema; the schema (with everything in it), the role and the alias go at the end."""
+async def schema_alias(bouncer: Bouncer, url: str, schema: str, mode: str = "transaction") -> AsyncIterator[str]:
+    """A PgBouncer alias for ``schema`` of the database ``url`` names, pooled in ``mode`` and logging in as a role of
+    its own whose default ``search_path`` is the schema (the alias is named ``schema``, ``{schema}_s`` in session
+    mode); the schema (with everything in it), the role and the alias go at the end."""
     server, database, role = url.split("?")[0], urlsplit(url).path.lstrip("/"), f"asyncq_{schema}"
     await execute(server, f"CREATE ROLE {role} LOGIN")
     try:
         await execute(server, f"GRANT CREATE, CONNECT ON DATABASE {database} TO {role}")
         await execute(server, f"ALTER ROLE {role} SET search_path = {schema}")
-        alias = bouncer.alias(database, schema, role)
+        alias = bouncer.alias(schema if mode == "transaction" else f"{schema}_s", database, role, mode)
         try:
             yield alias
         finally:

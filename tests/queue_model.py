@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from asyncq import Conflict, Ticket
 from asyncq.core.claim_plan import Rank, claim_rank
+from asyncq.core.jobs import task_of
 
 T = TypeVar("T")
 LIVE = ("pending", "leased")
@@ -57,7 +58,8 @@ class Row:
     cancel_requested_at: int | None = None  # a cancel requested while it was leased (version 7)
     priority: int = 0  # version 8's column
     unique_key: str | None = None  # version 9's column
-    limit_key: str | None = None  # version 11's column, last in table order
+    task: str | None = None  # version 11's column
+    limit_key: str | None = None  # version 14's column
 
     def park(self, status: str, reason: str | None, available_at: int | None = None) -> None:
         """Leave the lease: ``status``/``reason``, no owner, no lease (and ``available_at`` if given)."""
@@ -107,8 +109,9 @@ class Model:
             return False
         available_at, deadline = now + spec.delay_ms, now + spec.ttl_ms
         self.rows[spec.id] = Row(
-            None, spec.id, spec.queue, body, "pending", 0, spec.max_attempts, 0, available_at, deadline
-        )
+            None, spec.id, spec.queue, body, "pending", 0, spec.max_attempts, 0, available_at, deadline,
+            task=task_of(spec.body),
+        )  # fmt: skip
         self.unseated.append(spec.id)
         return True
 

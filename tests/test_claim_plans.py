@@ -98,18 +98,22 @@ async def test_the_postgresql_claim_seeks_the_ranked_and_waiting_indexes_without
 
 
 # A retention step is one seek of the ended jobs' index too, at depth (docs/flow-control.md, "Retention"): the
-# deep table holds pending jobs, done jobs of two queues, and dead ones; the step's plan walks one queue's one
-# state in end order and stops at its batch.
+# deep table holds pending jobs, done jobs of three queues, and dead ones, most of them of one of three tasks and a
+# fifth of none; a step's plan walks one queue's one task's (or no task's) one state and stops at its batch, and the
+# groups are found by skipping through the same index (one seek per queue and per task).
 _FINISHED = (
     "SELECT 'j' || i, 'q' || (i % 3), '{{}}', CASE WHEN i % 4 = 0 THEN 'pending' WHEN i % 4 = 3 THEN 'dead'"
-    " ELSE 'done' END, 1, 3, 1, i, 10000000000000, CASE WHEN i % 4 = 3 THEN 'permanent' END FROM {series}"
+    " ELSE 'done' END, 1, 3, 1, i, 10000000000000, CASE WHEN i % 4 = 3 THEN 'permanent' END,"
+    " CASE WHEN i % 5 = 0 THEN NULL ELSE 't' || (i % 7 % 3) END FROM {series}"
 )
 CUTOFF = DEPTH // 10  # a tenth of the finished jobs has expired: the pool's steady state, a step's batch or two
-_FINISHED_COLUMNS = "(id, queue, body, status, attempts, max_attempts, token, available_at, deadline, reason)"
+_FINISHED_COLUMNS = "(id, queue, body, status, attempts, max_attempts, token, available_at, deadline, reason, task)"
+#: The cells and groups whose step plans are checked: (status, reason, task).
+_CELLS = [("done", None, "t1"), ("dead", "permanent", "t1"), ("done", None, None), ("dead", "permanent", None)]
 
 
-async def test_the_sqlite_retention_step_seeks_the_ended_index(tmp_path: Path) -> None:
-    from asyncq.store.sqlite.admin import EXPIRED_SEQS
+async def test_the_sqlite_retention_step_seeks_the_retained_index(tmp_path: Path) -> None:
+    from asyncq.store.sqlite.retention import EXPIRED_SEQS, QUEUES_ENDED, TASKS_ENDED, UNTASKED_ENDED
 
     path = tmp_path / "deep.db"
     async with await Queue.open(str(path)):
@@ -120,19 +124,31 @@ async def test_the_sqlite_retention_step_seeks_the_ended_index(tmp_path: Path) -
         con.execute(f"INSERT INTO asyncq_jobs {_FINISHED_COLUMNS} " + _FINISHED.format(series=series), (DEPTH,))
         con.execute("ANALYZE")
         plans = []
-        for status, reason in (("done", None), ("dead", "permanent")):
-            params = {"queue": "q1", "status": status, "reason": reason, "cutoff": CUTOFF, "now": NOW, "limit": 500}
+        for status, reason, task in _CELLS:
+            params = {"queue": "q1", "status": status, "reason": reason, "task": task, "cutoff": CUTOFF}
+            params |= {"now": NOW, "limit": 500}
             plans.append([row[3] for row in con.execute("EXPLAIN QUERY PLAN " + EXPIRED_SEQS, params)])
+        groups = [
+            [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + statement, {"queue": "q1"})]
+            for statement in (QUEUES_ENDED, TASKS_ENDED, UNTASKED_ENDED)
+        ]
     finally:
         con.close()
     for lines in plans:
-        seek = "USING INDEX asyncq_jobs_ended (queue=? AND status=? AND reason=? AND available_at<?)"
+        seek = "USING INDEX asyncq_jobs_retained (queue=? AND task=? AND status=? AND reason=? AND available_at<?)"
         assert any(seek in line for line in lines), lines
         assert not [line for line in lines if line.startswith("SCAN") or "TEMP B-TREE" in line], lines
+    for lines in groups:  # every read of the jobs is of the index (the first queue: its first entry, in index order
+        # under LIMIT 1; every other step a seek), never of the table, never a sort
+        reads = [line for line in lines if "asyncq_jobs" in line]
+        assert reads and all("COVERING INDEX asyncq_jobs_retained" in line for line in reads), lines
+        assert [line for line in reads if line.startswith("SCAN")] in ([], [reads[0]]), lines
+        assert "TEMP B-TREE" not in str(lines) and "SEARCH" in reads[-1], lines
 
 
-async def test_the_postgresql_retention_step_seeks_the_ended_index(postgres_url: str) -> None:
-    from asyncq.store.postgres.admin import EXPIRED_BATCH, q
+async def test_the_postgresql_retention_step_seeks_the_retained_index(postgres_url: str) -> None:
+    from asyncq.store.postgres.admin import q
+    from asyncq.store.postgres.retention import EXPIRED_BATCH, QUEUES_ENDED, TASKS_ENDED, UNTASKED_ENDED
 
     async with await Queue.open(postgres_url):
         pass
@@ -143,20 +159,25 @@ async def test_the_postgresql_retention_step_seeks_the_ended_index(postgres_url:
         await conn.execute(f"INSERT INTO {target.schema}.jobs {_FINISHED_COLUMNS} {rows}", DEPTH)
         await conn.execute(f"ANALYZE {target.schema}.jobs")
         plans = []
-        for status, reason in (("done", None), ("dead", "permanent")):
-            statement = "EXPLAIN (COSTS OFF) " + q(EXPIRED_BATCH[reason is None], target.schema)
-            plans.append(_pg_plan_text(await conn.fetch(statement, "q1", status, CUTOFF, NOW, 500, reason)))
+        for status, reason, task in _CELLS:
+            statement = "EXPLAIN (COSTS OFF) " + q(EXPIRED_BATCH[reason is None, task is None], target.schema)
+            plans.append(_pg_plan_text(await conn.fetch(statement, "q1", status, CUTOFF, NOW, 500, reason, task)))
+        groups = [_pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + q(QUEUES_ENDED, target.schema)))]
+        for statement in (TASKS_ENDED, UNTASKED_ENDED):
+            groups.append(_pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + q(statement, target.schema), "q1")))
     finally:
         await conn.close()
     for plan in plans:
         _check_retention_plan(plan)
+    for plan in groups:  # each read of the jobs is a seek of the index (an index-only scan), never the table
+        assert "jobs_retained" in plan and "Seq Scan" not in plan and "Sort" not in plan, plan
 
 
 def _check_retention_plan(plan: str) -> None:
     doomed = plan.split("CTE doomed", 1)[1].split("CTE ", 1)[0]
-    # A plain or bitmap scan of the range of jobs_ended that holds the expired rows (the planner picks by their
+    # A plain or bitmap scan of the range of jobs_retained that holds the expired rows (the planner picks by their
     # number), never the table; each result looked up by its key; nothing sorted.
-    assert "Index Scan on jobs_ended" in doomed or "Index Scan using jobs_ended on jobs" in doomed, plan
+    assert "Index Scan on jobs_retained" in doomed or "Index Scan using jobs_retained on jobs" in doomed, plan
     assert "Seq Scan on jobs" not in doomed and "Sort" not in doomed, plan
     assert "Seq Scan on results" not in doomed and "results_pkey" in doomed, plan
 

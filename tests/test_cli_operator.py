@@ -4,6 +4,7 @@ exactly what was previewed), cancel, prune with its vacuum, and the online backu
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import subprocess
 import sys
@@ -178,7 +179,7 @@ def test_backup_writes_a_checked_copy_and_refuses_to_overwrite(db: Path) -> None
     data = run_json("backup", "--db", "q.db", "copy.db", cwd=db.parent)
     assert data["source"] == "q.db" and data["path"] == "copy.db" and data["check"] == "ok"
     assert data["jobs"] == EXPECTED_STATUS and data["bytes"] == data["pages"] * data["page_size"]
-    assert run_json("status", "--db", "copy.db", cwd=db.parent)["by_status"] == EXPECTED_STATUS
+    assert run_json("status", "--db", "copy.db", cwd=db.parent)["by_status"] == EXPECTED_STATUS | {"waiting": 0}
     again = run_cli("backup", "--db", "q.db", "copy.db", cwd=db.parent)
     assert again.returncode == 1 and again.stderr == "asyncq: error: copy.db exists (use --force to replace it)\n"
     forced = run_cli("backup", "--db", "q.db", "copy.db", "--force", cwd=db.parent)
@@ -307,15 +308,16 @@ def test_retention_is_set_per_state_shown_in_status_and_run_by_hand(db: Path) ->
     both = run_json("retention", "--db", "q.db", "default", "--cancelled", "1d", cwd=db.parent)  # done stays 7d
     assert [both["audit"][f"retain_{s}_ms"] for s in ("done", "cancelled", "dead")] == [7 * DAY_MS, DAY_MS, None]
     shown = run_cli("status", "--db", "q.db", cwd=db.parent).stdout
-    assert "retention (other queues keep every job):" in shown and "forever" in shown
+    assert "retention rules (a job follows its task's in its queue" in shown and "queues without a rule keep" in shown
+    assert re.search(r"queue default +7d\S* +1d\S* +forever", shown), shown
     queues = run_json("status", "--db", "q.db", cwd=db.parent)["queues"]
     assert [(q["queue"], q["retain_done_ms"], q["retain_cancelled_ms"]) for q in queues] == [
         ("default", 7 * DAY_MS, DAY_MS)
     ]
     run = run_json("retention", "--db", "q.db", "--run", cwd=db.parent)["run"]
     assert run["removed"] == [
-        {"queue": "default", "state": "cancelled", "jobs": 1},
-        {"queue": "default", "state": "done", "jobs": 3},
+        {"queue": "default", "task": None, "state": "cancelled", "jobs": 1},
+        {"queue": "default", "task": None, "state": "done", "jobs": 3},
     ]
     assert run["total"] == 4
     left = {job_id for (job_id,) in rows(db, "SELECT id FROM asyncq_jobs WHERE status IN ('done', 'dead')")}
@@ -323,10 +325,15 @@ def test_retention_is_set_per_state_shown_in_status_and_run_by_hand(db: Path) ->
     again = run_cli("retention", "--db", "q.db", "--run", cwd=db.parent)
     assert again.returncode == 0 and "removed 0 job(s)" in again.stdout
     for bad in (
-        ("retention",),
         ("retention", "default"),
         ("retention", "default", "--done", "7x"),
         ("retention", "--run", "--done", "1d"),
+        ("retention", "--task", "send", "--done", "1d"),
+        ("retention", "default", "--default", "--done", "1d"),
+        ("retention", "--default"),
+        ("retention", "default", "--clear", "--done", "1d"),
+        ("retention", "default", "--task", " send", "--done", "1d"),
+        ("retention", "--clear"),
     ):
         refused = run_cli(*bad, "--db", "q.db", cwd=db.parent)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused.stderr)
@@ -364,3 +371,31 @@ def test_limits_are_set_flag_by_flag_shown_in_status_and_refused_with_one_line(d
     ):
         refused = run_cli(*bad, "--db", "q.db", cwd=db.parent)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused.stderr)
+
+
+def test_retention_per_task_and_a_default_set_listed_cleared_and_run(db: Path) -> None:
+    """``--default`` and ``--task`` set the default's and a task's rule (a flag not given: as it applies now),
+    ``asyncq retention`` alone lists the rules, ``--clear`` removes one (exit 1 with one line if there is none);
+    a refused command writes nothing."""
+    default = run_json("retention", "--db", "q.db", "--default", "--done", "30d", "--by", "ops", cwd=db.parent)
+    assert (default["audit"]["queue"], default["audit"]["task"], default["default"]) == ("*", None, True)
+    task = run_json("retention", "--db", "q.db", "mail", "--task", "send", "--dead", "1d", cwd=db.parent)
+    assert (task["audit"]["queue"], task["audit"]["task"]) == ("mail", "send")
+    assert [task["audit"][f"retain_{s}_ms"] for s in ("done", "cancelled", "dead")] == [30 * DAY_MS, None, DAY_MS]
+    listed = run_json("retention", "--db", "q.db", cwd=db.parent)["rules"]
+    assert [(rule["queue"], rule["task"], rule["retain_done_ms"], rule["retain_dead_ms"]) for rule in listed] == [
+        (None, None, 30 * DAY_MS, None),
+        ("mail", "send", 30 * DAY_MS, DAY_MS),
+    ]
+    shown = run_cli("retention", "--db", "q.db", cwd=db.parent).stdout
+    assert "every queue (the default)" in shown and "task send in queue mail" in shown
+    assert "task send in queue mail" in run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    cleared = run_cli("retention", "--db", "q.db", "mail", "--task", "send", "--clear", cwd=db.parent)
+    assert cleared.returncode == 0 and "cleared the rule of task send in queue mail" in cleared.stdout
+    before = fingerprint(db)
+    again = run_cli("retention", "--db", "q.db", "mail", "--task", "send", "--clear", cwd=db.parent)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1 and "has no retention rule" in again.stderr
+    assert fingerprint(db) == before
+    gone = run_json("retention", "--db", "q.db", "--default", "--clear", cwd=db.parent)
+    assert gone["audit"]["action"] == "retention_clear"
+    assert run_json("retention", "--db", "q.db", cwd=db.parent)["rules"] == []

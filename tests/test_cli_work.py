@@ -81,11 +81,11 @@ def test_work_burst_drains_the_queue_into_a_real_inbox(tmp_path: Path, receiver:
     assert set(data) == {
         "path", "owner", "queues", "seconds", "claimed", "finished", "stale_finishes", "leases_lost",
         "handler_errors", "commits", "internal_errors", "store_busy", "cancels_requested", "cancelled",
-        "retention_removed", "retention_runs",
+        "retention_removed", "retention_runs", "schedule_ticks",
     }  # fmt: skip
     assert data["internal_errors"] == data["store_busy"] == 0
     status = run_json("status", "--db", "q.db", "--inbox", "sink.db", cwd=tmp_path)
-    assert status["by_status"] == {"pending": 0, "leased": 0, "done": 400, "dead": 0}
+    assert status["by_status"] == {"pending": 0, "leased": 0, "done": 400, "dead": 0, "waiting": 0}
     assert status["inbox"] == {"file": "sink.db", "applied": 400, "duplicates": 0, "conflicts": 0}
     text = run_cli("work", "--db", "q.db", "--url", receiver, "--burst", cwd=tmp_path)
     assert text.returncode == 0 and "claimed 0" in text.stdout

@@ -139,7 +139,7 @@ async def test_the_page_shows_paused_queues_who_paused_them_and_why_and_the_move
     assert '<tr data-queue="mail"><td>mail</td><td>paused</td>' in queues and "<td>ana</td>" in queues
     assert '<tr data-queue="default"><td>default</td><td>running</td>' in queues and "<td>90 s</td>" in queues
     moves = table(page, "queue-moves")
-    assert "<td>mail</td><td>pause</td><td>ana</td>" in moves and "<td>default</td><td>max_wait</td>" in moves
+    assert "<td>mail</td><td>pause</td><td></td><td>ana</td>" in moves and "<td>default</td><td>max_wait</td>" in moves
     assert XSS not in page and '<td>busy</td><td>default</td><td class="n">0</td>' in table(page, "leases")
 
 
@@ -328,6 +328,24 @@ async def test_the_queues_section_shows_each_ended_states_retention(
     assert "<th>done kept</th><th>cancelled kept</th><th>dead kept</th>" in queues
     row = re.search(r'<tr data-queue="mail">.*?</tr>', queues)
     assert row is not None and row.group(0).endswith("<td>604800 s</td><td>3600 s</td><td>forever</td></tr>")
+    assert "<td>mail</td><td>retention</td><td></td><td>ops</td>" in table(page, "queue-moves")
+
+
+async def test_the_retention_rules_show_with_their_scope_and_each_queue_the_windows_that_apply(
+    path: Path, clock: list[int], server: tuple[str, Dashboard]
+) -> None:
+    async with await Queue.open(path, clock=lambda: clock[0]) as queue:
+        await queue.set_default_retention(done=86_400, by="ops")
+        await queue.set_retention("mail", task="send", dead=60, by="ops")
+        await queue.pause("other", note="outage", by="ops")
+    _status, page, _headers = await get(server[0] + "/")
+    rules = table(page, "retention")
+    assert "<th>retention rule</th><th>done kept</th><th>cancelled kept</th><th>dead kept</th>" in rules
+    assert "<tr><td>every queue (default)</td><td>86400 s</td><td>forever</td><td>forever</td></tr>" in rules
+    assert "<tr><td>task send in queue mail</td><td>forever</td><td>forever</td><td>60 s</td></tr>" in rules
+    row = re.search(r'<tr data-queue="other">.*?</tr>', table(page, "queues"))  # no rule of its own: the default's
+    assert row is not None and row.group(0).endswith("<td>86400 s</td><td>forever</td><td>forever</td></tr>")
+    assert "<td>mail</td><td>retention</td><td>send</td><td>ops</td>" in table(page, "queue-moves")
     assert "<td>mail</td><td>retention</td><td>ops</td>" in table(page, "queue-moves")
 
 
@@ -351,6 +369,6 @@ async def test_the_queues_section_shows_the_limits_in_force_and_the_slots_they_h
         '<tr data-queue="mail"><td>mail</td><td>1 of 4</td><td>1 a key</td><td>1 of 1</td>'
         "<td>100 per 60 s, burst 1</td><td>in 0.6 s</td></tr>"
     )
-    assert "<td>mail</td><td>limits</td><td>ops</td>" in table(page, "queue-moves")
+    assert "<td>mail</td><td>limits</td><td></td><td>ops</td>" in table(page, "queue-moves")
     lease = re.search(r"<tr><td>worker-3</td><td>m0</td>.*?</tr>", table(page, "leases"))
     assert ticket.id == "m0" and lease is not None and lease.group(0).endswith("<td>tenant-7</td></tr>")

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
-STATUSES = ("pending", "leased", "done", "dead")
+STATUSES = ("pending", "leased", "done", "dead", "waiting")
 
 
 @pytest.fixture

@@ -27,7 +27,14 @@ from asyncq.core.jobs import JobSpec
 from asyncq.errors import Permanent, Retryable
 from asyncq.inbox import STOCK_TABLES, add_to_stock, make_inbox_app
 from asyncq.queue import Queue
-from asyncq.web.metrics import PoolMetrics, QueueCollector, instrument_inbox_app, start_metrics_server
+from asyncq.web.metrics import (
+    ENQUEUE_RESULTS,
+    EnqueueCollector,
+    PoolMetrics,
+    QueueCollector,
+    instrument_inbox_app,
+    start_metrics_server,
+)
 from asyncq.worker.pool import JobContext, Pool
 from asyncq.worker.settings import PoolSettings
 
@@ -195,6 +202,38 @@ async def test_a_paused_queue_shows_in_its_gauge_until_it_is_resumed(queue: Queu
     assert value(await scrape_registry(registry), "asyncq_queue_paused", queue="mail") == 1
     await queue.resume("mail", note="provider back")
     assert value(await scrape_registry(registry), "asyncq_queue_paused", queue="mail") == 0
+
+
+async def test_each_retention_rules_windows_show_in_its_gauge(queue: Queue, path: Path) -> None:
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(path))
+    assert not [key for key in await scrape_registry(registry) if key[0] == "asyncq_queue_retention_seconds"]
+    await queue.set_default_retention(done=86_400)
+    await queue.set_retention("mail", done=60, dead=0)
+    await queue.set_retention("mail", task="send", cancelled=5)
+    found = {
+        dict(labels)["queue"] + "/" + dict(labels)["task"] + "/" + dict(labels)["state"]: sample
+        for (name, labels), sample in (await scrape_registry(registry)).items()
+        if name == "asyncq_queue_retention_seconds"
+    }
+    assert found == {"*//done": 86_400, "mail//done": 60, "mail//dead": 0, "mail/send/cancelled": 5}
+
+
+async def test_a_queues_enqueue_answers_are_counted_unique_keys_held_and_refused_apart(queue: Queue) -> None:
+    registry = CollectorRegistry()
+    registry.register(EnqueueCollector(queue))
+    assert await queue.enqueue("a", {}, unique_key="k") is True
+    assert await queue.enqueue("a", {}, unique_key="k") is False  # the same job again
+    assert await queue.enqueue("b", {}, unique_key="k") == "a"  # held by a
+    assert await queue.enqueue_many([JobSpec("c", {}), JobSpec("d", {}, unique_key="k")]) == [True, "a"]
+    with pytest.raises(asyncq.UniqueConflict):
+        await queue.enqueue("e", {}, unique_key="k", on_conflict="raise")
+    async with queue.transaction() as tx:
+        assert await tx.enqueue("f", {}, unique_key="k") == "a"
+    samples = await scrape_registry(registry)
+    counts = {result: value(samples, "asyncq_enqueues_total", result=result) for result in ENQUEUE_RESULTS}
+    assert counts == {"added": 2, "existing": 1, "unique_held": 3, "unique_refused": 1}
+    assert (queue.enqueue_counts.added, queue.enqueue_counts.unique_held) == (2, 3)
 
 
 async def test_an_unreadable_queue_file_shows_as_down_and_is_not_created(tmp_path: Path) -> None:

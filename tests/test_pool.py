@@ -258,7 +258,7 @@ async def test_burst_mode_drains_the_queue_and_returns(queue: Queue) -> None:
     assert pool.counters.finished == {"done": 200}
     assert pool.counters.commits < 200  # finishes and claims are grouped into shared commits
     stats = await queue.stats()
-    assert stats.by_status == {"pending": 1, "leased": 0, "done": 200, "dead": 0}
+    assert stats.by_status == {"pending": 1, "leased": 0, "done": 200, "dead": 0, "waiting": 0}
 
 
 async def test_a_commit_carries_a_batch_of_fast_jobs_not_one_round_of_the_slots(queue: Queue) -> None:
@@ -395,10 +395,10 @@ async def test_run_once_claims_one_batch_runs_it_and_commits_its_finishes(queue:
 
     assert await pool.run_once() == 3
     assert sorted(ran) == ["job-0", "job-1", "job-2"]
-    assert (await queue.stats()).by_status == {"pending": 2, "leased": 0, "done": 3, "dead": 0}
+    assert (await queue.stats()).by_status == {"pending": 2, "leased": 0, "done": 3, "dead": 0, "waiting": 0}
     assert await pool.run_once() == 2
     assert await pool.run_once() == 0
-    assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 5, "dead": 0}
+    assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 5, "dead": 0, "waiting": 0}
 
 
 async def test_an_idle_pool_wakes_at_once_on_an_enqueue_in_the_same_process(queue: Queue) -> None:

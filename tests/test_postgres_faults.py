@@ -10,13 +10,15 @@ one started by a handler; both workers still running when the faults end and end
 counted the faults it met (``Pool.counters.store_busy``) and logged them.
 
 And a worker started while the server is down waits for it (a clear line in its log, with backoff) instead of
-exiting, then runs the jobs enqueued once the server is up.
+exiting, then runs the jobs enqueued once the server is up; a read-only server, low timeouts on the role, a reply
+lost after ``COMMIT``; and an outbox relay with its receiver whose backends are ended repeatedly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -27,11 +29,15 @@ from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from aiohttp import web
 from pg_cluster_support import Cluster
 from waiting import eventually
 
-from asyncq import JobSpec, Pool, Queue
+from asyncq import JobSpec, Pool, Queue, RetryPolicy
+from asyncq.delivery.http import HttpTransport
 from asyncq.errors import StoreBusy
+from asyncq.inbox import EffectTransaction, make_inbox_app
+from asyncq.outbox import Outbox, Relay
 
 WORKER = Path(__file__).resolve().parent / "pg_fault_worker.py"
 JOBS = 2000
@@ -328,3 +334,77 @@ async def test_a_finish_whose_commit_reply_is_lost_is_counted_landed_not_stale(p
             assert pool.counters.finished == {"done": 1}
     finally:
         await cutter.close()
+
+
+async def test_a_relay_and_its_receiver_survive_their_backends_ended_repeatedly_and_send_each_item_once(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relay delivers to a real receiver whose inbox is on the same server while another handle adds 300 items and
+    the test ends every client backend every 0.3 s for 5 s: the relay's pooled connections and its listener, the
+    receiver's, the producer's. The relay task never ends; each failure is logged and the producer retries its add;
+    once the faults stop every item is sent and applied exactly once (the inbox drops the repeats a lost ACK
+    makes), and the relay's listener counted its losses and listens again."""
+    caplog.set_level(logging.WARNING)
+    url, sink = cluster.url() + "?schema=app", cluster.url() + "?schema=sink"
+    ddl = ("CREATE SCHEMA IF NOT EXISTS sink", "CREATE TABLE IF NOT EXISTS sink.effects (id text NOT NULL)")
+
+    def record(tx: EffectTransaction, event_id: str, body: object) -> None:
+        tx.execute("INSERT INTO sink.effects (id) VALUES ($1)", (event_id,))
+
+    runner = web.AppRunner(make_inbox_app(sink, effect=record, ddl=ddl), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    transport = HttpTransport(f"http://127.0.0.1:{runner.addresses[0][1]}/events", timeout=5)
+    ids = [f"i-{n:03d}" for n in range(300)]
+    try:
+        async with await Outbox.open(url) as outbox, await Outbox.open(url) as producer:
+            # A receiver whose own connections were ended answers 500: those attempts fail; no alarm for them here.
+            relay = Relay(outbox, transport, poll_ms=50, retry=RetryPolicy(base=0.02, cap=0.2), alarm_after=10_000)
+            running = asyncio.create_task(relay.run())
+            adding = asyncio.create_task(add_through_faults(producer, ids))
+            ended, began = 0, time.monotonic()
+            while time.monotonic() - began < 5.0:
+                await asyncio.sleep(0.3)
+                ended += await terminate_client_backends(cluster)
+            await asyncio.wait_for(adding, 60)
+            assert not running.done()  # the relay rode every fault out
+            wakeups = outbox.store.wakeups  # type: ignore[attr-defined]  # the port has no wake-ups
+
+            async def all_sent() -> bool:
+                sent = await cluster_rows(cluster, "SELECT count(*) FROM app.outbox WHERE state = 'sent'")
+                return sent == [(len(ids),)]
+
+            await eventually(all_sent, "every item sent", timeout=60, interval=0.1)
+            await eventually(lambda: wakeups.listening, "the relay to listen again", timeout=30)
+            relay.stop()
+            await asyncio.wait_for(running, 30)
+    finally:
+        await transport.close()
+        await runner.cleanup()
+    assert ended > 10 and wakeups.lost > 0
+    applied = await cluster_rows(cluster, "SELECT id, count(*) FROM sink.effects GROUP BY id ORDER BY id")
+    assert applied == [(item_id, 1) for item_id in ids]  # each once: nothing lost, nothing applied twice
+    logged = [record.getMessage() for record in caplog.records]
+    assert any(message.startswith("outbox relay") for message in logged)  # the relay's own failures, logged
+    assert any("listening for new outbox items" in message for message in logged)  # and its listener's
+
+
+async def add_through_faults(producer: Outbox, ids: list[str]) -> None:
+    """Add every item, one a few milliseconds, each retried while the server ends its connections (an add that
+    may have landed is sent again: the same item again is ``False``, not a second item)."""
+    for item_id in ids:
+        while True:
+            try:
+                await producer.add(item_id, {"id": item_id})
+                break
+            except StoreBusy:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.005)
+
+
+async def cluster_rows(cluster: Cluster, statement: str) -> list[tuple[object, ...]]:
+    conn = await asyncpg.connect(cluster.url(), timeout=5)
+    try:
+        return [tuple(row) for row in await conn.fetch(statement)]
+    finally:
+        await conn.close()

@@ -18,6 +18,7 @@ from waiting import eventually
 
 from asyncq import Queue
 from asyncq.core.jobs import JobSpec
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.errors import Conflict, StoreError
 from asyncq.store.postgres import admin
 from asyncq.store.postgres.connection import parse_url, redact
@@ -68,7 +69,7 @@ async def test_a_url_opens_the_same_facade_and_inspect_tells_what_a_schema_holds
         found = await queue.describe()
         assert (found["store"], found["schema"], found["schema_version"]) == ("postgresql", schema, PG_SCHEMA_VERSION)
         assert found["settings"]["synchronous_commit"] == "on"
-        assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0}
+        assert (await queue.stats()).by_status == {"pending": 0, "leased": 0, "done": 1, "dead": 0, "waiting": 0}
         with pytest.raises(NotImplementedError, match="pg_dump"):
             await queue.backup("/tmp/never", force=False)
     state = await Queue.inspect(postgres_url)
@@ -127,9 +128,52 @@ async def test_the_jobs_table_is_set_for_a_hot_table_of_short_lived_rows(queue: 
     assert "fillfactor=70" in options and "autovacuum_vacuum_scale_factor=0.01" in options
 
 
+async def test_a_version_7_schema_gains_tasks_and_retention_rules_with_its_rows_kept(postgres_url: str) -> None:
+    """Queue version 8 adds ``task`` (and its index) without reading any body: a row stored before has none, and
+    the same id and body again is still the same job (the column is not compared); new task jobs get theirs. A
+    queue that set its retention keeps its windows as its rule; one that never did gets none; the index of ended
+    jobs is replaced."""
+    from asyncq.store.postgres.connection import Migrations, migrate
+    from asyncq.store.postgres.schema import QUEUE
+
+    schema = parse_url(postgres_url).schema
+    conn = await asyncpg.connect(parse_url(postgres_url).dsn)
+    try:
+        assert await migrate(conn, schema, Migrations(QUEUE.component, QUEUE.steps[:7])) == 0
+        await conn.execute(
+            f"INSERT INTO {schema}.jobs (id, queue, body, status, attempts, max_attempts, token, available_at,"
+            """ deadline) VALUES ('old', 'default', '{"args":{},"task":"send"}', 'done', 1, 3, 1, 0, 9999999999999)"""
+        )
+        await conn.execute(
+            f"INSERT INTO {schema}.queues (queue, retain_done_ms) VALUES ('mail', 60000), ('held', NULL)"
+        )
+        await conn.execute(
+            f"INSERT INTO {schema}.queue_audit (queue, action, at_ms, actor, note)"
+            " VALUES ('mail', 'retention', 1, 'ops', 'n'), ('held', 'max_wait', 2, 'ops', 'n')"
+        )
+    finally:
+        await conn.close()
+    async with await Queue.open(postgres_url) as queue:
+        assert (await queue.describe())["schema_version"] == PG_SCHEMA_VERSION >= 8
+        old = await queue.get("old")
+        assert old is not None and (old.status, old.task) == ("done", None)
+        assert await queue.enqueue("old", {"task": "send", "args": {}}) is False
+        assert await queue.enqueue("new", {"task": "send", "args": {}}) is True
+        new = await queue.get("new")
+        assert new is not None and new.task == "send"
+        assert await queue.retention_rules() == [RetentionRule("mail", None, Windows(60_000))]
+        assert [(s.queue, s.retain_done_ms) for s in await queue.queue_settings()] == [("held", None), ("mail", 60_000)]
+        entry = await queue.set_retention("mail", task="send", done=1)
+        assert (entry.seq, entry.task) == (3, "send")
+    for index, there in (("jobs_task", True), ("jobs_retained", True), ("jobs_ended", False)):
+        assert await rows(postgres_url, "SELECT to_regclass($1) IS NOT NULL", f"{schema}.{index}") == [(there,)]
+
+
 def test_urls_are_checked_before_anything_connects_and_shown_without_password() -> None:
     target = parse_url("postgresql://app:s3cret@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require")
-    assert (target.schema, target.wakeups, target.pool_size) == ("jobs", "poll", 4)
+    assert (target.schema, target.wakeups, target.pool_size, target.pooler) == ("jobs", "poll", 4, None)
+    assert parse_url("postgresql://h/db?pooler=transaction").wakeups == "poll"  # no LISTEN through it
+    assert parse_url("postgresql://h/db?pooler=session&application_name=x&sslmode=disable").wakeups == "listen"
     assert target.location == "postgresql://app@db.example:6432/prod?schema=jobs&wakeups=poll&sslmode=require"
     assert target.dsn == "postgresql://app:s3cret@db.example:6432/prod?sslmode=require"
     assert "s3cret" not in redact("postgres://u:s3cret@h/db?password=s3cret")
@@ -139,6 +183,10 @@ def test_urls_are_checked_before_anything_connects_and_shown_without_password() 
         "postgresql://h/db?schema=" + "x" * 51: "schema",
         "postgresql://h/db?schema=a;drop": "schema",
         "postgresql://h/db?wakeups=sometimes": "wakeups",
+        "postgresql://h/db?pooler=statement": "pooler must be",
+        "postgresql://h/db?pooler=transaction&wakeups=listen": "wakeups=listen cannot work",
+        "postgresql://h/db?pooler=session&search_path=app": "search_path in the URL would be a startup setting",
+        "postgresql://h/db?pooler=transaction&options=-c%20x%3D1": "options in the URL",
         "postgresql://h/db?pool_size=0": "pool_size",
         "postgresql://h/db?pool_size=1e3": "pool_size",
         "postgresql://h/db?schema=a&schema=b": "twice",
@@ -361,7 +409,7 @@ async def test_prune_deletes_in_bounded_batches_and_keeps_the_counts(
     assert (await queue.prunable(0.005))[0] == {"done": total, "dead": 0}
     done = await queue.prune(0.005)
     assert (done["deleted"], done["batches"], done["vacuum"]) == (total, 4, "autovacuum")
-    assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0}
+    assert (await queue.stats()).by_status == {"pending": 1, "leased": 0, "done": 0, "dead": 0, "waiting": 0}
     schema = parse_url(postgres_url).schema
     assert await rows(postgres_url, f"SELECT id FROM {schema}.jobs") == [("kept",)]
 

@@ -49,7 +49,7 @@ def test_the_assembly_sums_repeated_keys_merges_each_owners_groups_and_drops_emp
     )
     assert assemble_stats(NOW, reads) == Stats(
         now_ms=NOW,
-        by_status={"pending": 3, "leased": 3, "done": 0, "dead": 1},
+        by_status={"pending": 3, "leased": 3, "done": 0, "dead": 1, "waiting": 0},
         dead_by_reason={"exhausted": 1},
         oldest_ready_age_ms=6_000,
         expired_leases=1,
@@ -61,7 +61,7 @@ def test_the_assembly_sums_repeated_keys_merges_each_owners_groups_and_drops_emp
 def test_nothing_read_is_an_empty_queue_with_every_status() -> None:
     empty = assemble_stats(NOW, StatsReads([], [], [], 0, None))
     assert empty == stats_of_jobs([], NOW)
-    assert empty.by_status == {"pending": 0, "leased": 0, "done": 0, "dead": 0} and empty.total == 0
+    assert empty.by_status == {"pending": 0, "leased": 0, "done": 0, "dead": 0, "waiting": 0} and empty.total == 0
 
 
 def test_the_reads_grouped_from_a_listing_assemble_to_its_definition() -> None:

@@ -263,17 +263,17 @@ def test_the_version_5_migration_counts_the_rows_of_a_version_4_file_once(tmp_pa
         store = await SqliteQueueStore.open(path)
         try:
             stats = await store.stats(T0)
-            assert stats.by_status == {"pending": 2, "leased": 2, "done": 2, "dead": 4}
+            assert stats.by_status == {"pending": 2, "leased": 2, "done": 2, "dead": 4, "waiting": 0}
             assert stats.dead_by_reason == {"exhausted": 1, "cancelled": 1, "deadline": 1, "permanent": 1}
             assert (stats.attempts, stats.oldest_ready_age_ms) == ({0: 1, 1: 2, 2: 1}, 5)
         finally:
             await store.close()
         store = await SqliteQueueStore.open(path)  # a second open migrates nothing and counts nothing again
         try:
-            assert (await store.stats(T0)).by_status == {"pending": 2, "leased": 2, "done": 2, "dead": 4}
+            assert (await store.stats(T0)).by_status == {"pending": 2, "leased": 2, "done": 2, "dead": 4, "waiting": 0}
             [ticket] = await claim(store, "w2", T0)
             assert await store.finish([outcome(ticket, "ok")], T0) == ["done"]
-            assert (await store.stats(T0)).by_status == {"pending": 1, "leased": 2, "done": 3, "dead": 4}
+            assert (await store.stats(T0)).by_status == {"pending": 1, "leased": 2, "done": 3, "dead": 4, "waiting": 0}
         finally:
             await store.close()
 

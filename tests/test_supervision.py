@@ -78,7 +78,7 @@ async def test_burst_returns_only_once_the_queue_is_drained(path: Path) -> None:
         pool.register("default", boom)
         await burst(pool)
         stats = await queue.stats()
-    assert stats.by_status == {"pending": 0, "leased": 0, "done": 0, "dead": 20}
+    assert stats.by_status == {"pending": 0, "leased": 0, "done": 0, "dead": 20, "waiting": 0}
     assert stats.dead_by_reason == {"exhausted": 20}
 
 

@@ -305,3 +305,17 @@ def test_the_labs_and_a_bare_import_load_no_pydantic() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", ["", " send", "x" * 201, "a\tb"])
+def test_a_task_whose_name_no_job_could_store_is_refused_when_declared(name: str) -> None:
+    """A task's name is what its jobs' ``task`` column holds (``core.values.check_task_name``)."""
+    other = asyncq.App()
+
+    async def send() -> None: ...
+
+    with pytest.raises(ValueError, match="task's name must be 1-200 printable characters"):
+        other.task(name=name)(send)
+    with pytest.raises(TypeError, match="task's name must be a str"):
+        other.task(name=7)(send)  # type: ignore[arg-type]
+    assert other.tasks == {}

@@ -10,8 +10,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from asyncq.core.groups import check_group_name
 from asyncq.core.jsontext import loads_strict
-from asyncq.core.values import check_identifier, check_note
+from asyncq.core.values import check_identifier, check_note, check_task_name
 
 _DURATION = re.compile(r"([0-9]{1,9})(ms|s|m|h|d|w)")
 _WHOLE = re.compile(r"[0-9]{1,30}")
@@ -36,6 +37,22 @@ def identifier(text: str) -> str:
         return check_identifier(text, "value")
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not 1-64 ASCII letters, digits, '_' or '-'") from None
+
+
+def task_name(text: str) -> str:
+    """A task's name: 1-200 printable characters (``core.values.check_task_name``)."""
+    try:
+        return check_task_name(text, "task")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def group_name(text: str) -> str:
+    """A group's name: 1-58 ASCII letters, digits, ``_`` or ``-`` (``core.groups.check_group_name``)."""
+    try:
+        return check_group_name(text, "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 1-58 ASCII letters, digits, '_' or '-'") from None
 
 
 def note(text: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from asyncq.cli import output as out
 from asyncq.cli.arguments import MISSING
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.records import audit_record, error_record, job_record, limit_record
+from asyncq.cli.records import audit_record, error_record, job_record, limit_record, retention_rule_record
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jobs import JobSpec
 from asyncq.core.jsontext import loads_strict
@@ -194,9 +194,11 @@ async def status(args: argparse.Namespace) -> Report:
     async with await reading(args) as queue:
         stats = await queue.stats()
         settings = await queue.queue_settings()
+        rules = await queue.retention_rules()
         limits = await queue.limits()
     data: dict[str, Any] = {"path": args.db, "now_ms": stats.now_ms, "total": stats.total}
     data["queues"] = [asdict(each) | {"paused": each.paused} for each in settings]
+    data["retention"] = [retention_rule_record(rule) for rule in rules]
     data["limits"] = [limit_record(usage) for usage in limits]
     data |= {"by_status": stats.by_status, "dead_by_reason": dict(sorted(stats.dead_by_reason.items()))}
     data["oldest_pending_age_ms"] = stats.oldest_ready_age_ms
@@ -216,7 +218,14 @@ def _listing(path: str, now_ms: int, records: list[dict[str, Any]], limit: int, 
 
 
 async def jobs(args: argparse.Namespace) -> Report:
-    """Jobs filtered by status, queue and reason, oldest first (or ``--newest``), a page at a time."""
+    """Jobs filtered by status, queue and reason, oldest first (or ``--newest``), a page at a time; ``--waiting``:
+    the jobs waiting for dependencies, with what each waits for (``asyncq.cli.graphs``)."""
+    if args.waiting:
+        if args.status is not None or args.reason is not None or args.newest:
+            raise UsageError("--waiting lists waiting jobs: it takes no --status, --reason or --newest")
+        from asyncq.cli.graphs import waiting  # beside this module's helpers, which it uses
+
+        return await waiting(args)
     async with await reading(args) as queue:
         found = await queue.list_jobs(
             status=args.status, queue=args.queue, reason=args.reason, after=args.after, limit=args.limit + 1,

@@ -14,12 +14,12 @@ from asyncq.cli import output as out
 from asyncq.cli.arguments import MISSING
 from asyncq.cli.commands import Report, reading, report, writing
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.records import audit_record, limit_record, queue_audit_record
+from asyncq.cli.records import audit_record, limit_record, queue_audit_record, retention_rule_record
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueAuditEntry
 from asyncq.core.flow_limits import UNLIMITED, per_seconds
 from asyncq.core.jobs import MAX_BATCH, Job
-from asyncq.core.retention import FOREVER, RETENTION_STATES
+from asyncq.core.retention import FOREVER, RETENTION_STATES, rule_for
 from asyncq.queue import Queue
 
 
@@ -129,42 +129,72 @@ async def max_wait(args: argparse.Namespace) -> Report:
 
 
 async def retention(args: argparse.Namespace) -> Report:
-    """Set a queue's retention windows (a flag not given keeps the queue's value), or ``--run`` the removal now
-    (run after run, each a few bounded transactions, until nothing expired is left); both with ``--run``."""
+    """Set the retention rule of a queue, of a task's jobs in it (``--task``) or of every queue (``--default``): a flag
+    not given keeps the value that applies now; ``--clear`` removes the rule; ``--run`` the removal now (run after
+    run, each a few bounded transactions, until nothing expired is left). With none of these, list the rules."""
     given = {state: getattr(args, state) for state in RETENTION_STATES if getattr(args, state) is not MISSING}
-    if args.queue is None and not args.run_now:
-        raise UsageError("name a QUEUE and its windows (--done 7d, --dead none …), or give --run")
-    if args.queue is not None and not given:
-        raise UsageError("give at least one of --done, --cancelled, --dead (a duration such as 7d, or none)")
-    if args.queue is None and (given or args.note is not None or args.by is not None):
-        raise UsageError("--done, --cancelled, --dead, --note and --by go with a QUEUE")
-    data: dict[str, Any] = {"path": args.db, "queue": args.queue, "audit": None, "run": None}
+    scoped = args.queue is not None or args.every_queue
+    _check_retention_usage(args, given, scoped)
+    data: dict[str, Any] = {"path": args.db, "queue": args.queue, "task": args.task, "default": args.every_queue}
+    data |= {"audit": None, "run": None, "rules": None}
+    if not scoped and not args.run_now:
+        async with await reading(args) as queue:
+            data["rules"] = [retention_rule_record(rule) for rule in await queue.retention_rules()]
+        return report(data, out.render_retention)
     async with await writing(args) as queue:
-        if args.queue is not None:
+        if scoped:
             data["audit"] = queue_audit_record(await _set_retention(queue, args, given))
         if args.run_now:
             data["run"] = await _run_retention(queue)
     return report(data, out.render_retention)
 
 
+def _check_retention_usage(args: argparse.Namespace, given: dict[str, int | None], scoped: bool) -> None:
+    if args.every_queue and args.queue is not None:
+        raise UsageError("--default is the rule of every queue: name no QUEUE with it")
+    if args.task is not None and args.queue is None:
+        raise UsageError("--task names a task's rule in a QUEUE: name the QUEUE too")
+    if args.clear and given:
+        raise UsageError("--clear removes the rule: give no --done, --cancelled or --dead with it")
+    if scoped and not given and not args.clear:
+        raise UsageError("give at least one of --done, --cancelled, --dead (a duration such as 7d, or none) or --clear")
+    if not scoped and (given or args.clear or args.note is not None or args.by is not None):
+        raise UsageError("--done, --cancelled, --dead, --clear, --note and --by go with a QUEUE or --default")
+
+
 async def _set_retention(queue: Queue, args: argparse.Namespace, given: dict[str, int | None]) -> QueueAuditEntry:
-    current = next((each.retention for each in await queue.queue_settings() if each.queue == args.queue), FOREVER)
+    by = args.by or _operator()
+    if args.clear:
+        if args.every_queue:
+            return await queue.clear_default_retention(note=args.note, by=by)
+        return await queue.clear_retention(args.queue, task=args.task, note=args.note, by=by)
+    rules = await queue.retention_rules()
+    if args.every_queue:
+        current = next((rule.windows for rule in rules if rule.queue is None), FOREVER)
+    else:
+        current = rule_for(rules, args.queue, args.task) or FOREVER
     windows = {state: current.of(state) for state in RETENTION_STATES} | given
     seconds = {state: None if ms is None else ms / 1000 for state, ms in windows.items()}
-    return await queue.set_retention(args.queue, **seconds, note=args.note, by=args.by or _operator())
+    if args.every_queue:
+        return await queue.set_default_retention(**seconds, note=args.note, by=by)
+    return await queue.set_retention(args.queue, task=args.task, **seconds, note=args.note, by=by)
 
 
 async def _run_retention(queue: Queue) -> dict[str, Any]:
-    removed: dict[tuple[str, str], int] = {}
+    removed: dict[tuple[str, str, str], int] = {}
     batches = 0
     while True:
         done = await queue.apply_retention()
         batches += done.batches
         for item in done.removed:
-            removed[item.queue, item.state] = removed.get((item.queue, item.state), 0) + item.jobs
+            key = (item.queue, item.task or "", item.state)
+            removed[key] = removed.get(key, 0) + item.jobs
         if done.complete:
             break
-    rows = [{"queue": name, "state": state, "jobs": jobs} for (name, state), jobs in sorted(removed.items())]
+    rows = [
+        {"queue": name, "task": task or None, "state": state, "jobs": jobs}
+        for (name, task, state), jobs in sorted(removed.items())
+    ]
     return {"removed": rows, "total": sum(removed.values()), "batches": batches}
 
 

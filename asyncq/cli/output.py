@@ -114,7 +114,8 @@ def render_status(data: dict[str, Any]) -> str:
     leases = [(row["owner"], row["held"], moment(row["first_expiry_ms"], now)) for row in data["leases"]]
     lines += ["", "leases held:", table(["owner", "held", "first expiry"], leases) if leases else "none"]
     lines.append(f"expired leases (their worker stopped renewing; the next claim takes them): {data['expired_leases']}")
-    lines += ["", queue_settings_text(data["queues"], now), limits_text(data["limits"], now)]
+    lines += ["", queue_settings_text(data["queues"], now), retention_rules_text(data["retention"])]
+    lines += [limits_text(data["limits"], now)]
     inbox = data["inbox"]
     if inbox is not None:
         totals = f"applied {inbox['applied']}, duplicates {inbox['duplicates']}, conflicts {inbox['conflicts']}"
@@ -244,13 +245,23 @@ def queue_settings_text(queues: Sequence[dict[str, Any]], now_ms: int) -> str:
         lines = ["paused queues (no worker claims from them):", table(["queue", "since", "by", "note"], rows)]
     waits = [f"{q['queue']} {span(q['max_wait_ms'])}" for q in queues if q["max_wait_ms"] is not None]
     lines.append(f"max_wait: {', '.join(waits) if waits else 'none (strict priorities)'}")
-    kept = [(q["queue"], *(_window(q[f"retain_{state}_ms"]) for state in RETENTION_STATES)) for q in queues]
-    kept = [row for row in kept if row[1:] != ("forever",) * len(RETENTION_STATES)]
-    if kept:
-        lines += ["retention (other queues keep every job):", table(["queue", *RETENTION_STATES], kept)]
-    else:
-        lines.append("retention: none (every queue keeps every job)")
     return "\n".join(lines)
+
+
+def retention_rules_text(rules: Sequence[dict[str, Any]]) -> str:
+    """The retention rules, the default first: what each scope keeps, per state."""
+    if not rules:
+        return "retention: no rules (every job is kept)"
+    rows = [(_scope(rule), *(_window(rule[f"retain_{state}_ms"]) for state in RETENTION_STATES)) for rule in rules]
+    wider = "" if any(rule["queue"] is None for rule in rules) else " (queues without a rule keep every job)"
+    header = f"retention rules (a job follows its task's in its queue, else its queue's, else the default){wider}:"
+    return "\n".join([header, table(["scope", *RETENTION_STATES], rows)])
+
+
+def _scope(rule: dict[str, Any]) -> str:
+    if rule["queue"] is None:
+        return "every queue (the default)"
+    return f"queue {rule['queue']}" if rule["task"] is None else f"task {rule['task']} in queue {rule['queue']}"
 
 
 def _window(ms: int | None) -> str:
@@ -258,17 +269,25 @@ def _window(ms: int | None) -> str:
 
 
 def render_retention(data: dict[str, Any]) -> str:
-    """The windows set (and their audit row), then what a ``--run`` removed."""
+    """The rules (a plain listing), or the rule set or cleared (and its audit row), then what a ``--run`` removed."""
+    if data["rules"] is not None:
+        return retention_rules_text(data["rules"])
     lines = []
     audit = data["audit"]
     if audit is not None:
+        scope = _scope({"queue": None if data["default"] else data["queue"], "task": data["task"]})
         windows = ", ".join(f"{state} {_window(audit[f'retain_{state}_ms'])}" for state in RETENTION_STATES)
-        lines.append(
-            f"set retention {windows} on queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']}"
-        )
+        done = "cleared the rule" if audit["action"] == "retention_clear" else f"set retention {windows}"
+        lines.append(f"{done} of {scope} (by {audit['actor']}); audit row {audit['seq']}")
     run = data["run"]
     if run is not None:
-        shown = ", ".join(f"{row['queue']} {row['state']} {row['jobs']}" for row in run["removed"]) or "nothing"
+        shown = (
+            ", ".join(
+                f"{row['queue']}{' task ' + row['task'] if row['task'] else ''} {row['state']} {row['jobs']}"
+                for row in run["removed"]
+            )
+            or "nothing"
+        )
         lines.append(f"removed {run['total']} job(s) past their retention in {run['batches']} batch(es): {shown}")
     return "\n".join(lines)
 

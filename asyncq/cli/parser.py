@@ -13,6 +13,7 @@ from typing import Any, NoReturn, Protocol
 from asyncq.cli.arguments import (
     MISSING,
     duration,
+    group_name,
     identifier,
     json_value,
     note,
@@ -22,9 +23,11 @@ from asyncq.cli.arguments import (
     seconds,
     shown_ms,
     signed,
+    task_name,
     whole,
 )
 from asyncq.cli.errors import UsageError
+from asyncq.cli.schedule_parser import add_schedules
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
 from asyncq.core.limits import (
@@ -116,6 +119,7 @@ def build_parser() -> Parser:
     _add_work(add)
     _add_worker(add)
     _add_servers(add)
+    add_schedules(add, _command, note, identifier, whole)
     return parser
 
 
@@ -173,11 +177,25 @@ def _add_readers(add: Adder) -> None:
     _page(jobs)
     jobs.add_argument("--newest", action="store_true", help="the newest jobs instead (no --after)")
     jobs.add_argument("--body", action="store_true", help="include each job's body")
+    jobs.add_argument(
+        "--waiting", action="store_true", help="only the jobs waiting for dependencies, with what each waits for"
+    )
+    _add_graph_readers(add)
     show = add("show", _command("commands", "show"), "One job's row, its attempts' errors and its audit history.")
     show.add_argument("id", type=identifier, metavar="ID")
     dead = add("dead", _command("commands", "dead"), "Dead jobs with their reasons and last errors.")
     dead.add_argument("--reason", choices=DEAD_REASONS, help="only dead jobs with this reason")
     _page(dead)
+
+
+def _add_graph_readers(add: Adder) -> None:
+    summary = "Groups and their progress (members, done, dead, running, the callback), or one group and its members."
+    groups = add("groups", _command("graphs", "groups"), summary)
+    groups.add_argument("name", type=group_name, nargs="?", metavar="NAME", help="one group, with its members")
+    groups.add_argument("--open", action="store_true", help="only the groups not complete yet")
+    groups.add_argument("--limit", type=whole(1, MAX_BATCH), default=50, help="show at most this many (default 50)")
+    groups.add_argument("--after", type=group_name, metavar="NAME", help="groups named after this one")
+    groups.add_argument("--after-seq", type=whole(0, MAX_SEQ), default=0, metavar="SEQ", help="NAME: members after")
 
 
 def _add_operator(add: Adder) -> None:
@@ -213,13 +231,21 @@ def _add_operator(add: Adder) -> None:
     retention = add(
         "retention",
         _command("operator", "retention"),
-        "Set how long a queue keeps its done, cancelled and dead jobs (audited), or --run the removal now.",
+        "Set how long a queue (a task's jobs in it: --task; every queue without its own: --default) keeps its done,"
+        " cancelled and dead jobs (audited), --clear a rule, or --run the removal now; alone, list the rules.",
     )
     retention.add_argument("queue", type=identifier, metavar="QUEUE", nargs="?")
+    retention.add_argument("--task", type=task_name, metavar="TASK", help="the rule of this task's jobs in QUEUE")
+    retention.add_argument(
+        "--default", action="store_true", dest="every_queue", help="the rule of every queue that has none of its own"
+    )
+    retention.add_argument(
+        "--clear", action="store_true", help="remove the rule: its jobs follow the wider one (the queue's, the default)"
+    )
     for state in RETENTION_STATES:
         retention.add_argument(
             f"--{state}", type=optional_duration(0, MAX_WINDOW_MS), default=MISSING, metavar="DURATION|none",
-            help=f"keep {state} jobs this long after they ended (none: for ever; not given: as it is)",
+            help=f"keep {state} jobs this long after they ended (none: for ever; not given: as it applies now)",
         )  # fmt: skip
     retention.add_argument("--note", type=note, help="why (kept in the audit)")
     retention.add_argument("--by", type=note, help="who (default: USER@HOST)")

@@ -9,10 +9,12 @@ from typing import Any
 from asyncq.core.flow import QueueAuditEntry
 from asyncq.core.flow_limits import LimitUsage
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
+from asyncq.core.retention import RETENTION_STATES, RetentionRule
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
-    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "limit_key",
+    "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task", "group", "waits",
+    "limit_key",
 )  # fmt: skip
 
 
@@ -30,8 +32,9 @@ def error_record(error: AttemptError) -> dict[str, Any]:
 
 
 def queue_audit_record(entry: QueueAuditEntry) -> dict[str, Any]:
-    """One move on a queue: ``seq``, ``queue``, ``action``, ``at_ms``, ``actor``, ``note``, and the values the move set
-    (``max_wait_ms``, ``retain_*_ms``, ``limit_*``)."""
+    """One move on a queue: ``seq``, ``queue`` (``*``: the default retention's), ``action``, ``at_ms``, ``actor``,
+    ``note``, and the values the move set (``max_wait_ms``, ``retain_*_ms`` and the retention rule's ``task``,
+    ``limit_*``)."""
     return asdict(entry)
 
 
@@ -41,6 +44,13 @@ def limit_record(usage: LimitUsage) -> dict[str, Any]:
     return {"queue": usage.queue, **usage.limits._asdict(), "slots_used": usage.slots_used} | {
         "keys_busy": usage.keys_busy, "keys_full": usage.keys_full, "rate_next_ms": usage.rate_next_ms,
     }  # fmt: skip
+
+
+def retention_rule_record(rule: RetentionRule) -> dict[str, Any]:
+    """One retention rule: ``queue`` (``None``: every queue, the default), ``task`` (``None``: the whole queue) and
+    ``retain_done_ms``, ``retain_cancelled_ms``, ``retain_dead_ms`` (``None``: for ever)."""
+    windows = {f"retain_{state}_ms": rule.windows.of(state) for state in RETENTION_STATES}
+    return {"queue": rule.queue, "task": rule.task, **windows}
 
 
 def audit_record(entry: AuditEntry) -> dict[str, Any]:

@@ -18,15 +18,17 @@ PAUSE = "pause"
 RESUME = "resume"
 MAX_WAIT = "max_wait"
 RETENTION = "retention"
+RETENTION_CLEAR = "retention_clear"
 LIMITS = "limits"
-QUEUE_ACTIONS = (PAUSE, RESUME, MAX_WAIT, RETENTION, LIMITS)
+QUEUE_ACTIONS = (PAUSE, RESUME, MAX_WAIT, RETENTION, RETENTION_CLEAR, LIMITS)
 
 
 @dataclass(frozen=True)
 class QueueSettings:
     """One queue's stored settings: ``paused_at`` (ms; ``None`` while it runs), who paused it (``paused_by``) and
-    why (``note``), ``max_wait_ms`` (``None``: strict priorities), and its retention windows in ms per terminal
-    state (``None``: kept for ever, as on a queue never set), and its limits (``limit_*``; ``None``: no such limit,
+    why (``note``), ``max_wait_ms`` (``None``: strict priorities), the windows in ms per terminal state of the
+    queue's own retention rule (each ``None`` also when it has none: ``Queue.retention_rules`` tells the two apart,
+    and holds the default and the tasks' rules), and its limits (``limit_*``; ``None``: no such limit,
     ``core.flow_limits.Limits``)."""
 
     queue: str
@@ -58,10 +60,12 @@ class QueueSettings:
 
 @dataclass(frozen=True)
 class QueueAuditEntry:
-    """One operator move on a queue: ``action`` (``pause``, ``resume``, ``max_wait``, ``retention``, ``limits``),
-    when, who and why; ``max_wait_ms`` is the value a ``max_wait`` move set (``None`` otherwise, or when it cleared
-    it), the ``retain_*_ms`` the windows a ``retention`` move set (``None``: for ever, and on every other move), the
-    ``limit_*`` the limits a ``limits`` move set (``None``: none, and on every other move)."""
+    """One operator move on a queue: ``action`` (``pause``, ``resume``, ``max_wait``, ``retention``,
+    ``retention_clear``, ``limits``), when, who and why; ``max_wait_ms`` is the value a ``max_wait`` move set
+    (``None`` otherwise, or when it cleared it), the ``retain_*_ms`` the windows a ``retention`` move set (``None``:
+    for ever, and on every other move), the ``limit_*`` the limits a ``limits`` move set (``None``: none, and on
+    every other move). A retention move's scope: ``queue`` (``"*"``: every queue, the default rule) and ``task`` (a
+    task's rule in that queue; ``None`` otherwise)."""
 
     seq: int
     queue: str
@@ -73,6 +77,7 @@ class QueueAuditEntry:
     retain_done_ms: int | None = None
     retain_dead_ms: int | None = None
     retain_cancelled_ms: int | None = None
+    task: str | None = None
     limit_concurrency: int | None = None
     limit_per_key: int | None = None
     limit_rate: int | None = None

@@ -7,12 +7,14 @@ live longer than the lab's one-minute budget.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
+from asyncq.core.dependencies import Dependency, OnDependencyDead, check_after
 from asyncq.core.failures import ErrorText
 from asyncq.core.flow_limits import Hold
+from asyncq.core.groups import check_group_name
 from asyncq.core.jsontext import JSON, JSONInput, canonical_json
 from asyncq.core.lifecycle import CancelState, Fence
 from asyncq.core.limits import (
@@ -35,10 +37,13 @@ from asyncq.core.values import (
     check_priority,
     check_unique_key,
     duration_ms,
+    is_task_name,
 )
 
 #: What a second job with a unique key held by an active job does (``asyncq.core.values.ON_CONFLICT``).
 OnConflict = Literal["return", "raise"]
+#: What a job does when a job it waits for ends dead (``core.dependencies.OnDependencyDead``).
+OnDependencyDeadName = Literal["dead", "run", "wait"]
 
 #: What an enqueue answers for each job: ``True`` it was inserted; ``False`` the id exists with the same payload
 #: (its row is kept whole); a ``str``: nothing was inserted because another active job of the queue holds the
@@ -57,6 +62,12 @@ class NewJob(NamedTuple):
     #: With a unique key held by another active job: raise ``UniqueConflict`` (``True``) or answer with that
     #: job's id (``False``: ``on_conflict="return"``).
     raise_on_unique: bool = False
+    #: The jobs it waits for, ``(id, policy)`` each (``core.dependencies``); its group is ``payload["group_name"]``.
+    after: tuple[tuple[str, str], ...] = ()
+    #: Whether it joins a graph (dependencies or a group): only then does an enqueue run more than its insert.
+    linked: bool = False
+    #: When it was enqueued (its ``available_at`` less its delay): a graph's rows are dated by it.
+    enqueued_at: int = 0
 
 
 class Claimed(NamedTuple):
@@ -142,6 +153,18 @@ def body_text(body: object, max_bytes: int = MAX_BODY_BYTES) -> str:
     return text
 
 
+def task_of(body: object) -> str | None:
+    """The task a job's body names, stored in its row's ``task`` column: a task's body is an object with ``"task"``,
+    a task name (``values.check_task_name``), and ``"args"``, an object (``{"task": name, "args": {…}}``, with a
+    deferral's ``"trace"`` beside them); any other body names none (``None``)."""
+    if type(body) is not dict:
+        return None
+    name, args = body.get("task"), body.get("args")
+    if type(name) is not str or type(args) is not dict or not is_task_name(name):
+        return None
+    return name
+
+
 class EnqueueOptions(TypedDict, total=False):
     """The options of one enqueue after its id and body, by keyword (``JobSpec``'s fields say what each is)."""
 
@@ -152,6 +175,9 @@ class EnqueueOptions(TypedDict, total=False):
     priority: int
     unique_key: str | None
     on_conflict: OnConflict
+    after: Sequence[str | Dependency]
+    on_dependency_dead: OnDependencyDeadName
+    group: str | None
     limit_key: str | None
 
 
@@ -169,6 +195,10 @@ class JobSpec:
     part of the job as the priority is (the same id with another key is a ``Conflict``); the id stays the
     idempotency key forever (``docs/flow-control.md``).
 
+    ``after``: ids of jobs (or ``Dependency`` values) it waits for; it is stored ``waiting`` until each has ended
+    done (``on_dependency_dead`` says what a dependency that ends dead does: ``dead``, ``run`` or ``wait``). ``group``:
+    the group it is a member of (``Queue.seal_group``). Both are ``docs/dependencies.md``'s.
+
     ``limit_key`` (1-200 printable characters: a tenant, an account) names the jobs a queue's per-key concurrency
     limit bounds together (``Queue.set_limits``); it is part of the job too."""
 
@@ -182,6 +212,9 @@ class JobSpec:
     priority: int = field(default=0, kw_only=True)
     unique_key: str | None = field(default=None, kw_only=True)
     on_conflict: OnConflict = field(default="return", kw_only=True)
+    after: Sequence[str | Dependency] = field(default=(), kw_only=True)
+    on_dependency_dead: OnDependencyDeadName = field(default=OnDependencyDead.DEAD.value, kw_only=True)
+    group: str | None = field(default=None, kw_only=True)
     limit_key: str | None = field(default=None, kw_only=True)
 
     def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
@@ -196,17 +229,30 @@ class JobSpec:
         ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
+        after, group = (
+            self._graph() if self.after or self.group is not None or self.on_dependency_dead != "dead" else _NO_GRAPH
+        )
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
         payload = {
-            "queue": self.queue,
-            "body": body,
-            "priority": self.priority,
-            "unique_key": self.unique_key,
-            "limit_key": self.limit_key,
-        }
-        row = (self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms, raise_on_unique)
+            "queue": self.queue, "body": body, "priority": self.priority, "unique_key": self.unique_key,
+            "task": task_of(self.body), "group_name": group, "limit_key": self.limit_key,
+        }  # fmt: skip
+        linked = bool(after) or group is not None
+        row = (
+            self.id, payload, self.max_attempts, now_ms + delay_ms, now_ms + ttl_ms, raise_on_unique, after, linked,
+            now_ms,
+        )  # fmt: skip
         return tuple.__new__(NewJob, row)
 
+    def _graph(self) -> tuple[tuple[tuple[str, str], ...], str | None]:
+        """The checked ``after`` and ``group`` (``docs/dependencies.md``)."""
+        after = check_after(self.after, self.on_dependency_dead)
+        if any(job_id == self.id for job_id, _policy in after):
+            raise ValueError(f"job {self.id!r} cannot wait for itself")
+        return after, None if self.group is None else check_group_name(self.group)
+
+
+_NO_GRAPH: tuple[tuple[tuple[str, str], ...], None] = ((), None)  # a job in no graph: nothing to check
 
 # The C scanner behind ``json.loads``, called directly: ``json.loads`` passes through three Python frames and two
 # whitespace matches first (0.87 against 0.16 µs for a small body).
@@ -375,6 +421,13 @@ class Job:
     cancel_requested_at: int | None = None
     #: Its unique key (``JobSpec.unique_key``), held while it is active; ``None`` if it has none.
     unique_key: str | None = None
+    #: The task its body names (``{"task": name, "args": {…}}``: ``task_of``), set when it was enqueued; ``None`` for
+    #: any other body (and for jobs enqueued before the store had the column).
+    task: str | None = None
+    #: The group it is a member of (``JobSpec.group``), ``None`` if none.
+    group: str | None = None
+    #: How many of its dependencies (and its group, for a callback) it still waits for (``docs/dependencies.md``).
+    waits: int = 0
     #: Its limit key (``JobSpec.limit_key``): the jobs a per-key concurrency limit bounds together; ``None``: none.
     limit_key: str | None = None
 
@@ -391,8 +444,9 @@ class Job:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
         """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
-        ``priority``, ``cancel_requested_at``, ``unique_key`` and ``limit_key``), the body as its stored JSON text."""
-        *values, redrives, priority, cancel_requested_at, unique_key, limit_key = row
+        ``priority``, ``cancel_requested_at``, ``unique_key``, ``task``, ``group``, ``waits`` and ``limit_key``), the
+        body as its stored JSON text."""
+        *values, redrives, priority, cancel_requested_at, unique_key, task, group, waits, limit_key = row
         values[3] = json.loads(values[3])
         # mypy cannot tell that ``values`` stops before the keywords' fields (it is the 13 columns before redrives)
         return cls(  # type: ignore[misc]
@@ -401,6 +455,9 @@ class Job:
             priority=priority,
             cancel_requested_at=cancel_requested_at,
             unique_key=unique_key,
+            task=task,
+            group=group,
+            waits=waits,
             limit_key=limit_key,
         )
 

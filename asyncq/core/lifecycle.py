@@ -20,6 +20,8 @@ class Status(StrEnum):
     LEASED = "leased"  # claimed under a lease: a worker holds its fence (enters by claim; leaves by finish/sweep)
     DONE = "done"  # finished ok: final (leaves only by prune)
     DEAD = "dead"  # parked with a reason: leaves only by an operator's redrive (or prune)
+    WAITING = "waiting"  # waits for its dependencies (or its group, a callback): no claim sees it (enters by enqueue,
+    # redrive; leaves when its last dependency is met, or ends dead: core.dependencies)
 
 
 class Outcome(StrEnum):
@@ -43,12 +45,13 @@ class Reason(StrEnum):
     EXHAUSTED = "exhausted"
     PERMANENT = "permanent"
     CANCELLED = "cancelled"
+    DEPENDENCY = "dependency"  # a dependency it waited for ended dead, and its edge's policy is ``dead``
 
 
 # The members' values under short names, as the engine and the labs use them: plain ``str``s, equal to the members
 # and to the stored strings. Plain because sqlite3 binds an exact ``str`` directly and a ``str`` subclass only after
 # looking for an adapter (0.7 µs a parameter, measured; a group commit binds two a job).
-PENDING, LEASED, DONE, DEAD = (status.value for status in Status)
+PENDING, LEASED, DONE, DEAD, WAITING = (status.value for status in Status)
 STATUSES = tuple(Status)
 OK: Final[OutcomeName] = "ok"
 RETRY: Final[OutcomeName] = "retry"
@@ -57,13 +60,18 @@ CANCEL: Final[OutcomeName] = "cancel"
 OUTCOMES = tuple(Outcome)
 #: The outcomes of an attempt the lease lab's contract knows (it has no cancel).
 LAB_OUTCOMES = (Outcome.OK, Outcome.RETRY, Outcome.PERMANENT)
-REASON_RETRY, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED = (r.value for r in Reason)
+REASON_RETRY, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED, REASON_DEPENDENCY = (
+    r.value for r in Reason
+)
 #: The statuses in which a job is active and so holds its unique key (``JobSpec.unique_key``): at most one job of a
 #: queue in these holds a key at once (each store's partial unique index, over exactly these). A delayed job is
-#: pending, so it holds its key from its enqueue; a retry or a release (leased -> pending) stays inside them and keeps
-#: the key it holds; once the job ends (done, dead) the key is free, and a redrive (dead -> pending) must take it again.
-UNIQUE_WHILE: Final[tuple[str, ...]] = (PENDING, LEASED)
-DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED)
+#: pending, so it holds its key from its enqueue; a job waiting for its dependencies holds it too (it will run); a
+#: retry, a release (leased -> pending) or a dependency met (waiting -> pending) stays inside them and keeps the key it
+#: holds; once the job ends (done, dead) the key is free, and a redrive (dead -> pending or waiting) must take it again.
+UNIQUE_WHILE: Final[tuple[str, ...]] = (PENDING, LEASED, WAITING)
+#: The statuses of a job that has not ended (it may still run): what a dependant, a group or retention looks at.
+LIVE: Final[tuple[str, ...]] = (WAITING, PENDING, LEASED)
+DEAD_REASONS = (REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, REASON_CANCELLED, REASON_DEPENDENCY)
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,13 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(LEASED, DEAD, REASON_CANCELLED, "cancel"),  # its lease had expired: nobody holds it
     Transition(LEASED, LEASED, None, "cancel"),  # a live lease: a cancel request stored on the row for its holder
     Transition(LEASED, PENDING, None, "release"),  # product pool only: a claimed job it never started
+    # Dependencies and groups (product only: ``core.dependencies``). ``dependency``: moved in the transaction that
+    # ended one of its dependencies (a finish, the sweep, a cancel) or completed its group (a callback).
+    Transition(WAITING, PENDING, None, "dependency"),  # its last dependency met (or its group completed)
+    Transition(WAITING, DEAD, REASON_DEPENDENCY, "dependency"),  # a dependency ended dead, its edge's policy "dead"
+    Transition(WAITING, DEAD, REASON_DEADLINE, "sweep"),  # its deadline passed while it waited
+    Transition(WAITING, DEAD, REASON_CANCELLED, "cancel"),  # nobody holds a waiting job: it ends at once
+    Transition(DEAD, WAITING, None, "redrive"),  # redriven while a dependency (or its group) is still unmet
 )
 
 
@@ -186,7 +201,7 @@ def decide_cancel(job: JobState, now_ms: int) -> CancelState:
     finishes the job with ``CANCEL``; if the holder finishes first, its finish stands (``ok`` is ``done``), except
     that a job retried or released with a request on its row, or whose lease expires with one, is never run again:
     the next claim's sweep ends it dead (``cancelled``). A redrive clears the request."""
-    if job.status == PENDING:
+    if job.status in (PENDING, WAITING):
         return CancelState.CANCELLED
     if job.status == LEASED:
         expired = job.lease_until is None or job.lease_until <= now_ms

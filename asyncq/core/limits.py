@@ -32,7 +32,10 @@ MIN_PRIORITY = -100  # a job's priority: higher is claimed first
 MAX_PRIORITY = 100
 DEFAULT_PRIORITY = 0
 MAX_UNIQUE_KEY_CHARS = 200  # a job's unique key: printable text
+MAX_TASK_NAME_CHARS = 200  # a task's name (@app.task), stored on its jobs' rows: printable text
 MAX_WAIT_MS = 365 * DAY_MS  # a queue's max_wait: a job ready this long is served before higher priorities
+MAX_DEPENDENCIES = 1000  # the jobs one job waits for (``after=[…]``)
+MAX_GROUP_NAME_CHARS = 58  # a group's name: an identifier short enough for its callback's id (``group-NAME``)
 MAX_LIMIT_KEY_CHARS = 200  # a job's limit key (a tenant, an account): printable text
 MAX_LIMIT_SLOTS = 100_000  # a queue's (or a limit key's) concurrency limit: leases live at once
 MAX_RATE = 1_000_000  # a queue's rate limit: jobs started per ``per``

@@ -17,6 +17,7 @@ from asyncq.core.limits import (
     MAX_LIMIT_KEY_CHARS,
     MAX_NOTE_CHARS,
     MAX_PRIORITY,
+    MAX_TASK_NAME_CHARS,
     MAX_UNIQUE_KEY_CHARS,
     MIN_PRIORITY,
 )
@@ -85,6 +86,19 @@ def check_limit_key(value: object, name: str = "limit_key") -> str | None:
     if type(value) is not str:
         raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
     return _printable_text(value, name, MAX_LIMIT_KEY_CHARS)
+
+
+def check_task_name(value: object, name: str = "task") -> str:
+    """A task's name: an exact ``str`` (``TypeError`` otherwise) of 1-200 printable characters (any script) that does
+    not start or end with whitespace (``ValueError`` otherwise): what a job's ``task`` column holds."""
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return _printable_text(value, name, MAX_TASK_NAME_CHARS)
+
+
+def is_task_name(value: str) -> bool:
+    """Whether ``value`` passes ``check_task_name`` (for a body's name, read without raising)."""
+    return 1 <= len(value) <= MAX_TASK_NAME_CHARS and value.isprintable() and value.strip() == value
 
 
 #: What a second job with a unique key held by an active job does: ``return`` (the default) inserts nothing and

@@ -14,9 +14,12 @@ import logging
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from asyncq.core.clock import Clock, wall_clock_ms
+from asyncq.core.dependencies import Dependency
+from asyncq.core.groups import Group
 from asyncq.core.jobs import (
     DEFAULT_QUEUE,
     MAX_BODY_BYTES,
@@ -24,6 +27,7 @@ from asyncq.core.jobs import (
     EnqueueOptions,
     JobSpec,
     OnConflict,
+    OnDependencyDeadName,
 )
 from asyncq.core.jsontext import JSONInput
 from asyncq.core.limits import MAX_BUSY_TIMEOUT_SECONDS
@@ -33,9 +37,12 @@ from asyncq.core.values import (
     check_flag,
     check_int,
 )
-from asyncq.errors import StoreError
+from asyncq.errors import StoreError, UniqueConflict
+from asyncq.queue.graphs import GraphCalls, callback_row, check_graph_batch
 from asyncq.queue.operators import OperatorCalls
 from asyncq.queue.reads import ReadCalls
+from asyncq.queue.retention import RetentionCalls
+from asyncq.queue.schedules import ScheduleCalls
 from asyncq.queue.working import WorkerCalls
 from asyncq.store.opening import inspect_queue_store, open_queue_store
 from asyncq.store.port.queue import QueueStore, StoreState, StoreTransaction
@@ -51,6 +58,27 @@ class QueueOptions(TypedDict, total=False):
     busy_timeout: float
     max_body_bytes: int
     read_only: bool
+
+
+@dataclass
+class EnqueueCounts:
+    """What enqueues through one ``Queue`` answered since it opened (``Queue.enqueue_counts``; the metrics'
+    ``EnqueueCollector`` exports them): jobs ``added``; ``existing``, the same id and body there already;
+    ``unique_held``, not added because an active job of the queue held the unique key (answered with its id); and
+    ``unique_refused``, enqueues that raised ``UniqueConflict`` (``on_conflict="raise"``). In a transaction that
+    rolls back afterwards they were answered all the same."""
+
+    added: int = 0
+    existing: int = 0
+    unique_held: int = 0
+    unique_refused: int = 0
+
+    def count(self, answers: Sequence[Enqueued]) -> None:
+        """Count one batch's answers (``True``, ``False``, a holder's id)."""
+        added, existing = answers.count(True), answers.count(False)  # no holder's id equals a bool
+        self.added += added
+        self.existing += existing
+        self.unique_held += len(answers) - added - existing
 
 
 class Transaction:
@@ -74,10 +102,22 @@ class Transaction:
     async def enqueue(self, job_id: str, body: JSONInput, **options: Unpack[EnqueueOptions]) -> Enqueued:
         """Enqueue inside this transaction (see ``Queue.enqueue``)."""
         row = JobSpec(job_id, body, **options).to_row(self._queue.now(), self._queue.max_body_bytes)
-        return (await self._inner.enqueue_rows([row]))[0]
+        try:
+            answers = await self._inner.enqueue_rows([row])
+        except UniqueConflict:
+            self._queue.enqueue_counts.unique_refused += 1
+            raise
+        self._queue.enqueue_counts.count(answers)
+        return answers[0]
+
+    async def seal_group(self, group: str, *, callback: JobSpec | None = None) -> Group:
+        """Seal ``group`` inside this transaction (see ``Queue.seal_group``): its members enqueued in this
+        transaction and the seal commit together."""
+        row = callback_row(group, callback, self._queue.now(), self._queue.max_body_bytes)
+        return await self._inner.seal_group(group, row, self._queue.now())
 
 
-class Queue(WorkerCalls, OperatorCalls, ReadCalls):
+class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls, GraphCalls):
     """A durable job queue. Open with ``await Queue.open(path)`` for a SQLite file, or
     ``await Queue.open("postgresql://…")`` for PostgreSQL (``async with`` closes it)."""
 
@@ -86,6 +126,8 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
         self.max_body_bytes = check_int(max_body_bytes, "max_body_bytes", 1, MAX_BODY_BYTES)
         self._ended = asyncio.Event()  # set (and replaced) when a finish in this process ends a job
         self._cancels = asyncio.Event()  # set (and replaced) when a cancel in this process stores a request
+        #: What this queue's enqueues answered since it opened (unique keys held or refused among them).
+        self.enqueue_counts = EnqueueCounts()
 
     @classmethod
     async def open(
@@ -125,6 +167,9 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
         priority: int = 0,
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
+        after: Sequence[str | Dependency] = (),
+        on_dependency_dead: OnDependencyDeadName = "dead",
+        group: str | None = None,
         limit_key: str | None = None,
         connection: Any = None,
     ) -> Enqueued:
@@ -134,6 +179,11 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
 
         ``unique_key``: while an active (pending or leased) job of ``queue`` holds this key, nothing is inserted and
         the answer is that job's id (a ``str``), or ``UniqueConflict`` with ``on_conflict="raise"``.
+
+        ``after``: the ids of jobs (stored, or of the same batch) it waits for (``Dependency(id, on_dead=…)`` for an
+        edge of its own policy); it is stored ``waiting`` and goes pending in the transaction that ends the last of
+        them done; ``on_dependency_dead`` (``dead``, ``run``, ``wait``) says what a dependency that ends dead does.
+        ``group``: the group it joins (``seal_group``). ``docs/dependencies.md``.
 
         ``limit_key`` (a tenant, an account): the jobs of ``queue`` a per-key concurrency limit bounds together
         (``set_limits(queue, per_key_concurrency=…)``; docs/flow-control.md, "Limits").
@@ -151,6 +201,9 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
             priority=priority,
             unique_key=unique_key,
             on_conflict=on_conflict,
+            after=after,
+            on_dependency_dead=on_dependency_dead,
+            group=group,
             limit_key=limit_key,
         )
         return (await self.enqueue_many([spec], connection=connection))[0]
@@ -160,7 +213,13 @@ class Queue(WorkerCalls, OperatorCalls, ReadCalls):
         Two jobs of the batch with one unique key: the first is inserted, the second answers with its id."""
         now = self.now()
         rows = [_spec(job).to_row(now, self.max_body_bytes) for job in jobs]
-        added = await self.store.enqueue(rows, connection=connection)
+        check_graph_batch(rows)
+        try:
+            added = await self.store.enqueue(rows, connection=connection)
+        except UniqueConflict:
+            self.enqueue_counts.unique_refused += 1
+            raise
+        self.enqueue_counts.count(added)
         if log.isEnabledFor(logging.DEBUG):
             for row, new in zip(rows, added, strict=True):
                 if isinstance(new, str):

@@ -1,5 +1,5 @@
-"""The operator's calls on a ``Queue``: redrive, cancel, pause and resume, ``max_wait``, retention, limits, and the
-stored settings and moves of queues (each move audited in the store)."""
+"""The operator's calls on a ``Queue``: redrive, cancel, pause and resume, ``max_wait``, limits, and the stored
+settings and moves of queues (each move audited in the store); retention's are ``asyncq.queue.retention``'s."""
 
 from __future__ import annotations
 
@@ -20,17 +20,7 @@ from asyncq.core.jobs import (
 )
 from asyncq.core.lifecycle import CancelState
 from asyncq.core.limits import MAX_WAIT_MS
-from asyncq.core.retention import (
-    MAX_RETENTION_MS,
-    RETENTION_BATCH,
-    RETENTION_MAX_BATCHES,
-    Expiry,
-    Removed,
-    RetentionReport,
-    Windows,
-    expiries,
-    retention_text,
-)
+from asyncq.core.retention import EVERY_QUEUE
 from asyncq.core.values import (
     Duration,
     check_identifier,
@@ -99,7 +89,7 @@ class OperatorCalls(StoreFacade[QueueStore]):
     async def _set_paused(self, queue: str, paused: bool, note: str, by: str | None) -> QueueAuditEntry:
         check_identifier(queue, "queue")
         check_note(note)
-        actor = _actor(by)
+        actor = actor_of(by)
         entry = await self.store.set_paused(queue, paused, self.now(), note, actor)
         log.info("queue %s %s by %s: %s", queue, "paused" if paused else "resumed", actor, note)
         return entry
@@ -115,30 +105,7 @@ class OperatorCalls(StoreFacade[QueueStore]):
         checked = (
             check_note(note) if note is not None else f"max_wait {'none' if max_wait_ms is None else max_wait_ms} ms"
         )
-        return await self.store.set_max_wait(queue, max_wait_ms, self.now(), checked, _actor(by))
-
-    async def set_retention(
-        self,
-        queue: str,
-        *,
-        done: Duration | None = None,
-        dead: Duration | None = None,
-        cancelled: Duration | None = None,
-        note: str | None = None,
-        by: str | None = None,
-    ) -> QueueAuditEntry:
-        """How long ``queue`` keeps its finished jobs, per state: ``done``, ``cancelled`` (dead, reason
-        ``cancelled``) and ``dead`` (every other reason), each seconds (or a ``timedelta``) from the job's end, or
-        ``None`` to keep them for ever (the default of each: a call sets all three). Stored and audited like a
-        pause; the pools (and ``apply_retention``) remove what is past its window (``core.retention``)."""
-        check_identifier(queue, "queue")
-        windows = Windows(
-            *(_window(value, name) for value, name in ((done, "done"), (dead, "dead"), (cancelled, "cancelled")))
-        )
-        checked = check_note(note) if note is not None else f"retention {retention_text(windows)}"
-        entry = await self.store.set_retention(queue, windows, self.now(), checked, _actor(by))
-        log.info("queue %s retention set by %s: %s", queue, entry.actor, retention_text(windows))
-        return entry
+        return await self.store.set_max_wait(queue, max_wait_ms, self.now(), checked, actor_of(by))
 
     async def set_limits(
         self,
@@ -162,7 +129,7 @@ class OperatorCalls(StoreFacade[QueueStore]):
         check_identifier(queue, "queue")
         limits = check_limits(concurrency, per_key_concurrency, rate, per, burst)
         checked = check_note(note) if note is not None else f"limits {limits_text(limits)}"
-        entry = await self.store.set_limits(queue, limits, self.now(), checked, _actor(by))
+        entry = await self.store.set_limits(queue, limits, self.now(), checked, actor_of(by))
         log.info("queue %s limits set by %s: %s", queue, entry.actor, limits_text(limits))
         return entry
 
@@ -170,28 +137,6 @@ class OperatorCalls(StoreFacade[QueueStore]):
         """Every queue with limits, by name: its limits and what they hold now (``LimitUsage``: the live leases, the
         keys holding one and those at their limit, when the rate lets the next job start)."""
         return await self.store.limit_usage(self.now())
-
-    async def apply_retention(
-        self, *, max_batches: int = RETENTION_MAX_BATCHES, batch: int = RETENTION_BATCH
-    ) -> RetentionReport:
-        """Remove the finished jobs past their queue's retention for their state, in steps of at most ``batch``
-        jobs, each its own transaction, at most ``max_batches`` steps (``complete`` is ``False`` if expired jobs
-        were left for the next run). What it removed."""
-        check_int(max_batches, "max_batches", 1, 1_000_000)
-        check_int(batch, "batch", 1, MAX_BATCH)
-        now = self.now()
-        removed: list[Removed] = []
-        batches = 0
-        for expiry in expiries(await self.store.queue_settings(), now):
-            jobs, count = 0, batch
-            while count == batch:
-                if batches == max_batches:
-                    return _retention_report(removed, expiry, jobs, batches, complete=False)
-                count = await self.store.remove_expired(expiry.queue, expiry.state, expiry.cutoff_ms, now, batch)
-                jobs, batches = jobs + count, batches + 1
-            if jobs:
-                removed.append(Removed(expiry.queue, expiry.state, jobs))
-        return RetentionReport(tuple(removed), batches, complete=True)
 
     async def queue_settings(self) -> list[QueueSettings]:
         """Every queue's stored flow-control settings (paused: since when, by whom, why; ``max_wait``; retention),
@@ -203,25 +148,13 @@ class OperatorCalls(StoreFacade[QueueStore]):
         return [settings for settings in await self.queue_settings() if settings.paused]
 
     async def queue_audit(self, queue: str | None = None, *, limit: int = 100) -> list[QueueAuditEntry]:
-        """The newest moves on queues (pause, resume, max_wait, retention, limits), of ``queue`` only if named, newest
-        first."""
-        if queue is not None:
+        """The newest moves on queues (pause, resume, max_wait, retention, limits), of ``queue`` only if named
+        (``"*"``: the default retention's), newest first."""
+        if queue is not None and queue != EVERY_QUEUE:
             check_identifier(queue, "queue")
         return await self.store.queue_audit(queue, check_int(limit, "limit", 1, MAX_BATCH))
 
 
-def _actor(by: str | None) -> str:
+def actor_of(by: str | None) -> str:
     """Who makes an operator's move: ``by`` (a note's text rules), or this process."""
     return f"pid {os.getpid()} on {socket.gethostname()}" if by is None else check_note(by, "by")
-
-
-def _window(value: Duration | None, name: str) -> int | None:
-    return None if value is None else duration_ms(value, name, 0, 0, MAX_RETENTION_MS)
-
-
-def _retention_report(
-    removed: list[Removed], expiry: Expiry, jobs: int, batches: int, *, complete: bool
-) -> RetentionReport:
-    """The report of a run that stopped in the middle of ``expiry`` (``jobs`` removed from it so far)."""
-    last = [Removed(expiry.queue, expiry.state, jobs)] if jobs else []
-    return RetentionReport((*removed, *last), batches, complete)

@@ -39,7 +39,7 @@ async def inspect_queue_store(target: object, *, busy_timeout: float) -> StoreSt
     """What ``target`` holds, found without creating or changing it (``Queue.inspect``)."""
     if is_store_url(target):
         _check_asyncpg()
-        from asyncq.store.postgres.queue_store import inspect_url
+        from asyncq.store.postgres.inspection import inspect_url
 
         return await inspect_url(target)
     if not isinstance(target, str | os.PathLike):

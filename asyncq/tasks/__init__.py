@@ -2,6 +2,7 @@
 (docs/tasks.md). Arguments and results are checked with pydantic v2."""
 
 from asyncq.tasks.app import App, Dispatcher, Ran, TaskContext, TaskLogFilter, current
+from asyncq.tasks.groups import TaskGroup
 from asyncq.tasks.opening import open
 from asyncq.tasks.results import TaskJob
 from asyncq.tasks.task import Deferral, Task
@@ -13,6 +14,7 @@ __all__ = [
     "Ran",
     "Task",
     "TaskContext",
+    "TaskGroup",
     "TaskJob",
     "TaskLogFilter",
     "current",

@@ -19,10 +19,13 @@ from typing import Any, ParamSpec, TypeVar, Unpack, overload
 from asyncq.core.jobs import DEFAULT_QUEUE
 from asyncq.core.jsontext import JSON
 from asyncq.core.limits import DEFAULT_MAX_ATTEMPTS
-from asyncq.core.values import Duration, check_identifier
+from asyncq.core.schedules import Missed, Overlap, ScheduleSpec
+from asyncq.core.values import Duration, check_identifier, check_task_name
 from asyncq.errors import InvalidArguments, Permanent
 from asyncq.queue import Queue
 from asyncq.tasks.asgi import Lifespan, LifespanOptions, lifespan
+from asyncq.tasks.groups import TaskGroup
+from asyncq.tasks.periodic import JobOptions, Periodic, When
 from asyncq.tasks.results import stored_result
 from asyncq.tasks.task import Task
 from asyncq.tasks.tracing import Tracing
@@ -78,6 +81,8 @@ class App:
         ``asyncq[otel]``, see ``asyncq.tasks.tracing``)."""
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.tracing = Tracing(tracer_provider)
+        #: The schedules ``periodic`` declared, by name: written to the store when a worker of the app starts.
+        self.schedules: dict[str, ScheduleSpec] = {}
 
     @overload
     def task(self, function: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
@@ -123,9 +128,7 @@ class App:
         def declare(fn: Callable[..., Awaitable[Any]]) -> Task[Any, Any]:
             if not inspect.iscoroutinefunction(fn):
                 raise TypeError(f"a task must be an async function, not {fn!r}")
-            task_name = fn.__name__ if name is None else name
-            if not isinstance(task_name, str) or not task_name:
-                raise ValueError("a task's name must be a non-empty str")
+            task_name = check_task_name(fn.__name__ if name is None else name, "a task's name")
             if task_name in self.tasks:
                 raise ValueError(f"a task named {task_name!r} is registered already ({self.tasks[task_name]!r})")
             declared: Task[Any, Any] = Task(
@@ -136,6 +139,29 @@ class App:
             return declared
 
         return declare if function is None else declare(function)
+
+    def periodic(
+        self, *, cron: str | None = None, every: Duration | None = None, tz: str = "UTC", overlap: Overlap = "skip",
+        missed: Missed = "latest", name: str | None = None, kwargs: dict[str, Any] | None = None,
+        queue: str | None = None, priority: int | None = None, max_attempts: int | None = None,
+        ttl: Duration | None = None, timeout: float | None = None, result_ttl: float = DEFAULT_RESULT_TTL,
+    ) -> Periodic:  # fmt: skip
+        """Run a task on a schedule stored in the queue (``docs/schedules.md``): ``cron`` (five fields, read in the
+        IANA zone ``tz``) or ``every`` seconds; ``overlap`` (``skip``, ``queue_one``, ``allow``) while the previous
+        run is pending or running; ``missed`` (``latest``, ``skip``, ``all``) after downtime. On a function it
+        registers the task (``queue``, ``priority``, ``max_attempts``, ``ttl``, ``timeout``, ``result_ttl`` as
+        ``task`` takes them); on a ``@app.task`` it schedules that task. Each tick enqueues the task with ``kwargs``
+        (checked now); ``name`` (default the task's) names the schedule. Written to the store when a worker
+        starts; any worker process then runs its ticks, one job per tick."""
+        when = When(cron, every, tz, overlap, missed)
+        return Periodic(self, when, name, kwargs, JobOptions(queue, priority, max_attempts, ttl, timeout, result_ttl))
+
+    def group(self, name: str, *, on_complete: Task[..., Any] | None = None) -> TaskGroup:
+        """A group of task jobs (``docs/dependencies.md``): defer members with ``task.using(group=batch)``, then
+        ``await batch.seal(queue_or_tx)``; once every member has ended, ``on_complete`` (a task of this app taking
+        the outcome as ``group: asyncq.GroupOutcome``) runs once. The same name in every process is the same
+        group."""
+        return TaskGroup(self, name, on_complete)
 
     @property
     def queues(self) -> list[str]:
@@ -162,6 +188,8 @@ class App:
         dispatcher = Dispatcher(self, pool.queue, record)
         for name in names:
             pool.register(name, dispatcher)
+        # The pool declares the app's schedules of these queues when it starts, and retires theirs no longer declared.
+        pool.schedules.declare([spec for spec in self.schedules.values() if spec.queue in names], names)
         return pool
 
     def lifespan(

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from asyncq.core.jobs import Enqueued, OnConflict
+from asyncq.core.dependencies import Dependency
+from asyncq.core.jobs import Enqueued, OnConflict, OnDependencyDeadName
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.limits import MAX_ATTEMPTS
 from asyncq.core.values import (
@@ -29,6 +30,7 @@ from asyncq.core.values import (
 )
 from asyncq.queue import Queue, Transaction
 from asyncq.tasks.arguments import Arguments
+from asyncq.tasks.groups import After, TaskGroup, after_items, group_name
 from asyncq.tasks.results import TaskJob
 from asyncq.worker.results import MAX_RESULT_TTL
 
@@ -61,6 +63,10 @@ class Options:
     unique_key: str | None = None
     on_conflict: OnConflict = "return"
     limit_key: str | None = None
+    #: Dependencies and group of one deferral (``docs/dependencies.md``): job ids or ``Dependency`` values.
+    after: tuple[str | Dependency, ...] = ()
+    on_dependency_dead: OnDependencyDeadName = "dead"
+    group: str | None = None
 
     def job_id(self) -> str:
         return uuid.uuid4().hex if self.key is None else self.key
@@ -69,7 +75,10 @@ class Options:
         options = {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
         unique_key = self.unique_key if self.unique_key is not None or not self.unique else derived_unique_key(body)
         options |= {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
-        return options | {"limit_key": self.limit_key}
+        options["limit_key"] = self.limit_key
+        if self.after or self.group is not None or self.on_dependency_dead != "dead":
+            options |= {"after": self.after, "on_dependency_dead": self.on_dependency_dead, "group": self.group}
+        return options
 
 
 def derived_unique_key(body: dict[str, Any]) -> str:
@@ -145,11 +154,17 @@ class Task(Generic[P, R]):
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
         limit_key: str | None = None,
+        after: Sequence[After] = (),
+        on_dependency_dead: OnDependencyDeadName = "dead",
+        group: TaskGroup | str | None = None,
     ) -> Deferral[P, R]:
         """The same task with options for one deferral: ``key`` (the job id, for idempotency), ``delay``,
         ``ttl``, ``max_attempts``, ``queue``, ``priority``, ``unique_key`` (instead of the task's derived one, if it
         is ``unique``), ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle) and
-        ``limit_key`` (instead of the task's default: a tenant whose jobs a per-key limit bounds together)."""
+        ``limit_key`` (instead of the task's default: a tenant whose jobs a per-key limit bounds together).
+        ``after``: the deferrals' handles (or job ids, or ``Dependency`` values) it waits for, each ended done
+        first (``on_dependency_dead``: ``dead``, ``run`` or ``wait`` for one that ends dead); ``group``: the
+        ``app.group`` it is a member of (``docs/dependencies.md``)."""
         check_unique_key(unique_key)
         check_limit_key(limit_key)
         check_on_conflict(on_conflict)
@@ -173,6 +188,9 @@ class Task(Generic[P, R]):
             unique_key,
             on_conflict,
             base.limit_key if limit_key is None else limit_key,
+            after_items(after),
+            on_dependency_dead,
+            None if group is None else group_name(group),
         )
         return Deferral(self, options)
 

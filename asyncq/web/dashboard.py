@@ -2,8 +2,8 @@
 
 One server-rendered page (``asyncq.web.page``): jobs by status, queue depth over time (an inline SVG
 chart of samples taken in the background into a ring buffer), dead jobs with their reasons and last errors,
-the redrive audit log and the leases in flight. It reloads itself every few seconds, except while the operator
-types.
+the redrive audit log, the queues' settings, the schedules with their skipped ticks and the leases in flight. It
+reloads itself every few seconds, except while the operator types.
 
 Everything goes through the ``Queue`` facade. Reads use one queue opened read-only for the app's life. The one
 write, a redrive, opens the existing queue (``Queue.open_existing``) and goes through ``Queue.redrive`` (the rules
@@ -50,15 +50,24 @@ SECURITY_HEADERS = {
 
 async def read_snapshot(queue: Queue, limit: int = LIST_LIMIT) -> Snapshot:
     """Counts, the newest dead jobs (each with its errors), the newest audit rows, the leases in flight, the queues'
-    stored settings, the newest moves on queues, and the limits in force with what they hold."""
+    stored settings and the newest moves on queues, the limits in force with what they hold, the schedules and their
+    newest skipped ticks."""
     stats = await queue.stats()
     listed = await queue.list_jobs(status="dead", newest=True, limit=limit, body=False)
     dead = [job for job in [await queue.get(found.id) for found in listed] if job is not None]
     leases = await queue.list_jobs(status="leased", limit=limit, body=False)
     leases.sort(key=lambda job: job.lease_until or 0)
     settings, moves = await queue.queue_settings(), await queue.queue_audit(limit=limit)
-    audit, limits = await queue.audit_log(limit), await queue.limits()
-    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, limits=limits)
+    rules, audit, limits = await queue.retention_rules(), await queue.audit_log(limit), await queue.limits()
+    schedules, skipped = await queue.schedules(), await queue.schedule_events(limit=limit, skipped_only=True)
+    waiting = await queue.list_jobs(status="waiting", limit=limit, body=False)
+    waits, groups = (
+        await queue.waiting_for([job.id for job in waiting]),
+        await queue.groups(open_only=True, limit=limit),
+    )
+    return Snapshot(stats, dead, audit, leases, queues=settings, queue_moves=moves, retention=rules,
+                    limits=limits, schedules=schedules, skipped_ticks=skipped, waiting=waiting, waits=waits,
+                    groups=groups)  # fmt: skip
 
 
 def is_loopback(host: str | None) -> bool:

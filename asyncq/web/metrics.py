@@ -18,12 +18,22 @@ metric                                      meaning
 ``asyncq_oldest_ready_age_seconds``         how long the oldest ready job has waited (0 when none waits)
 ``asyncq_queue_file_up``                    1 if the queue file could be read at scrape time, else 0
 ``asyncq_queue_paused{queue}``              1 while a queue is paused (queues with stored settings)
-``asyncq_queue_retention_seconds{…}``       how long a queue keeps its finished jobs, by state (``{queue,state}``)
+``asyncq_queue_retention_seconds``          each retention rule's window by state, ``{queue,task,state}`` (queue
+                                            ``*``: the default; task empty: the whole queue; absent: for ever)
 ``asyncq_queue_limit{queue,limit}``         a queue's limits in force: ``concurrency``, ``per_key_concurrency``,
                                             ``rate_per_second``, ``burst`` (absent: no such limit)
 ``asyncq_queue_slots_used{queue}``          a limited queue's live leases now (what its concurrency limit counts)
 ``asyncq_queue_limit_keys_full{queue}``     limit keys at their per-key limit now
 ``asyncq_queue_rate_wait_seconds{queue}``   how long until the rate lets the next job start (0: it has room)
+``asyncq_store_busy_total``                 store calls that failed transiently and were retried (a lock, a lost
+                                            connection, a restarting or read-only server)
+``asyncq_retention_removed_total{state}``   finished jobs this pool's retention step removed
+``asyncq_enqueues_total{result}``           a queue's enqueue answers: added, existing, unique_held (an active job
+                                            held the key), unique_refused (``EnqueueCollector``)
+``asyncq_schedule_ticks_total``             a schedule's ticks by outcome (fired, skipped, missed), as its stored
+``{schedule,outcome}``                      counters say (every process's evaluations), read at scrape time
+``asyncq_schedule_next_run_seconds``        seconds until a live schedule's next tick (below 0: overdue by that)
+``asyncq_schedule_paused{schedule}``        1 while a live schedule is paused
 ``asyncq_inbox_events_total{outcome}``      inbox requests since start: applied, duplicate, conflict,
                                             rejected (400/413), failed (the effect refused or failed)
 ==========================================  =======================================================================
@@ -64,18 +74,21 @@ from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
-from asyncq.core.flow_limits import LimitUsage, rate_per_second
+from asyncq.core.flow_limits import LimitUsage
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
-from asyncq.core.retention import RETENTION_STATES
+from asyncq.core.retention import RETENTION_STATES, RetentionRule
+from asyncq.core.schedules import Schedule
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.queue import Queue
+from asyncq.web.state_metrics import limit_families, schedule_families
 
 log = logging.getLogger("asyncq.web.metrics")
 
 #: Delivery-time buckets in seconds: from a local handler's milliseconds to an HTTP call near its timeout.
 DELIVERY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 INBOX_OUTCOMES = ("applied", "duplicate", "conflict", "rejected", "failed")
+ENQUEUE_RESULTS = ("added", "existing", "unique_held", "unique_refused")
 SCRAPE_TIMEOUT = 5.0
 
 T = TypeVar("T")
@@ -118,7 +131,8 @@ class PoolMetrics:
         self.cancels = Counter("asyncq_cancels", "Jobs ended dead on a cancel request.", registry=into)
         self.store_busy = Counter(
             "asyncq_store_busy",
-            "Store calls that found the lock held elsewhere past the busy timeout (retried).",
+            "Store calls that failed transiently and were retried: a lock held past the busy timeout (SQLite), a lost"
+            " connection, a restarting or read-only server (PostgreSQL).",
             registry=into,
         )
         self.retention_removed = Counter(
@@ -180,49 +194,41 @@ class QueueCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         """The metric names, without reading the file (for the registry's duplicate check)."""
-        return self._families(None) + self._limit_families((), None)
+        return self._families(None) + schedule_families([], 0) + limit_families((), None)
 
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings, limits = run_on_own_loop(self.read)
+            stats, settings, rules, schedules, groups_open, limits = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
-        return self._families(stats, settings=settings) + self._limit_families(limits, self.clock())
+        families = self._families(stats, settings=settings, rules=rules, groups_open=groups_open)
+        return families + schedule_families(schedules, stats.now_ms) + limit_families(limits, stats.now_ms)
 
-    async def read(self) -> tuple[Stats, list[QueueSettings], list[LimitUsage]]:
-        """The queue's stats, stored queue settings and limits now, through a read-only ``Queue`` (nothing is
-        created or changed)."""
+    async def read(
+        self,
+    ) -> tuple[Stats, list[QueueSettings], list[RetentionRule], list[Schedule], int, list[LimitUsage]]:
+        """The queue's stats, stored queue settings, retention rules, schedules, open groups and limits now, through a
+        read-only ``Queue`` (nothing is created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return await queue.stats(), await queue.queue_settings(), await queue.limits()
+            return (
+                await queue.stats(),
+                await queue.queue_settings(),
+                await queue.retention_rules(),
+                await queue.schedules(),
+                await queue.open_groups(),
+                await queue.limits(),
+            )
 
     @staticmethod
-    def _limit_families(limits: Sequence[LimitUsage], now_ms: int | None) -> list[Metric]:
-        """The limits in force and what they hold (``describe`` names them with none)."""
-        limit = GaugeMetricFamily(
-            "asyncq_queue_limit", "A queue's limits in force (absent: no such limit).", labels=["queue", "limit"]
-        )
-        used = GaugeMetricFamily("asyncq_queue_slots_used", "A limited queue's live leases now.", labels=["queue"])
-        full = GaugeMetricFamily(
-            "asyncq_queue_limit_keys_full", "Limit keys at their per-key limit now.", labels=["queue"]
-        )
-        wait = GaugeMetricFamily(
-            "asyncq_queue_rate_wait_seconds", "Until the rate lets the next job start (0: room now).", labels=["queue"]
-        )
-        for each in limits:
-            values = each.limits._asdict() | {"rate_per_second": rate_per_second(each.limits)}
-            for name in ("concurrency", "per_key_concurrency", "rate_per_second", "burst"):
-                if values[name] is not None:
-                    limit.add_metric([each.queue, name], values[name])
-            used.add_metric([each.queue], each.slots_used)
-            full.add_metric([each.queue], each.keys_full)
-            if each.rate_next_ms is not None and now_ms is not None:
-                wait.add_metric([each.queue], max(0, each.rate_next_ms - now_ms) / 1000)
-        return [limit, used, full, wait]
-
-    @staticmethod
-    def _families(stats: Stats | None, up: int = 1, settings: Sequence[QueueSettings] = ()) -> list[Metric]:
+    def _families(
+        stats: Stats | None,
+        up: int = 1,
+        settings: Sequence[QueueSettings] = (),
+        rules: Sequence[RetentionRule] = (),
+        groups_open: int = 0,
+    ) -> list[Metric]:
         jobs = GaugeMetricFamily("asyncq_jobs", "Jobs in the queue file by status.", labels=["status"])
         dead = GaugeMetricFamily("asyncq_dead_jobs", "Dead jobs by reason.", labels=["reason"])
         oldest = GaugeMetricFamily("asyncq_oldest_ready_age_seconds", "Wait of the oldest ready job.")
@@ -232,22 +238,52 @@ class QueueCollector(Collector):
         )
         retention = GaugeMetricFamily(
             "asyncq_queue_retention_seconds",
-            "How long a queue keeps its finished jobs, by state (queues with a window set; absent: for ever).",
-            labels=["queue", "state"],
+            "How long a retention rule keeps finished jobs, by state (queue '*': the default; task '': the whole"
+            " queue; a state kept for ever is absent).",
+            labels=["queue", "task", "state"],
         )
         for each in settings:
             paused.add_metric([each.queue], int(each.paused))
+        for rule in rules:
             for state in RETENTION_STATES:
-                window = each.retention.of(state)
+                window = rule.windows.of(state)
                 if window is not None:
-                    retention.add_metric([each.queue, state], window / 1000)
+                    retention.add_metric([*rule.key, state], window / 1000)
         if stats is not None:
             for status, count in stats.by_status.items():
                 jobs.add_metric([status], count)
             for reason, count in sorted(stats.dead_by_reason.items()):
                 dead.add_metric([reason], count)
             oldest.add_metric([], (stats.oldest_ready_age_ms or 0) / 1000)
-        return [jobs, dead, oldest, file_up, paused, retention]
+        # Jobs waiting for their dependencies are asyncq_jobs{status="waiting"}; groups not complete yet:
+        groups = GaugeMetricFamily("asyncq_groups_open", "Groups not complete yet (sealed or not).", value=groups_open)
+        return [jobs, dead, oldest, file_up, paused, retention, groups]
+
+
+class EnqueueCollector(Collector):
+    """``asyncq_enqueues_total{result}`` from a ``Queue``'s ``enqueue_counts`` since it opened: ``added``,
+    ``existing`` (the same id and body there already), ``unique_held`` (an active job held the unique key: answered
+    with its id) and ``unique_refused`` (``UniqueConflict`` raised). Register it beside the producers' queue:
+    ``registry.register(EnqueueCollector(queue))``."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def describe(self) -> Iterable[Metric]:
+        """The metric name, for the registry's duplicate check."""
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        """The counts as they are now (read from the process's memory: no store is touched)."""
+        counts = self.queue.enqueue_counts
+        family = self._family()
+        for result in ENQUEUE_RESULTS:
+            family.add_metric([result], getattr(counts, result))
+        return [family]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily("asyncq_enqueues", "Enqueue answers of this queue by result.", labels=["result"])
 
 
 class InboxCollector(Collector):

@@ -9,10 +9,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from asyncq.core.dependencies import WaitsFor
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import LimitUsage
+from asyncq.core.groups import Group
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
-from asyncq.core.retention import RETENTION_STATES
+from asyncq.core.retention import FOREVER, RETENTION_STATES, RetentionRule, rule_for
+from asyncq.core.schedules import Schedule, ScheduleEvent, timing_text
 from asyncq.core.stats import Stats
 
 CHART_STATUSES = {"pending": "#1f6feb", "leased": "#d29922", "dead": "#cf222e"}  # done only grows: not charted
@@ -58,8 +61,17 @@ class Snapshot:
     #: Every queue's stored settings (paused, max_wait) and the newest moves on queues.
     queues: list[QueueSettings] = field(default_factory=list)
     queue_moves: list[QueueAuditEntry] = field(default_factory=list)
+    #: Every retention rule (the default, the queues', the tasks').
+    retention: list[RetentionRule] = field(default_factory=list)
     #: The limits in force and what they hold now.
     limits: list[LimitUsage] = field(default_factory=list)
+    #: Every schedule and the newest ticks that did not run (skipped, missed).
+    schedules: list[Schedule] = field(default_factory=list)
+    skipped_ticks: list[ScheduleEvent] = field(default_factory=list)
+    #: The jobs waiting for dependencies with what each waits for, and the groups (``asyncq.web.graph_page``).
+    waiting: list[Job] = field(default_factory=list)
+    waits: dict[str, WaitsFor] = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)
 
 
 def utc(ms: int | None) -> str:
@@ -189,22 +201,66 @@ def _window(ms: int | None) -> str:
     return "forever" if ms is None else f"{ms / 1000:g} s"
 
 
-def render_queues(queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEntry]) -> str:
-    """The queues with stored settings (paused: since, by whom, why; max_wait; how long each ended state is kept),
-    then the newest moves on queues."""
+def render_queues(
+    queues: Sequence[QueueSettings], moves: Sequence[QueueAuditEntry], rules: Sequence[RetentionRule] = ()
+) -> str:
+    """The queues with stored settings (paused: since, by whom, why; max_wait; how long each ended state is kept by
+    the rule that applies to the queue: its own or the default), the retention rules, then the newest moves on
+    queues."""
     cells = [
         f'<tr data-queue="{escape(q.queue)}">'
         + _cells((q.queue, "paused" if q.paused else "running", utc(q.paused_at), q.paused_by or "", q.note or "",
                   "" if q.max_wait_ms is None else f"{q.max_wait_ms / 1000:g} s",
-                  *(_window(q.retention.of(state)) for state in RETENTION_STATES)))
+                  *(_window((rule_for(rules, q.queue, None) or FOREVER).of(state)) for state in RETENTION_STATES)))
         + "</tr>"
         for q in queues
     ]  # fmt: skip
     kept = tuple(f"{state} kept" for state in RETENTION_STATES)
     headers = ("queue", "state", "paused since", "by", "note", "max wait", *kept)
     settings = _table("queues", headers, cells, "no queue paused, given a max wait or a retention: every queue runs")
-    rows = [f"<tr>{_cells((utc(m.at_ms), m.queue, m.action, m.actor, m.note))}</tr>" for m in moves]
-    return settings + _table("queue-moves", ("at", "queue", "action", "by", "note"), rows, "no moves on queues yet")
+    rows = [f"<tr>{_cells((utc(m.at_ms), m.queue, m.action, m.task or '', m.actor, m.note))}</tr>" for m in moves]
+    return (
+        settings
+        + render_retention(rules)
+        + _table("queue-moves", ("at", "queue", "action", "task", "by", "note"), rows, "no moves on queues yet")
+    )
+
+
+def render_retention(rules: Sequence[RetentionRule]) -> str:
+    """Every retention rule: its scope (every queue, a queue, a task's jobs in a queue) and each state's window."""
+    cells = [
+        f"<tr>{_cells((_scope(rule), *(_window(rule.windows.of(state)) for state in RETENTION_STATES)))}</tr>"
+        for rule in rules
+    ]
+    headers = ("retention rule", *(f"{state} kept" for state in RETENTION_STATES))
+    return _table("retention", headers, cells, "no retention rules: every finished job is kept")
+
+
+def _scope(rule: RetentionRule) -> str:
+    if rule.queue is None:
+        return "every queue (default)"
+    return f"queue {rule.queue}" if rule.task is None else f"task {rule.task} in queue {rule.queue}"
+
+
+def render_schedules(schedules: Sequence[Schedule], skipped: Sequence[ScheduleEvent]) -> str:
+    """Each schedule (when it ticks, running, paused or retired, its last tick and next run, its counters), then the
+    newest ticks that did not run and why."""
+    cells = []
+    for s in schedules:
+        state = "retired" if s.retired else f"paused by {s.paused_by}: {s.pause_note}" if s.paused else "running"
+        values = (s.name, timing_text(s.definition), state, s.definition.task, s.definition.queue,
+                  f"{s.definition.overlap}/{s.definition.missed}", utc(s.last_tick), utc(s.next_tick),
+                  s.ticks_fired, s.ticks_skipped, s.ticks_missed)  # fmt: skip
+        cells.append(f'<tr data-schedule="{escape(s.name)}">{_cells(values, (8, 9, 10))}</tr>')
+    headers = ("schedule", "when", "state", "task", "queue", "overlap/missed", "last tick", "next run", "fired",
+               "skipped", "missed")  # fmt: skip
+    listed = _table("schedules", headers, cells, "no schedules")
+    rows = [
+        f"<tr>{_cells((utc(e.at_ms), e.schedule, e.kind, utc(e.tick_ms), utc(e.through_ms), e.ticks), (5,))}</tr>"
+        for e in skipped
+    ]
+    return listed + _table("skipped-ticks", ("at", "schedule", "why", "tick", "through", "ticks"), rows,
+                           "no skipped or missed ticks")  # fmt: skip
 
 
 def render_limits(limits: Sequence[LimitUsage], now_ms: int) -> str:
@@ -245,8 +301,11 @@ def render_leases(jobs: Sequence[Job], now_ms: int) -> str:
 
 def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce: str) -> str:
     """The whole status page."""
+    from asyncq.web.graph_page import render_graphs  # its sections use this module's cells and tables
+
     stats = snapshot.stats
     dead_total = stats.by_status.get("dead", 0)
+    queues = render_queues(snapshot.queues, snapshot.queue_moves, snapshot.retention)
     body = (
         f'<h1>asyncq dashboard</h1><p class="muted"><code>{escape(path)}</code> as of '
         f'<span id="now">{escape(utc(stats.now_ms))}</span></p>'
@@ -254,9 +313,11 @@ def render_page(path: str, snapshot: Snapshot, *, refresh_seconds: float, nonce:
         f"<h2>Queue depth</h2>{render_chart(snapshot.samples)}{render_legend()}"
         f"<h2>Dead jobs</h2>{render_dead(snapshot.dead_jobs, dead_total)}"
         f"<h2>Redrive audit log</h2>{render_audit(snapshot.audit)}"
-        f"<h2>Queues: pause and max wait</h2>{render_queues(snapshot.queues, snapshot.queue_moves)}"
+        f"<h2>Queues: pause, max wait and retention</h2>{queues}"
         f"<h3>Limits</h3>{render_limits(snapshot.limits, stats.now_ms)}"
+        f"<h2>Schedules</h2>{render_schedules(snapshot.schedules, snapshot.skipped_ticks)}"
         f"<h2>Leases in flight</h2>{render_leases(snapshot.leases, stats.now_ms)}"
+        f"{render_graphs(snapshot.waiting, snapshot.waits, snapshot.groups)}"
     )
     script = REFRESH_SCRIPT % int(refresh_seconds * 1000)
     return _document("asyncq dashboard", body, f'<script nonce="{escape(nonce)}">{script}</script>')

@@ -27,6 +27,8 @@ class PoolCounters:
     #: Jobs this pool's retention step removed, by retention state (``done``, ``cancelled``, ``dead``), and its runs.
     retention_removed: dict[str, int] = field(default_factory=dict)
     retention_runs: int = 0
+    #: Ticks of the store's schedules this pool's keeper evaluated: ``fired`` (a job each), ``skipped``, ``missed``.
+    schedule_ticks: dict[str, int] = field(default_factory=dict)
 
     def count_status(self, status: str | None) -> None:
         if status is None:

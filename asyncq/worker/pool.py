@@ -42,6 +42,7 @@ from asyncq.worker.observer import PoolCounters, PoolObserver
 from asyncq.worker.report import PoolReport
 from asyncq.worker.results import kept_result
 from asyncq.worker.retention import retention_keepers
+from asyncq.worker.schedules import ScheduleKeeper
 from asyncq.worker.settings import PoolOptions, PoolSettings
 from asyncq.worker.supervision import BusyStore, serve, wait_for_work
 
@@ -106,7 +107,8 @@ class Pool:
         grace = settings.cancel_grace_seconds  # before a handler is cancelled on a cancel request
         self._leases = LeaseKeeper(queue, self.lease_ms, self._flights, self._fences, report, grace)
         keepers = retention_keepers(queue, settings.retention_every_ms, self.poll_max, report)  # none when off
-        self._beside = [self._leases.run, *(keeper.run for keeper in keepers)]  # what runs beside the batcher
+        self.schedules = ScheduleKeeper(queue, report, self.poll_max, evaluate=settings.schedules)
+        self._beside = [self._leases.run, *(keeper.run for keeper in keepers), self.schedules.run]  # beside the batcher
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._holds: tuple[Hold, ...] = ()  # the queues the last commit's claim found held by their limits
         self._stopping = False
@@ -155,6 +157,7 @@ class Pool:
         still answers)."""
         if not self._handlers:
             raise ValueError("register a handler before running the pool")
+        await self.schedules.declare_once()  # before any claim, even a burst's (failing, the keeper tries again)
         try:
             async with anyio.create_task_group() as group:
                 for run_beside in self._beside:

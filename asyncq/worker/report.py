@@ -12,6 +12,7 @@ from asyncq.core.failures import ErrorText, classify, error_text
 from asyncq.core.jobs import Ticket
 from asyncq.core.lifecycle import DEAD, PERMANENT, RETRY, OutcomeName
 from asyncq.core.retention import RetentionReport
+from asyncq.core.schedules import ScheduleRun
 from asyncq.worker.context import job_fields
 from asyncq.worker.flight import Finish
 from asyncq.worker.observer import NoObserver, PoolCounters, PoolObserver
@@ -70,6 +71,15 @@ class PoolReport:
         if done.total:
             log.info("retention removed %d job(s) in %d batch(es)%s", done.total, done.batches,
                      "" if done.complete else ", more left for the next run")  # fmt: skip
+
+    def schedules(self, done: ScheduleRun) -> None:
+        """An evaluation of the schedules: its ticks counted (fired, skipped, missed), failures too, each logged."""
+        counters = self.counters
+        for outcome, ticks in (("fired", len(done.jobs)), ("skipped", done.skipped), ("missed", done.missed)):
+            counters.schedule_ticks[outcome] = counters.schedule_ticks.get(outcome, 0) + ticks
+        counters.internal_errors += done.failed
+        if done.jobs or done.skipped or done.missed:
+            log.debug("schedules: %d tick(s) fired, %d skipped, %d missed", len(done.jobs), done.skipped, done.missed)
 
     def claimed(self, count: int) -> None:
         self.counters.claimed += count

@@ -20,7 +20,15 @@ from asyncq.core.limits import (
     MIN_LEASE_MS,
     MIN_POLL_SECONDS,
 )
-from asyncq.core.values import Duration, check_duration, check_identifier, check_int, check_seconds, duration_ms
+from asyncq.core.values import (
+    Duration,
+    check_duration,
+    check_flag,
+    check_identifier,
+    check_int,
+    check_seconds,
+    duration_ms,
+)
 from asyncq.worker.results import DEFAULT_RESULT_TTL, MAX_RESULT_TTL
 
 # The results a group commit waits for from 16 slots up (unless a slot is starving or the oldest result has
@@ -46,7 +54,9 @@ class PoolSettings:
     week: ``asyncq.worker.results``); ``cancel_grace`` is how long a handler whose job's cancel was requested
     (``Queue.cancel``) may go on before it is cancelled (default 0: at once; ``asyncq.shield`` protects a critical
     section); ``retention_every`` is how often (seconds of the queue's clock) the pool removes the finished jobs past
-    their queue's retention (``Queue.apply_retention``; default a minute, ``None``: never, another process does it).
+    their queue's retention (``Queue.apply_retention``; default a minute, ``None``: never, another process does it);
+    ``schedules``: whether the pool evaluates the store's schedules beside its batcher (``asyncq.worker.schedules``;
+    ``False``: never, other processes do; an app's schedules are still declared when it starts).
     A bad value is ``TypeError``/``ValueError`` when the settings are built.
 
         The fields after ``linger`` are resolved from the others: what the pool runs with."""
@@ -63,6 +73,7 @@ class PoolSettings:
     result_ttl: Duration = DEFAULT_RESULT_TTL
     cancel_grace: Duration = 0.0
     retention_every: Duration | None = DEFAULT_RETENTION_EVERY
+    schedules: bool = True
     #: ``lease`` in milliseconds, as the store takes it.
     lease_ms: int = field(init=False)
     #: How many results a commit waits for (fewer when a slot starves or the oldest result has lingered).
@@ -111,6 +122,7 @@ class PoolSettings:
             if self.retention_every is None
             else duration_ms(self.retention_every, "retention_every", 0, 0, MAX_RETENTION_EVERY_MS),
         }
+        check_flag(self.schedules, "schedules")
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
 
@@ -130,6 +142,7 @@ class PoolOptions(TypedDict, total=False):
     result_ttl: Duration
     cancel_grace: Duration
     retention_every: Duration | None
+    schedules: bool
 
 
 def settings_fields() -> list[str]:

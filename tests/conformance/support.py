@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
+from asyncq.core.dependencies import Dependency
 from asyncq.core.failures import ErrorText
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
-from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, Ticket
+from asyncq.core.jobs import AuditEntry, Finish, Job, JobSpec, NewJob, OnConflict, OnDependencyDeadName, Ticket
 from asyncq.core.jsontext import canonical_json
 from asyncq.core.lifecycle import Fence
+from asyncq.core.retention import RetentionRule
 from asyncq.core.stats import stats_of_jobs
 from asyncq.store.port.queue import JobFilter, QueueStore
 
@@ -47,6 +49,9 @@ def new(
     priority: int = 0,
     unique_key: str | None = None,
     on_conflict: OnConflict = "return",
+    after: Sequence[str | Dependency] = (),
+    on_dead: OnDependencyDeadName = "dead",
+    group: str | None = None,
     limit_key: str | None = None,
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
@@ -61,6 +66,9 @@ def new(
         priority=priority,
         unique_key=unique_key,
         on_conflict=on_conflict,
+        after=after,
+        on_dependency_dead=on_dead,
+        group=group,
         limit_key=limit_key,
     )
     return spec.to_row(now)
@@ -84,6 +92,8 @@ def stored(row: NewJob, seq: int) -> Job:
         reason=None,
         priority=row.payload["priority"],
         unique_key=row.payload["unique_key"],
+        task=row.payload["task"],
+        group=row.payload["group_name"],
         limit_key=row.payload["limit_key"],
     )
 
@@ -123,12 +133,13 @@ async def enqueue(store: QueueStore, *rows: NewJob) -> dict[str, Job]:
 @dataclass(frozen=True)
 class Dump:
     """The whole stored state: every job (oldest ``seq`` first) with every column, every audit row, every
-    queue's stored settings and every move on a queue (oldest first)."""
+    queue's stored settings, every move on a queue (oldest first) and every retention rule."""
 
     jobs: dict[str, Job]
     audit: list[AuditEntry]
     queues: list[QueueSettings]
     queue_audit: list[QueueAuditEntry]
+    retention: list[RetentionRule]
 
 
 async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dump:
@@ -151,7 +162,7 @@ async def dump(store: QueueStore, now_ms: int = T0, *, deep: bool = True) -> Dum
     assert await store.stats(now_ms) == stats_of_jobs(jobs.values(), now_ms)
     moves = list(reversed(await store.queue_audit(None, ALL)))
     assert [move.seq for move in moves] == sorted({move.seq for move in moves}), "queue_audit is not newest first"
-    return Dump(jobs, audit, await store.queue_settings(), moves)
+    return Dump(jobs, audit, await store.queue_settings(), moves, await store.retention_rules())
 
 
 def expect(
@@ -162,14 +173,17 @@ def expect(
     *,
     queues: Sequence[QueueSettings] | None = None,
     queue_audit: Sequence[QueueAuditEntry] = (),
+    retention: Sequence[RetentionRule] | None = None,
 ) -> None:
     """``after`` is ``before`` with exactly ``jobs`` changed (or added; ``None``: deleted) and ``audit`` appended,
-    the queues' settings now ``queues`` (unchanged if ``None``) and ``queue_audit`` appended to their moves."""
+    the queues' settings now ``queues`` (unchanged if ``None``), ``queue_audit`` appended to their moves and the
+    retention rules now ``retention`` (unchanged if ``None``)."""
     wanted = {**before.jobs, **(jobs or {})}
     assert after.jobs == {job_id: job for job_id, job in wanted.items() if job is not None}
     assert after.audit == [*before.audit, *audit]
     assert after.queues == (before.queues if queues is None else list(queues))
     assert after.queue_audit == [*before.queue_audit, *queue_audit]
+    assert after.retention == (before.retention if retention is None else list(retention))
 
 
 class Probe(Exception):

@@ -26,7 +26,7 @@ async def test_stats_count_states_reasons_ages_leases_and_attempts(store: QueueS
     await store.enqueue([new("late", T0 + 1_000, delay_ms=60_000)])  # pending but not ready: no age yet
     await store.enqueue([new(f"l{n}", T0 + 1_000) for n in range(4)])
     stats = await store.stats(T0 + 1_000)
-    assert stats.by_status == {"pending": 7, "leased": 0, "done": 0, "dead": 2}
+    assert stats.by_status == {"pending": 7, "leased": 0, "done": 0, "dead": 2, "waiting": 0}
     assert stats.dead_by_reason == {"cancelled": 1, "exhausted": 1}
     assert (stats.oldest_ready_age_ms, stats.leases, stats.expired_leases) == (1_000, [], 0)  # p0, enqueued at T0
 
@@ -36,7 +36,7 @@ async def test_stats_count_states_reasons_ages_leases_and_attempts(store: QueueS
     b = await claim(store, "owner-b", T0 + 1_500, n=2, lease_ms=5_000)  # l1, l2
     stats = await store.stats(T0 + 1_750)
     assert (stats.now_ms, stats.total, stats.expired_leases) == (T0 + 1_750, 9, 0)
-    assert stats.by_status == {"pending": 2, "leased": 4, "done": 1, "dead": 2}
+    assert stats.by_status == {"pending": 2, "leased": 4, "done": 1, "dead": 2, "waiting": 0}
     assert stats.oldest_ready_age_ms == 750  # l3, enqueued at T0 + 1000; "late" is not ready
     assert stats.leases == [OwnerLeases("owner-a", 2, a[0].lease_until), OwnerLeases("owner-b", 2, b[0].lease_until)]
     assert stats.attempts == {0: 2, 1: 4}

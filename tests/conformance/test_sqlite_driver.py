@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import T0
 
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.errors import Conflict
 from asyncq.queue import Queue
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
@@ -111,7 +112,7 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert ticket.id == "old"
     con = sqlite3.connect(path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION == 11
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 14
         indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" not in indexes  # v8: ranked instead
         assert {"asyncq_jobs_ranked", "asyncq_jobs_waiting"} <= indexes
@@ -142,6 +143,86 @@ async def test_a_version_8_file_keeps_its_queue_audit_through_the_retention_migr
         assert entry.seq == 2 and entry.retention == (60_000, None, None)
         [settings] = await queue.queue_settings()
         assert (settings.max_wait_ms, settings.retain_done_ms) == (60000, 60_000)
+        assert await queue.retention_rules() == [RetentionRule("mail", None, Windows(60_000))]
+
+
+async def test_a_version_10_file_gains_tasks_and_retention_rules_with_its_rows_kept(path: Path) -> None:
+    """Version 11 adds ``task`` (and its index) without reading any body: a row stored before has none, and the
+    same id and body again is still the same job (the column is not compared); new task jobs get theirs. A queue
+    that set its retention keeps its windows as its rule (also one that set them all for ever); one that never did
+    (only paused) gets none; the queue audit keeps its rows and seqs; the ended jobs' index is replaced."""
+    from asyncq.store.sqlite.migrations import MIGRATIONS
+
+    con = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:10]:
+        for statement in step:
+            con.execute(statement)
+    con.execute(
+        "INSERT INTO asyncq_jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline)"
+        """ VALUES ('old', 'default', '{"args":{},"task":"send"}', 'done', 1, 3, 1, 0, 9999999999999)"""
+    )
+    con.execute("INSERT INTO asyncq_queues (queue, retain_done_ms, retain_dead_ms) VALUES ('mail', 60000, 0)")
+    con.execute("INSERT INTO asyncq_queues (queue) VALUES ('kept')")
+    con.execute("INSERT INTO asyncq_queues (queue, paused_at, paused_by, note) VALUES ('held', 5, 'ops', 'wait')")
+    for queue in ("mail", "kept"):
+        con.execute(
+            "INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note) VALUES (?, 'retention', 1, 'ops', 'n')",
+            (queue,),
+        )
+    con.execute(
+        "INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note) VALUES ('held', 'pause', 5, 'ops', 'wait')"
+    )
+    con.execute("PRAGMA user_version = 10")
+    con.close()
+    async with await Queue.open(str(path), clock=lambda: T0) as queue:
+        old = await queue.get("old")
+        assert old is not None and (old.status, old.task) == ("done", None)
+        assert await queue.enqueue("old", {"task": "send", "args": {}}) is False
+        assert await queue.enqueue("new", {"task": "send", "args": {}}) is True
+        new = await queue.get("new")
+        assert new is not None and new.task == "send"
+        assert await queue.retention_rules() == [
+            RetentionRule("kept", None, Windows()),
+            RetentionRule("mail", None, Windows(60_000, 0, None)),
+        ]
+        assert [(s.queue, s.paused_by, s.retain_done_ms) for s in await queue.queue_settings()] == [
+            ("held", "ops", None),
+            ("kept", None, None),
+            ("mail", None, 60_000),
+        ]
+        assert [(m.seq, m.queue, m.action, m.task) for m in await queue.queue_audit()] == [
+            (3, "held", "pause", None),
+            (2, "kept", "retention", None),
+            (1, "mail", "retention", None),
+        ]
+        entry = await queue.set_retention("mail", task="send", done=1)
+        assert (entry.seq, entry.task) == (4, "send")
+    indexes = {name for (name,) in read(path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"asyncq_jobs_task", "asyncq_jobs_retained"} <= indexes and "asyncq_jobs_ended" not in indexes
+
+
+async def test_a_version_11_file_with_jobs_and_queue_settings_gains_the_schedule_tables(path: Path) -> None:
+    """Version 12 adds the schedules and their events beside the rows of version 11, which stay as they were."""
+    from asyncq.core.schedules import ScheduleSpec
+    from asyncq.store.sqlite.migrations import MIGRATIONS
+
+    con = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:11]:
+        for statement in step:
+            con.execute(statement)
+    con.execute(
+        "INSERT INTO asyncq_jobs (id, queue, body, status, attempts, max_attempts, token, available_at, deadline)"
+        " VALUES ('old', 'default', '{}', 'pending', 0, 3, 0, 0, 9999999999999)"
+    )
+    con.execute("INSERT INTO asyncq_queues (queue, max_wait_ms) VALUES ('default', 60000)")
+    con.execute("PRAGMA user_version = 11")
+    con.close()
+    async with await Queue.open(str(path), clock=lambda: T0) as queue:
+        assert (await queue.get("old")) is not None and (await queue.queue_settings())[0].max_wait_ms == 60000
+        assert await queue.schedules() == []
+        [event] = await queue.declare_schedules([ScheduleSpec("beat", {}, every=10)])
+        assert (event.seq, event.kind) == (1, "declared")
+    assert read(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
 # --- enqueue_sync: the caller's own sqlite3 transaction ----------------------------------------------------

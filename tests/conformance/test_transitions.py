@@ -311,3 +311,68 @@ async def sweep_an_expired_lease_with_a_cancel_request(store: QueueStore, driver
     ended = replace(before.jobs["a"], status="dead", reason="cancelled", available_at=T0 + 1_000)
     expect(before, after, {"a": replace(ended, owner=None, lease_until=None)})
     assert await store.finish([outcome(ticket, "ok")], T0 + 1_001) == [None]  # the stale holder changes nothing
+
+
+# -- dependencies (core.dependencies) --------------------------------------------------------------------------
+
+
+@makes("waiting", "pending", None, "dependency")
+async def release_a_dependant_when_its_last_dependency_is_done(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a"), new("b"), new("c", after=["a", "b"]))
+    [ta, tb] = await claim(store, "w1", T0, n=2)
+    assert await store.finish([outcome(ta, "ok")], T0 + 10) == ["done"]
+    waiting = await dump(store)
+    assert (waiting.jobs["c"].status, waiting.jobs["c"].waits) == ("waiting", 1)
+    assert await store.finish([outcome(tb, "ok")], T0 + 20) == ["done"]  # the same transaction releases c
+    after = await dump(store)
+    done_b = replace(waiting.jobs["b"], status="done", available_at=T0 + 20, owner=None, lease_until=None)
+    released = replace(waiting.jobs["c"], status="pending", waits=0, available_at=T0 + 20)
+    expect(waiting, after, {"b": done_b, "c": released})
+
+
+@makes("waiting", "dead", "dependency", "dependency")
+async def end_a_dependant_whose_dependency_ended_dead(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a"), new("b", after=["a"]))
+    [ta] = await claim(store, "w1", T0)
+    before = await dump(store)
+    assert await store.finish([outcome(ta, "permanent")], T0 + 10) == ["dead"]
+    after = await dump(store)
+    dead_a = replace(before.jobs["a"], status="dead", reason="permanent", available_at=T0 + 10, owner=None,
+                     lease_until=None)  # fmt: skip
+    ended = replace(before.jobs["b"], status="dead", reason="dependency", available_at=T0 + 10)
+    expect(before, after, {"a": dead_a, "b": ended})  # b keeps its count: a redrive evaluates its edge again
+
+
+@makes("waiting", "dead", "deadline", "sweep")
+async def sweep_a_waiting_job_past_its_deadline(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a", delay_ms=50_000), new("b", ttl_ms=1_000, after=["a"]))
+    before = await dump(store)
+    assert await claim(store, "w1", T0 + 1_000, queue="other") == []  # any claim sweeps every queue
+    after = await dump(store)
+    expect(before, after, {"b": replace(before.jobs["b"], status="dead", reason="deadline")})
+
+
+@makes("waiting", "dead", "cancelled", "cancel")
+async def cancel_a_waiting_job(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a"), new("b", after=["a"]))
+    before = await dump(store)
+    cancelled = await store.cancel("b", T0 + 20, "not needed")
+    after = await dump(store)
+    assert (cancelled.state, cancelled.status) == ("cancelled", "dead")
+    entry = cancelled.audit
+    assert entry == AuditEntry(entry.seq if entry else 0, "b", "cancel", 0, T0 + 20, "not needed", "cancelled")
+    ended = replace(before.jobs["b"], status="dead", reason="cancelled", available_at=T0 + 20)
+    expect(before, after, {"b": ended}, [entry])
+
+
+@makes("dead", "waiting", None, "redrive")
+async def redrive_a_dependant_whose_dependency_is_not_met(store: QueueStore, driver: Driver) -> None:
+    await enqueue(store, new("a"), new("b", after=["a"]))
+    await store.cancel("b", T0 + 20, "paused by mistake")
+    before = await dump(store)
+    entry = await store.redrive("b", T0 + 50, T0 + 90_000, "wanted after all")
+    after = await dump(store)
+    assert entry == AuditEntry(entry.seq, "b", "redrive", 0, T0 + 50, "wanted after all", None)
+    rearmed = replace(before.jobs["b"], status="waiting", available_at=T0 + 50, deadline=T0 + 90_000, reason=None,
+                      redrives=1)  # fmt: skip
+    expect(before, after, {"b": rearmed}, [entry])  # it waits for a again, then runs once a is done

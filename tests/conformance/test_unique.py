@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_the_statuses_that_hold_a_key_are_the_active_ones() -> None:
-    assert UNIQUE_WHILE == ("pending", "leased")
+    assert UNIQUE_WHILE == ("pending", "leased", "waiting")  # a waiting job will run: docs/dependencies.md
 
 
 async def test_a_second_job_with_the_key_while_one_is_pending_answers_with_its_id(store: QueueStore) -> None:

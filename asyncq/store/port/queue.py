@@ -23,8 +23,12 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   holds a unique key, enforced by the store's own partial unique index; every transition into those statuses
   keeps it (a retry or release keeps the key its job holds; a redrive whose key is taken is ``UniqueConflict``),
   and no driver's integrity error ever escapes.
-- **Retention by the stored windows.** A retention step removes only ended jobs past their queue's window for
-  their state, at most its batch, in one transaction; never a pending or leased row.
+- **Retention by the stored rules.** A retention step removes only ended jobs of one queue and task past the window
+  the caller computed from the rules (``core.retention``) for their state, at most its batch, in one transaction,
+  by an index seek; never a live row, nor one a graph still needs.
+- **Schedules as stored state** (``asyncq.store.port.schedules``): one job per tick, whoever evaluates it.
+- **Dependencies and groups** (``store/port/graphs.py``): a graph commits whole; a job's end settles its dependants
+  and its group in the same transaction; a job in no graph pays nothing more.
 - **Time from the caller.** Every ``now_ms`` is the caller's clock; a store never reads a clock of its own.
 - **Durability stated.** A call that returned survives power loss at the store's default level (SQLite WAL+FULL
   or DELETE+EXTRA; PostgreSQL ``synchronous_commit=on``); a weaker level is opt-in and says so
@@ -42,9 +46,11 @@ from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
-from asyncq.core.retention import Windows
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
+from asyncq.store.port.graphs import GraphStore, GraphTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
+from asyncq.store.port.schedules import ScheduleStore
 
 #: How a store on a database server is named (anything else is a path to a SQLite file).
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -83,7 +89,7 @@ class JobFilter:
     errors: bool = False
 
 
-class StoreTransaction(Protocol):
+class StoreTransaction(GraphTransaction, Protocol):
     """An open transaction of a store, in which the app's own statements and asyncq's rows commit together."""
 
     async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
@@ -95,7 +101,7 @@ class StoreTransaction(Protocol):
         ...
 
 
-class QueueStore(Protocol):
+class QueueStore(ScheduleStore, GraphStore, Protocol):
     """A queue's storage. Every method is one transaction; arguments are already checked by the facade."""
 
     #: Where the store lives, for messages (a file path, a URL without its password).
@@ -191,8 +197,22 @@ class QueueStore(Protocol):
         """Set ``queue``'s ``max_wait`` (``None``: none, strict priorities) with an audit row, which is returned."""
         ...
 
-    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
-        """Set ``queue``'s retention windows (each ``None``: for ever) with an audit row, which is returned."""
+    async def set_retention(
+        self, queue: str | None, task: str | None, windows: Windows | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        """Set the retention rule of one scope to ``windows`` (each ``None``: for ever), or clear it (``windows``
+        ``None``), with an audit row (queue ``"*"`` for the default), which is returned. The scope: every queue
+        (``queue`` ``None``, the default), a queue, or one ``task``'s jobs in ``queue``. Clearing a scope without a
+        rule is a ``ValueError``, nothing written."""
+        ...
+
+    async def retention_rules(self) -> list[RetentionRule]:
+        """Every stored retention rule: the default first, then by queue, a queue's own before its tasks'."""
+        ...
+
+    async def ended_groups(self, queues: Sequence[str] | None) -> list[tuple[str, str | None]]:
+        """The ``(queue, task)`` groups of done and dead jobs (``None``: those without a task) of ``queues`` (every
+        queue if ``None``), by queue then task, those without one first; one index seek per group."""
         ...
 
     async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
@@ -205,11 +225,13 @@ class QueueStore(Protocol):
         per key, the rate's next start), in one read."""
         ...
 
-    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
+    async def remove_expired(
+        self, queue: str, task: str | None, state: str, cutoff_ms: int, now_ms: int, limit: int
+    ) -> int:
         """One retention step, one transaction: remove (with their errors and results; audit rows stay) up to
-        ``limit`` of ``queue``'s jobs in retention ``state`` (``core.retention.RETENTION_STATES``) that ended before
-        ``cutoff_ms``, found by an index seek; never a pending or leased row, nor a done job whose result is kept
-        past ``now_ms``. How many it removed."""
+        ``limit`` of the jobs of ``queue`` and ``task`` (``None``: those without a task) in retention ``state``
+        (``core.retention.RETENTION_STATES``) that ended before ``cutoff_ms``, found by an index seek; never a
+        pending or leased row, nor a done job whose result is kept past ``now_ms``. How many it removed."""
         ...
 
     async def queue_settings(self) -> list[QueueSettings]:

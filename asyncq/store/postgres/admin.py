@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
-from asyncq.core.lifecycle import STATUSES
-from asyncq.core.retention import STATE_CELLS
+from asyncq.core.lifecycle import STATUSES, WAITING
 from asyncq.core.stats import Stats, StatsReads, assemble_stats
 from asyncq.store.port.queue import JobFilter
 from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.graph_schema import NEEDED_BY_GRAPH
 from asyncq.store.postgres.schema import ENDED_AT, FOLD_COUNTS
 
 JOB_COLUMNS = (
@@ -27,8 +27,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: and its unique key.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.limit_key"
+#: its unique key, its task, its group, how many dependencies it still waits for, and its limit key.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits, j.limit_key"
 _LISTED = (
     f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
 )
@@ -57,39 +57,32 @@ SELECT attempts, count(*) FROM {schema}.jobs WHERE status IN ('pending', 'leased
 
 # When a finished job ended (the SQLite driver's rule, ``schema.ENDED_AT``): finish and cancel stamp
 # ``available_at``; a deadline or exhausted row is dated by its deadline. $1 cutoff, $2 done?, $3 dead?.
-_PRUNABLE = f"((($2 AND status = 'done') OR ($3 AND status = 'dead')) AND {ENDED_AT} < $1)"
-PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {{schema}}.jobs WHERE {_PRUNABLE} GROUP BY status"
-PRUNABLE_IDS = f"SELECT id FROM {{schema}}.jobs WHERE {_PRUNABLE} ORDER BY seq LIMIT $4"
+# A job a graph still needs is never pruned (``graph_schema.NEEDED_BY_GRAPH``, its ``{schema}`` filled by ``q``).
+_PRUNABLE = f"((($2 AND status = 'done') OR ($3 AND status = 'dead')) AND {ENDED_AT} < $1 AND NOT {NEEDED_BY_GRAPH})"
+PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {{schema}}.jobs j WHERE {_PRUNABLE} GROUP BY status"
+PRUNABLE_IDS = f"SELECT id FROM {{schema}}.jobs j WHERE {_PRUNABLE} ORDER BY seq LIMIT $4"
 # Removing the finished jobs ``doomed`` names, shared by prune and retention: their errors and results go with
 # them, audit rows stay. ``doomed`` locks its rows (``FOR UPDATE SKIP LOCKED``: a row a redrive holds is left for
 # the next step) and is re-checked on the row it locked, so a job redriven since the snapshot is never removed.
-_REMOVE_DOOMED = """WITH doomed AS MATERIALIZED ({doomed} FOR UPDATE SKIP LOCKED
+REMOVE_DOOMED = """WITH doomed AS MATERIALIZED ({doomed} FOR UPDATE SKIP LOCKED
 ), errors AS (
   DELETE FROM {{schema}}.errors WHERE job_seq IN (SELECT seq FROM doomed)
 ), results AS (
   DELETE FROM {{schema}}.results WHERE job_seq IN (SELECT seq FROM doomed)
+), dependant_edges AS (
+  DELETE FROM {{schema}}.edges WHERE dependant IN (SELECT seq FROM doomed)
+), dependency_edges AS (
+  DELETE FROM {{schema}}.edges
+  WHERE dependency IN (SELECT seq FROM doomed) AND dependant NOT IN (SELECT seq FROM doomed)
 ), deleted AS (
   DELETE FROM {{schema}}.jobs WHERE seq IN (SELECT seq FROM doomed) RETURNING seq
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT max(seq) FROM doomed)"""
 # One bounded batch, walking the primary key from ``$4`` (the last seq of the batch before): each batch is its own
 # short transaction, so a prune holds no lock for long and never rewrites the table. $5 the batch size.
-PRUNE_BATCH = _REMOVE_DOOMED.format(
-    doomed=f"SELECT seq FROM {{schema}}.jobs WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5"
+PRUNE_BATCH = REMOVE_DOOMED.format(
+    doomed=f"SELECT seq FROM {{schema}}.jobs j WHERE seq > $4 AND {_PRUNABLE} ORDER BY seq LIMIT $5"
 )
-# One retention step on one cell: one queue's ($1) jobs of a status ($2) and reason ($6; the done cell's is NULL, a
-# statement of its own so that both seek ``jobs_ended``) whose ``available_at`` and end are before $3, from the
-# range of the index that holds them (no order: any expired rows will do, so nothing is sorted), at most $5; a done
-# job whose result is kept past $4 (now) stays. The result is looked up per row by its primary key (a scalar
-# subquery: a NOT EXISTS became an anti-join reading every result still kept, at each step).
-_EXPIRED = f"""SELECT seq FROM {{{{schema}}}}.jobs j WHERE status IN ('done', 'dead') AND queue = $1 AND status = $2
-  AND {{reason}} AND available_at < $3 AND {ENDED_AT} < $3
-  AND coalesce((SELECT r.expires_at FROM {{{{schema}}}}.results r WHERE r.job_seq = j.seq), 0) <= $4
-  LIMIT $5"""
-EXPIRED_BATCH = {
-    null: _REMOVE_DOOMED.format(doomed=_EXPIRED.format(reason=term))
-    for null, term in ((True, "reason IS NULL AND $6::text IS NULL"), (False, "reason = $6"))
-}
 PRUNE_BATCH_ROWS = 1_000
 # Results kept past their task's retention, whatever their job's age (the job stays, without it). $1 now.
 PRUNE_EXPIRED_RESULTS = "DELETE FROM {schema}.results WHERE expires_at <= $1"
@@ -140,6 +133,8 @@ def _listing(which: JobFilter) -> tuple[str, list[Any]]:
     if which.status is not None:
         assert which.status in STATUSES, which.status
         terms.append(f"status = '{which.status}'")
+        if which.status == WAITING:  # the index of jobs with edges not met (``graph_schema``) holds every waiting job
+            terms.append("waits > 0")
     for column, value in (("queue", which.queue), ("reason", which.reason)):
         if value is not None:
             arguments.append(value)
@@ -197,22 +192,6 @@ async def prune_batch(
     row = await conn.fetchrow(q(PRUNE_BATCH, schema), *params, after, size)
     assert row is not None
     return int(row[0]), None if row[1] is None else int(row[1])
-
-
-async def remove_expired(
-    conn: Connection, schema: str, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int
-) -> int:
-    """One retention step in the caller's transaction (``EXPIRED_BATCH``, cell by cell of the state): how many jobs
-    it removed."""
-    removed = 0
-    for status, reason in STATE_CELLS[state]:
-        statement = q(EXPIRED_BATCH[reason is None], schema)
-        row = await conn.fetchrow(statement, queue, status, cutoff_ms, now_ms, limit - removed, reason)
-        assert row is not None
-        removed += int(row[0])
-        if removed >= limit:
-            break
-    return removed
 
 
 async def prune_expired_results(conn: Connection, schema: str, now_ms: int) -> int:

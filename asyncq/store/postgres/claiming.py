@@ -1,6 +1,7 @@
-"""The claim half of a group commit on PostgreSQL: the sweep and the plan's claims (``core.claim_plan``), each queue's
-by the plain claim statement (``statements.CLAIM``) or a limited queue's (``limits.claim_limited``), inside a
-transaction the caller holds. The plans and rules are ``asyncq.core``'s; these functions run statements.
+"""The claim half of a group commit on PostgreSQL: the sweep (a parked job in a graph settles its dependants and
+group) and the plan's claims (``core.claim_plan``), each queue's by the plain claim statement (``statements.CLAIM``)
+or a limited queue's (``limits.claim_limited``), inside a transaction the caller holds. The plans and rules are
+``asyncq.core``'s; these functions run statements.
 """
 
 from __future__ import annotations
@@ -9,17 +10,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncq.core.claim_plan import Claim, ClaimPlan, Rank, claim_rank, next_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow_limits import Hold
+from asyncq.core.lifecycle import DEAD
+from asyncq.store.postgres import graphs
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.limits import claim_limited, is_limited
 from asyncq.store.postgres.statements import sql
 
 
-async def sweep(conn: Connection, schema: str, now_ms: int) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested) as dead, in every queue."""
-    await conn.execute(sql(schema, "SWEEP_DEADLINE"), now_ms)
-    await conn.execute(sql(schema, "SWEEP_EXHAUSTED"), now_ms)
-    await conn.execute(sql(schema, "SWEEP_CANCELLED"), now_ms)
+async def sweep(conn: Connection, schema: str, now_ms: int, ripple: Ripple | None = None) -> None:
+    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested; a waiting job past its
+    deadline) as dead, in every queue; a parked job in a graph has its dependants and group settled."""
+    parked = list(await conn.fetch(sql(schema, "SWEEP_DEADLINE"), now_ms))
+    parked += await conn.fetch(sql(schema, "SWEEP_EXHAUSTED"), now_ms)
+    parked += await conn.fetch(sql(schema, "SWEEP_CANCELLED"), now_ms)
+    linked = [(int(seq), DEAD, int(links)) for seq, links in parked if links is not None]
+    if linked:
+        await graphs.settle_ends(conn, schema, linked, now_ms, Ripple() if ripple is None else ripple)
 
 
 async def claim(

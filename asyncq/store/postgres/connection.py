@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -24,11 +24,27 @@ from asyncq.store.port.queue import is_store_url
 from asyncq.store.postgres.failures import DRIVER_ERRORS, TRANSIENT, PostgresBusy, is_lost
 
 DEFAULT_SCHEMA = "asyncq"
-#: How waiting workers learn of new rows: ``listen`` (LISTEN/NOTIFY, polling as the fallback) or ``poll`` only
-#: (for a PgBouncer in transaction mode, which drops a session's LISTEN).
+#: How waiting workers learn of new rows: ``listen`` (LISTEN/NOTIFY, polling as the fallback) or ``poll`` only.
 WAKEUPS = ("listen", "poll")
+#: The connection pooler a URL goes through (``?pooler=``), by PgBouncer's pool modes: ``session`` (a client keeps
+#: one server connection: LISTEN works) or ``transaction`` (each transaction may run on another: no LISTEN, no
+#: prepared statement kept). Without it the URL names the server itself.
+POOLERS = ("session", "transaction")
 #: The URL's query options asyncq reads itself; every other one goes to asyncpg (and so to the server).
-ASYNCQ_OPTIONS = ("schema", "wakeups", "pool_size")
+ASYNCQ_OPTIONS = ("schema", "wakeups", "pool_size", "pooler")
+#: The URL's query options asyncpg takes for itself (asyncpg 0.29-0.30); it sends every other one to the server
+#: as a startup setting.
+ASYNCPG_OPTIONS = frozenset(
+    {
+        *("host", "port", "dbname", "database", "user", "password", "passfile", "service"),
+        *("sslmode", "sslcert", "sslkey", "sslrootcert", "sslnegotiation", "sslcrl", "sslpassword"),
+        *("ssl_min_protocol_version", "ssl_max_protocol_version", "target_session_attrs", "krbsrvname", "gsslib"),
+    }
+)
+#: The startup settings PgBouncer passes on to the server; it refuses any other ("unsupported startup parameter").
+POOLER_SETTINGS = frozenset(
+    {"application_name", "client_encoding", "datestyle", "timezone", "standard_conforming_strings"}
+)
 DEFAULT_POOL_SIZE = 4
 MAX_POOL_SIZE = 100
 #: The commit levels at which a returned commit is on the server's disk (``off`` is not; ``local`` and the
@@ -52,6 +68,8 @@ class Target:
     schema: str
     wakeups: str
     pool_size: int
+    #: ``session`` or ``transaction`` behind a pooler in that mode; ``None``: the server itself.
+    pooler: str | None = None
 
 
 def parse_url(url: object) -> Target:
@@ -71,13 +89,45 @@ def parse_url(url: object) -> Target:
     if len(ours) != sum(key in ASYNCQ_OPTIONS for key, _ in query):
         raise ValueError("the PostgreSQL URL names an asyncq option twice")
     schema = check_schema(ours.get("schema", DEFAULT_SCHEMA))
-    wakeups = ours.get("wakeups", "listen")
-    if wakeups not in WAKEUPS:
-        raise ValueError(f"wakeups must be one of {list(WAKEUPS)}, not {wakeups!r}")
+    pooler = _pooler(ours.get("pooler"))
+    wakeups = _wakeups(ours.get("wakeups"), pooler)
     pool_size = _pool_size(ours.get("pool_size", str(DEFAULT_POOL_SIZE)))
     rest = [(key, value) for key, value in query if key not in ASYNCQ_OPTIONS]
+    if pooler is not None:
+        _check_pooled_settings(key for key, _ in rest)
     dsn = urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote)))
-    return Target(dsn=dsn, location=redact(url), schema=schema, wakeups=wakeups, pool_size=pool_size)
+    return Target(dsn=dsn, location=redact(url), schema=schema, wakeups=wakeups, pool_size=pool_size, pooler=pooler)
+
+
+def _pooler(text: str | None) -> str | None:
+    if text is not None and text not in POOLERS:
+        raise ValueError(f"pooler must be one of {list(POOLERS)} (the pooler's mode), not {text!r}")
+    return text
+
+
+def _wakeups(text: str | None, pooler: str | None) -> str:
+    """``listen`` unless the URL says ``poll``; behind a pooler in transaction mode ``poll``, and ``listen`` there is
+    refused: each transaction may run on another server connection, so a LISTEN would be lost."""
+    if text is not None and text not in WAKEUPS:
+        raise ValueError(f"wakeups must be one of {list(WAKEUPS)}, not {text!r}")
+    if pooler != "transaction":
+        return text or "listen"
+    if text == "listen":
+        raise ValueError(
+            "wakeups=listen cannot work through a pooler in transaction mode (a LISTEN stays on a server connection"
+            " the pooler hands to others): leave wakeups out (the store polls), or use the pooler in session mode"
+        )
+    return "poll"
+
+
+def _check_pooled_settings(keys: Iterable[str]) -> None:
+    """Behind a pooler, a URL option asyncpg would send as a startup setting PgBouncer refuses is a ``ValueError``."""
+    for key in keys:
+        if key.lower() not in ASYNCPG_OPTIONS | POOLER_SETTINGS:
+            raise ValueError(
+                f"{key} in the URL would be a startup setting, which a pooler refuses: set it on the role or the"
+                f" database instead (ALTER ROLE … SET {key} = …)"
+            )
 
 
 def _pool_size(text: str) -> int:
@@ -117,13 +167,13 @@ def redact(url: str) -> str:
 def _open_failed(error: BaseException, target: Target) -> StoreError:
     """Why a connection could not be opened: a ``PostgresBusy`` for a server not there yet, starting, shutting down or
     full (a worker waits it out), a ``StoreError`` saying so for a pooler refusing asyncq's startup settings (the URL
-    lacks ``?wakeups=poll``), else a ``StoreError`` with the driver's message."""
+    does not say ``?pooler=``), else a ``StoreError`` with the driver's message."""
     if isinstance(error, asyncpg.ProtocolViolationError):
-        if "unsupported startup parameter" in str(error) and target.wakeups != "poll":
+        if "unsupported startup parameter" in str(error) and target.pooler is None:
             return StoreError(
                 f"cannot open {target.location}: {error}: a connection pooler (PgBouncer?) answers at this address;"
-                " behind a pooler in transaction mode add ?wakeups=poll to the URL (no LISTEN, no prepared-statement"
-                " cache, no startup settings)"
+                " say how it pools: add ?pooler=session (LISTEN/NOTIFY wake-ups) or ?pooler=transaction (woken by"
+                " polling) to the URL"
             )
         return StoreError(f"cannot open {target.location}: {error}")
     if isinstance(error, TRANSIENT) or is_lost(error):
@@ -132,12 +182,11 @@ def _open_failed(error: BaseException, target: Target) -> StoreError:
 
 
 def _server_settings(target: Target, read_only: bool) -> dict[str, str]:
-    """The settings a connection starts with. Behind a pooler (``?wakeups=poll``) only ``application_name``: PgBouncer
-    refuses any other startup parameter ("unsupported startup parameter"), and a session setting would not
-    follow a client from one server connection to the next anyway; ``synchronous_commit`` is still read back on
-    every connection (``_check_durable``), and a read-only handle refuses writes before any statement and reads in
-    read-only transactions."""
-    if target.wakeups == "poll":
+    """The settings a connection starts with. Behind a pooler (``?pooler=``) only ``application_name``: PgBouncer
+    refuses any other startup parameter ("unsupported startup parameter"), in either mode; ``synchronous_commit``
+    is still read back on every connection (``_check_durable``), and a read-only handle refuses writes before any
+    statement and reads in read-only transactions."""
+    if target.pooler is not None:
         return {"application_name": "asyncq"}
     settings = {"synchronous_commit": "on", "application_name": "asyncq"}
     return settings | {"default_transaction_read_only": "on"} if read_only else settings
@@ -154,13 +203,17 @@ async def open_pool(target: Target, *, size: int | None = None, read_only: bool 
             max_size=size or target.pool_size,
             server_settings=_server_settings(target, read_only),
             init=_check_durable,
-            # Statements are prepared and cached per connection; none survives a PgBouncer in transaction mode.
-            statement_cache_size=0 if target.wakeups == "poll" else 100,
+            statement_cache_size=statement_cache_size(target),
         )
     except DRIVER_ERRORS as error:
         raise _open_failed(error, target) from error
     assert pool is not None
     return pool
+
+
+def statement_cache_size(target: Target) -> int:
+    """asyncpg prepares and caches statements per connection; none survives a pooler in transaction mode."""
+    return 0 if target.pooler == "transaction" else 100
 
 
 async def _check_durable(conn: Connection) -> None:
@@ -175,7 +228,7 @@ async def connect(target: Target, *, read_only: bool = False) -> asyncpg.Connect
         conn = await asyncpg.connect(
             target.dsn,
             server_settings=_server_settings(target, read_only),
-            statement_cache_size=0 if target.wakeups == "poll" else 100,
+            statement_cache_size=statement_cache_size(target),
         )
     except DRIVER_ERRORS as error:
         raise _open_failed(error, target) from error

@@ -16,70 +16,40 @@ from typing import Any, TypeVar
 import asyncpg
 
 from asyncq.core.claim_plan import plan_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
-from asyncq.core.retention import Windows
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
-from asyncq.store.port.queue import Capabilities, JobFilter, StoreState, StoreTransaction
+from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.postgres import admin, claiming, flow, limits, transitions
+from asyncq.store.postgres import admin, claiming, flow, limits, retention, transitions
 from asyncq.store.postgres.connection import (
     Connection,
     Target,
-    connect,
     migrate,
     open_pool,
     parse_url,
     read_version,
-    schema_exists,
     settings,
 )
-from asyncq.store.postgres.effects import execute_inside
 from asyncq.store.postgres.failures import as_busy
+from asyncq.store.postgres.graph_store import PostgresGraphCalls
+from asyncq.store.postgres.inspection import check_reader
 from asyncq.store.postgres.pooled import dropped_if_lost
-from asyncq.store.postgres.schema import QUEUE, SCHEMA_VERSION
+from asyncq.store.postgres.schedules_store import PostgresSchedules
+from asyncq.store.postgres.schema import QUEUE
 from asyncq.store.postgres.statements import NOTIFY
+from asyncq.store.postgres.transaction import PostgresTransaction
 from asyncq.store.postgres.wakeups import Wakeups
 
 T = TypeVar("T")
 
 
-class PostgresTransaction:
-    """An open transaction on a connection (the store's, or the app's own): the app's SQL and its jobs commit
-    together. Usable only while its block is open."""
-
-    def __init__(self, store: PostgresQueueStore, conn: Connection) -> None:
-        self._store = store
-        self._conn = conn
-        self._open = True
-        #: How many jobs asyncq added in this transaction (this process's waiters are woken after the commit).
-        self.added = 0
-
-    async def execute(self, statement: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        """Run one statement of the app's own (``$1``-style parameters) and return its rows as tuples."""
-        self._check_open()
-        return await execute_inside(self._conn, statement, parameters)
-
-    async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[Enqueued]:
-        """Insert jobs inside this transaction, the batch in a savepoint: a ``Conflict`` takes back this batch
-        only (the block may catch it and go on)."""
-        self._check_open()
-        async with self._conn.transaction():
-            added = await transitions.enqueue_rows(self._conn, self._store.schema, rows)
-            if True in added and not self.added:  # the transaction's first jobs: its one NOTIFY
-                await self._conn.execute(NOTIFY, self._store.wakeups.channel)
-        self.added += sum(result is True for result in added)
-        return added
-
-    def _check_open(self) -> None:
-        if not self._open:
-            raise RuntimeError("this transaction's block has ended: open a new one with transaction()")
-
-
-class PostgresQueueStore:
+class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
     """The queue store's port on PostgreSQL (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, target: Target, pool: asyncpg.Pool, wakeups: Wakeups, read_only: bool) -> None:
@@ -100,7 +70,7 @@ class PostgresQueueStore:
         try:
             async with pool.acquire() as conn:
                 if read_only:
-                    await _check_reader(conn, target)
+                    await check_reader(conn, target)
                 else:
                     await migrate(conn, target.schema, QUEUE)
                     await admin.fold_counts(conn, target.schema)
@@ -174,13 +144,19 @@ class PostgresQueueStore:
     ) -> Settled:
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
 
+        ripple = Ripple()
+
         async def cycle(conn: Connection, schema: str) -> Settled:
             activated = await transitions.activate(conn, schema, begun)
-            statuses = await transitions.finish(conn, schema, finishes, now_ms, resend=resend) if finishes else []
+            statuses = (
+                await transitions.finish(conn, schema, finishes, now_ms, resend=resend, ripple=ripple)
+                if finishes
+                else []
+            )
             await self._notify_if_pending(conn, statuses)
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:
-                await claiming.sweep(conn, schema, now_ms)
+                await claiming.sweep(conn, schema, now_ms, ripple)
             rows, counted, holds = await claiming.claim(
                 conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited
             )
@@ -188,18 +164,20 @@ class PostgresQueueStore:
             return Settled(statuses, tickets, activated, holds)
 
         settled: Settled = await self._write(cycle)
-        if PENDING in settled.statuses:
+        if PENDING in settled.statuses or ripple.released:
             self.wakeups.notify()
         return settled
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
+        ripple = Ripple()
+
         async def step(conn: Connection, schema: str) -> list[str | None]:
-            statuses = await transitions.finish(conn, schema, finishes, now_ms)
+            statuses = await transitions.finish(conn, schema, finishes, now_ms, ripple=ripple)
             await self._notify_if_pending(conn, statuses)
             return statuses
 
         statuses: list[str | None] = await self._write(step) if finishes else []
-        if PENDING in statuses:
+        if PENDING in statuses or ripple.released:
             self.wakeups.notify()
         return statuses
 
@@ -244,12 +222,16 @@ class PostgresQueueStore:
         return entry
 
     async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        ripple = Ripple()
+
         async def step(conn: Connection, schema: str) -> CancelOutcome:
-            decided, entry, status = await transitions.cancel(conn, schema, job_id, now_ms, note)
+            decided, entry, status = await transitions.cancel(conn, schema, job_id, now_ms, note, ripple)
             audit = None if entry is None else AuditEntry(*entry)
             return CancelOutcome(job_id, decided, status_after_cancel(decided, status), audit)
 
         outcome: CancelOutcome = await self._write(step)
+        if ripple.released:  # a cancelled dependency released dependants that run anyway
+            self.wakeups.notify()
         return outcome
 
     async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
@@ -270,8 +252,10 @@ class PostgresQueueStore:
         entry: QueueAuditEntry = await self._write(flow.set_max_wait, queue, max_wait_ms, now_ms, note, actor)
         return entry
 
-    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
-        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, windows, now_ms, note, actor)
+    async def set_retention(
+        self, queue: str | None, task: str | None, windows: Windows | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, task, windows, now_ms, note, actor)
         return entry
 
     async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
@@ -288,8 +272,18 @@ class PostgresQueueStore:
         found: list[LimitUsage] = await self._read(limits.limit_usage, now_ms)
         return found
 
-    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
-        removed: int = await self._write(admin.remove_expired, queue, state, cutoff_ms, now_ms, limit)
+    async def retention_rules(self) -> list[RetentionRule]:
+        rules: list[RetentionRule] = await self._read(flow.retention_rules)
+        return rules
+
+    async def ended_groups(self, queues: Sequence[str] | None) -> list[tuple[str, str | None]]:
+        groups: list[tuple[str, str | None]] = await self._read(retention.ended_groups, queues)
+        return groups
+
+    async def remove_expired(
+        self, queue: str, task: str | None, state: str, cutoff_ms: int, now_ms: int, limit: int
+    ) -> int:
+        removed: int = await self._write(retention.remove_expired, queue, task, state, cutoff_ms, now_ms, limit)
         return removed
 
     async def queue_settings(self) -> list[QueueSettings]:
@@ -412,35 +406,3 @@ def _translated(error: BaseException, location: str) -> BaseException:
     if busy is not error:
         busy.__cause__ = error
     return busy
-
-
-async def _check_reader(conn: Connection, target: Target) -> None:
-    """A reader opens only a current queue (an older one is migrated by a writer's open, ``asyncq init``)."""
-    version = await read_version(conn, target.schema, QUEUE.component)
-    if not version:
-        raise StoreError(f"{target.location} is not an asyncq queue (schema {target.schema} has no queue tables)")
-    if version > SCHEMA_VERSION:
-        raise StoreError(f"{target.location} has schema version {version}, newer than this asyncq's")
-    if version < SCHEMA_VERSION:
-        raise StoreError(f"{target.location} has schema version {version}: run `asyncq init` to migrate it")
-
-
-async def inspect_url(url: object) -> StoreState:
-    """What the URL's schema holds, found without creating or changing anything (``Queue.inspect``)."""
-    target = parse_url(url)
-    conn = await connect(target)
-    try:
-        version = await read_version(conn, target.schema, QUEUE.component)
-        if not await schema_exists(conn, target.schema):
-            kind = "missing"
-        elif version:
-            kind = "queue"
-        else:
-            tables = await conn.fetchval(
-                "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> 'versions'", target.schema
-            )
-            kind = "other" if tables else "empty"
-        found = {"schema": target.schema, **await settings(conn, ("synchronous_commit", "server_version"))}
-    finally:
-        await conn.close()
-    return StoreState(target.location, kind, version or 0, SCHEMA_VERSION, found, store="postgresql")

@@ -17,11 +17,9 @@ the advisory lock). ``{schema}`` is the schema's checked name.
 
 from __future__ import annotations
 
-from asyncq.core.lifecycle import UNIQUE_WHILE
 from asyncq.store.postgres.connection import Migrations
-
-#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
-HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
+from asyncq.store.postgres.graph_schema import GRAPHS
+from asyncq.store.postgres.schedules import SCHEDULE_TABLES
 
 JOBS = """
 CREATE TABLE {schema}.jobs (
@@ -190,13 +188,14 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE {schema}.jobs ADD COLUMN unique_key text",
     "CREATE UNIQUE INDEX jobs_unique ON {schema}.jobs (queue, unique_key)"
-    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 6's statuses (v8 adds waiting)
 )
 
 # When a finished job ended (the SQLite store's ``schema.ENDED_AT``).
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
-
-# Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
+ENDED_AT = (
+    "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
+    " ELSE deadline END)"
+)  # Version 7: retention per terminal state (docs/flow-control.md, "Retention"; the SQLite store's v10). Three windows
 # on each queue's settings row (NULL: for ever), the ``retention`` move and the windows it set in ``queue_audit``,
 # and ``jobs_ended``: the finished jobs by queue, status, reason and ``available_at`` (plain columns, as on SQLite),
 # so a step is one bounded index seek per cell (``core.retention.STATE_CELLS``).
@@ -211,14 +210,51 @@ RETENTION = (
     "CREATE INDEX jobs_ended ON {schema}.jobs (queue, status, reason, available_at) WHERE status IN ('done', 'dead')",
 )
 
-# Version 8: concurrency and rate limits (docs/flow-control.md, "Limits"; the SQLite store's v11). A job's optional
+# Version 8: the task a job's body names (``core.jobs.task_of``; the SQLite store's v11), set at enqueue, NULL for any
+# other body and for rows enqueued before (the migration reads no body: adding a nullable column rewrites nothing).
+# ``jobs_task`` finds a task's jobs in ``seq`` order (an operator's listing); only rows with a task have an entry.
+TASKS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN task text",
+    "CREATE INDEX jobs_task ON {schema}.jobs (task, seq) WHERE task IS NOT NULL",
+)
+
+# Version 8 (with ``TASKS``): retention rules per scope (the SQLite store's ``RETENTION_RULES``): ``retention`` holds
+# one row per rule, keyed by queue (``*``: every queue) and task (empty: the whole queue); the queues' own windows move
+# there (a queue that ever set its retention has a rule) and their columns go; the queue audit gains ``task`` and the
+# ``retention_clear`` move; ``jobs_retained`` puts ``task`` after ``queue`` in the index of ended jobs, so a group of
+# one queue and task is one range per cell, and replaces ``jobs_ended`` (the same entries).
+RETENTION_RULES = (
+    """CREATE TABLE {schema}.retention (
+  queue text NOT NULL,
+  task text NOT NULL,
+  retain_done_ms bigint,
+  retain_dead_ms bigint,
+  retain_cancelled_ms bigint,
+  PRIMARY KEY (queue, task)
+)""",
+    "INSERT INTO {schema}.retention (queue, task, retain_done_ms, retain_dead_ms, retain_cancelled_ms)"
+    " SELECT queue, '', retain_done_ms, retain_dead_ms, retain_cancelled_ms FROM {schema}.queues"
+    " WHERE queue IN (SELECT queue FROM {schema}.queue_audit WHERE action = 'retention')",
+    "ALTER TABLE {schema}.queues DROP COLUMN retain_done_ms, DROP COLUMN retain_dead_ms,"
+    " DROP COLUMN retain_cancelled_ms",
+    "ALTER TABLE {schema}.queue_audit ADD COLUMN task text",
+    "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
+    "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear'))",
+    "DROP INDEX {schema}.jobs_ended",
+    "CREATE INDEX jobs_retained ON {schema}.jobs (queue, task, status, reason, available_at)"
+    " WHERE status IN ('done', 'dead')",
+)
+
+# Version 11: concurrency and rate limits (docs/flow-control.md, "Limits"; the SQLite store's v14). A job's optional
 # ``limit_key``; each queue's limits on its settings row (NULL: none) and the rate's state (``rate_tat_us``: GCRA's
 # theoretical arrival time, microseconds), advanced by the claim that takes jobs, which holds the row's lock: the
 # claims of a limited queue are serialised on it, so each counts every lease committed before it. The queue audit
-# gains the ``limits`` move and the limits it set. A limited claim counts live leases through ``jobs_leased``;
-# ``jobs_keyed`` holds the pending jobs that have a key, by queue, key and claim order, so that a claim under a
-# per-key limit finds each key's best jobs in one seek instead of walking a full key's backlog
-# (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never limited by key) are not in it.
+# gains the ``limits`` move and the limits it set (beside version 8's ``retention_clear`` and ``task``). A limited
+# claim counts live leases through ``jobs_leased``; ``jobs_keyed`` holds the pending jobs that have a key, by queue,
+# key and claim order, so that a claim under a per-key limit finds each key's best jobs in one seek instead of walking
+# a full key's backlog (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never limited by key) are
+# not in it.
 LIMITS = (
     "ALTER TABLE {schema}.jobs ADD COLUMN limit_key text",
     "ALTER TABLE {schema}.queues ADD COLUMN limit_concurrency integer, ADD COLUMN limit_per_key integer,"
@@ -228,7 +264,7 @@ LIMITS = (
     " ADD COLUMN limit_rate integer, ADD COLUMN limit_per_ms bigint, ADD COLUMN limit_burst integer",
     "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
     "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
-    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'limits'))",
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear', 'limits'))",
     "CREATE INDEX jobs_keyed ON {schema}.jobs (queue, limit_key, priority DESC, available_at, seq)"
     " WHERE status = 'pending' AND limit_key IS NOT NULL",
 )
@@ -259,7 +295,10 @@ QUEUE = Migrations(
         FLOW_CONTROL,  # version 5: priorities, the queues' stored settings (pause, max_wait) and their audit
         UNIQUE_KEYS,  # version 6: a job's unique key, held by one active job of its queue at a time
         RETENTION,  # version 7: retention per terminal state, its audit, the index of ended jobs
-        LIMITS,  # version 8: concurrency and rate limits per queue and limit key, the rate's state, their audit
+        (*TASKS, *RETENTION_RULES),  # version 8: the task a job's body names; retention rules per task, queue, default
+        SCHEDULE_TABLES,  # version 9: schedules as stored state, their events
+        GRAPHS,  # version 10: dependencies and groups (the waiting status, edges, groups)
+        LIMITS,  # version 11: concurrency and rate limits per queue and limit key, the rate's state, their audit
     ),
 )
 SCHEMA_VERSION = QUEUE.version

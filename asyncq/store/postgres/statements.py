@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from functools import cache
 
-# The sweep: unclaimable rows (deadline passed; attempts used up), pending or with an expired lease, parked as
-# dead. Rows another transaction holds are skipped (it is finishing or claiming them; the next sweep sees them),
-# so a sweep never waits and never deadlocks with a finish.
+# The sweep: unclaimable rows (deadline passed; attempts used up), pending, waiting (for dependencies: the deadline
+# only) or with an expired lease, parked as dead. Rows another transaction holds are skipped (it is finishing or
+# claiming them; the next sweep sees them), so a sweep never waits and never deadlocks with a finish. RETURNING gives
+# each parked row's ``links``: a job in a graph has its dependants and group settled in the same transaction.
 SWEEP_DEADLINE = """
 UPDATE {schema}.jobs SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
 WHERE seq IN (
   SELECT seq FROM {schema}.jobs
-  WHERE status IN ('pending', 'leased') AND deadline <= $1 AND (status = 'pending' OR lease_until <= $1)
+  WHERE status IN ('pending', 'leased', 'waiting') AND deadline <= $1 AND (status <> 'leased' OR lease_until <= $1)
   FOR UPDATE SKIP LOCKED)
+RETURNING seq, links
 """
 
 SWEEP_EXHAUSTED = """
@@ -28,6 +30,7 @@ WHERE seq IN (
   SELECT seq FROM {schema}.jobs
   WHERE status IN ('pending', 'leased') AND attempts >= max_attempts AND (status = 'pending' OR lease_until <= $1)
   FOR UPDATE SKIP LOCKED)
+RETURNING seq, links
 """
 
 # A row with a cancel request that nobody holds any more (retried or released with it, or its lease expired) ends
@@ -39,6 +42,7 @@ WHERE seq IN (
   WHERE cancel_requested_at IS NOT NULL AND status IN ('pending', 'leased')
     AND (status = 'pending' OR lease_until <= $1)
   FOR UPDATE SKIP LOCKED)
+RETURNING seq, links
 """
 
 # $1 queue, $2 now, $3 limit, $4 owner, $5 lease_ms, $6 count (1: the claim counts an attempt; 0: claimed ahead,
@@ -93,7 +97,8 @@ RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts
 """
 
 # The finish: a compare-and-set on every column each decision read, for a whole batch in one statement. A row
-# whose version no longer matches is left alone, and RETURNING names the rows that landed.
+# whose version no longer matches is left alone, and RETURNING names the rows that landed, each with its ``links``
+# (NULL but for a job in a graph, whose end settles its dependants and group in the same transaction).
 # No ``status = 'leased'`` term (nor in ACTIVATE_ROWS): only a leased row has an owner and a lease (every move out
 # of leased clears both), so ``owner`` and ``lease_until`` imply it. Named, it let the planner (on a young table's
 # statistics) read the partial indexes of live rows and hash-join every leased row, a cost growing with the queue,
@@ -110,7 +115,7 @@ FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::integer[], $
 WHERE j.seq = v.seq AND j.id = v.id AND j.token = v.token AND j.owner = v.owner
   AND j.attempts = v.attempts AND j.lease_until = v.lease_until AND j.max_attempts = v.max_attempts
   AND j.deadline = v.deadline
-RETURNING j.seq
+RETURNING j.seq, j.links
 """
 
 # A handler started a job claimed ahead: its attempt is counted now, fenced on the whole lease.
@@ -150,11 +155,15 @@ RETURNING v.n
 # New jobs in batch order (seq follows it); a known id inserts nothing and RETURNING leaves it out.
 INSERT_ROWS = """
 INSERT INTO {schema}.jobs
-  (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key, limit_key)
-SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key, limit_key
+  (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key, task,
+   group_name, limit_key)
+SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key, task, group_name,
+  limit_key
 FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::smallint[],
-            $8::text[], $9::text[])
-  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, unique_key, limit_key, n)
+            $8::text[], $9::text[], $10::text[], $11::text[])
+  WITH ORDINALITY AS v(
+    id, queue, body, max_attempts, available_at, deadline, priority, unique_key, task, group_name, limit_key, n
+  )
 ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING id
@@ -166,7 +175,8 @@ SELECT_KEY_HOLDERS = """
 SELECT j.queue, j.unique_key, j.id FROM unnest($1::text[], $2::text[]) AS k(queue, unique_key)
 CROSS JOIN LATERAL (
   SELECT queue, unique_key, id FROM {schema}.jobs
-  WHERE queue = k.queue AND unique_key = k.unique_key AND unique_key IS NOT NULL AND status IN ('pending', 'leased')
+  WHERE queue = k.queue AND unique_key = k.unique_key AND unique_key IS NOT NULL
+    AND status IN ('pending', 'leased', 'waiting')
 ) AS j
 """
 
@@ -174,12 +184,12 @@ CROSS JOIN LATERAL (
 KEY_HOLDER_OF = """
 SELECT j.queue, j.unique_key, j.id FROM {schema}.jobs d
 JOIN {schema}.jobs j ON j.queue = d.queue AND j.unique_key = d.unique_key
-WHERE d.seq = $1 AND j.seq <> d.seq AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'leased')
+WHERE d.seq = $1 AND j.seq <> d.seq AND j.unique_key IS NOT NULL AND j.status IN ('pending', 'leased', 'waiting')
 """
 
 SELECT_BY_IDS = """
 SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority,
-  unique_key, limit_key
+  unique_key, group_name, limit_key
 FROM {schema}.jobs WHERE id = ANY($1::text[])
 """
 
@@ -200,8 +210,9 @@ UPDATE {schema}.jobs SET status = 'pending', attempts = 0, available_at = $2, de
 WHERE seq = $1 AND status = 'dead'
 """
 
-# A cancel ends a job nobody holds (pending, or leased under an expired lease), as ``decide_cancel`` decided on
-# the row locked by ``LOCK_FOR_CANCEL``; a live lease gets a request for its holder (a second one keeps the first).
+# A cancel ends a job nobody holds (pending, waiting, or leased under an expired lease), as ``decide_cancel`` decided
+# on the row locked by ``LOCK_FOR_CANCEL`` (its ``links``: settle its dependants and group); a live lease gets a
+# request for its holder (a second one keeps the first).
 LOCK_FOR_CANCEL = (
     "SELECT seq, status, attempts, max_attempts, token, owner, lease_until, deadline, cancel_requested_at"
     " FROM {schema}.jobs WHERE id = $1 FOR UPDATE"
@@ -209,7 +220,8 @@ LOCK_FOR_CANCEL = (
 
 CANCEL = """
 UPDATE {schema}.jobs SET status = 'dead', reason = 'cancelled', available_at = $2, owner = NULL, lease_until = NULL
-WHERE seq = $1 AND status IN ('pending', 'leased')
+WHERE seq = $1 AND status IN ('pending', 'leased', 'waiting')
+RETURNING links
 """
 
 REQUEST_CANCEL = """

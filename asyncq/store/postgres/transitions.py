@@ -7,10 +7,12 @@ argument is checked by the facade already; every ``now_ms`` is the caller's.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import asyncpg
 
+from asyncq.core.dependencies import Ripple
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
     FinishPlan,
@@ -25,9 +27,10 @@ from asyncq.core.finish_plan import (
     unlanded,
 )
 from asyncq.core.jobs import Enqueued, Finish, NewJob, StoredResult
-from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
+from asyncq.core.lifecycle import DEAD, DONE, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
+from asyncq.store.postgres import graphs
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.statements import sql
 
@@ -38,7 +41,14 @@ Found = tuple[int, dict[str, Any], JobState]
 async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> list[Enqueued]:
     """Insert ``jobs`` in batch order: ``True`` per new job, ``False`` where the id exists (or came earlier in the
     batch) with the same payload; ``Conflict`` where it holds another payload (the caller rolls back); the id of
-    the active job that holds its unique key where one does (``UniqueConflict`` for a row that asks to raise)."""
+    the active job that holds its unique key where one does (``UniqueConflict`` for a row that asks to raise). A
+    batch with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``)."""
+    if any(job.linked for job in jobs):
+        return await graphs.enqueue_linked(conn, schema, jobs, partial(_enqueue_plain, conn, schema))
+    return await _enqueue_plain(conn, schema, jobs)
+
+
+async def _enqueue_plain(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> list[Enqueued]:
     if not jobs:
         return []
     first: dict[str, NewJob] = {}
@@ -54,7 +64,7 @@ async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
         stored = {job_id: found[1] for job_id, found in (await read_states(conn, schema, known)).items()}
         keyed = [job for job in todo if job.id not in inserted and job.id not in stored]
         for job_id, payload in stored.items():
-            if first[job_id].payload != payload:
+            if any(first[job_id].payload[column] != value for column, value in payload.items()):  # task: derived
                 raise Conflict(f"job {job_id!r} already exists with a different payload")
         held |= await _key_holders(conn, schema, keyed)
         # Not inserted, yet nothing holds its id or key now: the row in the way ended (its key is free) or was
@@ -88,6 +98,8 @@ async def _insert(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> set[
         [job.deadline for job in jobs],
         [job.payload["priority"] for job in jobs],
         [job.payload["unique_key"] for job in jobs],
+        [job.payload["task"] for job in jobs],
+        [job.payload["group_name"] for job in jobs],
         [job.payload["limit_key"] for job in jobs],
     )
     return {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
@@ -115,15 +127,19 @@ async def _key_holders(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
 
 
 async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> dict[str, Found]:
-    """``(seq, payload, lifecycle state)`` of each job of ``job_ids`` that exists, in one statement."""
+    """``(seq, payload, lifecycle state)`` of each job of ``job_ids`` that exists, in one statement: the payload's
+    compared columns (not ``task``, derived from the body: a row stored before the column has none)."""
     if not job_ids:
         return {}
     found: dict[str, Found] = {}
     for row in await conn.fetch(sql(schema, "SELECT_BY_IDS"), list(dict.fromkeys(job_ids))):
-        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline = row[:11]
-        priority, unique_key, limit_key = row[11:]
+        seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, *stored = row
+        priority, key, group, limit_key = stored
         state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-        payload = {"queue": queue, "body": body, "priority": priority, "unique_key": unique_key, "limit_key": limit_key}
+        payload = {
+            "queue": queue, "body": body, "priority": priority, "unique_key": key, "group_name": group,
+            "limit_key": limit_key,
+        }  # fmt: skip
         found[job_id] = (seq, payload, state)
     return found
 
@@ -132,53 +148,70 @@ async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> 
 
 
 async def finish(
-    conn: Connection, schema: str, items: Sequence[Finish], now_ms: int, *, resend: bool = False
+    conn: Connection,
+    schema: str,
+    items: Sequence[Finish],
+    now_ms: int,
+    *,
+    resend: bool = False,
+    ripple: Ripple | None = None,
 ) -> list[str | None]:
     """Apply each item's outcome, each fenced on its own: the new status per item, ``None`` for a stale one
     (its row is left unchanged). Items with the claim's snapshot naming distinct jobs (a pool's group commit)
     are decided without a read and written as one statement; others are decided on their rows, read first,
     and written one by one, so that a second item of a job the batch already finished is refused as stale.
-    The decisions are ``core.finish_plan``'s."""
+    The decisions are ``core.finish_plan``'s; a job in a graph that ends has its dependants and group settled in
+    the same transaction (``ripple`` counts what that released)."""
+    ripple = Ripple() if ripple is None else ripple
     if all_held_once(items):
-        return await _write_plan(conn, schema, items, plan_held(items, now_ms), now_ms, resend)
+        return await _write_plan(conn, schema, items, plan_held(items, now_ms), now_ms, ripple, resend)
     states = await read_states(conn, schema, rows_to_read(items))
     found = {job_id: (seq, state) for job_id, (seq, _payload, state) in states.items()}
     statuses: list[str | None] = []
     for item, decided in zip(items, decide_each(items, found, now_ms), strict=True):
         plan: FinishPlan = {} if decided is None else {decided[0]: [(0, decided[1])]}
-        statuses += await _write_plan(conn, schema, [item], plan, now_ms, resend)
+        statuses += await _write_plan(conn, schema, [item], plan, now_ms, ripple, resend)
     return statuses
 
 
 async def _write_plan(
-    conn: Connection, schema: str, items: Sequence[Finish], plan: FinishPlan, now_ms: int, resend: bool = False
+    conn: Connection,
+    schema: str,
+    items: Sequence[Finish],
+    plan: FinishPlan,
+    now_ms: int,
+    ripple: Ripple,
+    resend: bool = False,
 ) -> list[str | None]:
-    """One compare-and-set statement for every row of ``plan``, then what the landed finishes keep."""
+    """One compare-and-set statement for every row of ``plan``, then what the landed finishes keep, then the
+    dependants and groups of the landed ones in a graph that ended."""
     if not plan:
         return [None] * len(items)
     rows = [(change, row) for change, group in plan.items() for _position, row in group]
-    landed = {
-        found[0]
-        for found in await conn.fetch(
-            sql(schema, "FINISH_ROWS"),
-            [row.seq for _c, row in rows],
-            [row.id for _c, row in rows],
-            [row.token for _c, row in rows],
-            [change.owner for change, _r in rows],
-            [row.attempts for _c, row in rows],
-            [row.lease_until for _c, row in rows],
-            [row.max_attempts for _c, row in rows],
-            [row.deadline for _c, row in rows],
-            [change.status for change, _r in rows],
-            [change.reason for change, _r in rows],
-            [change.available_at for change, _r in rows],
-            [attempt_after(change, row) for change, row in rows],
-        )
-    }
+    written = await conn.fetch(
+        sql(schema, "FINISH_ROWS"),
+        [row.seq for _c, row in rows],
+        [row.id for _c, row in rows],
+        [row.token for _c, row in rows],
+        [change.owner for change, _r in rows],
+        [row.attempts for _c, row in rows],
+        [row.lease_until for _c, row in rows],
+        [row.max_attempts for _c, row in rows],
+        [row.deadline for _c, row in rows],
+        [change.status for change, _r in rows],
+        [change.reason for change, _r in rows],
+        [change.available_at for change, _r in rows],
+        [attempt_after(change, row) for change, row in rows],
+    )
+    landed = {found[0] for found in written}
     statuses = statuses_after(plan, landed, len(items))
     errors, results = kept(items, plan, statuses)
     await _keep_errors(conn, schema, errors, now_ms)
     await _keep_results(conn, schema, results, now_ms)
+    if any(links is not None for _seq, links in written):
+        ended = {row.seq: change.status for change, row in rows if change.status in (DONE, DEAD)}
+        linked = [(seq, ended[seq], links) for seq, links in written if links is not None and seq in ended]
+        await graphs.settle_ends(conn, schema, linked, now_ms, ripple)
     missed = unlanded(plan, landed) if resend else []
     if missed:  # the same finishes sent again after a reply lost after COMMIT: those that had landed are landed
         now_rows = await conn.fetch(sql(schema, "ROWS_NOW"), missed)
@@ -297,6 +330,7 @@ async def redrive(conn: Connection, schema: str, job_id: str, now_ms: int, deadl
     holder = await conn.fetchrow(sql(schema, "KEY_HOLDER_OF"), seq)
     if holder is not None:  # its key is held by another active job: refused before any change
         raise UniqueConflict(holder["unique_key"], holder["queue"], holder["id"], job_id)
+    rearm, group = await graphs.plan_rearm(conn, schema, seq, job_id)  # refused here: nothing written
     entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, "redrive", None)
     try:
         async with conn.transaction():  # a savepoint: a holder that committed since the check is a typed refusal
@@ -305,10 +339,13 @@ async def redrive(conn: Connection, schema: str, job_id: str, now_ms: int, deadl
         holder = await conn.fetchrow(sql(schema, "KEY_HOLDER_OF"), seq)
         key, queue, other = ("?", "?", "?") if holder is None else (holder["unique_key"], holder["queue"], holder["id"])
         raise UniqueConflict(key, queue, other, job_id) from None
+    await graphs.rearm(conn, schema, seq, rearm, group)
     return entry
 
 
-async def cancel(conn: Connection, schema: str, job_id: str, now_ms: int, note: str) -> tuple[CancelState, Any, str]:
+async def cancel(
+    conn: Connection, schema: str, job_id: str, now_ms: int, note: str, ripple: Ripple | None = None
+) -> tuple[CancelState, Any, str]:
     """Cancel a job as ``core.lifecycle.decide_cancel`` decides on its row, locked: end it dead (``cancelled``) or
     store a request for its holder, each with an audit row; ``too_late`` changes nothing. The decision, the audit
     row written (``None``: none, also for a request made again) and the status it had; ``ValueError`` if missing."""
@@ -319,8 +356,12 @@ async def cancel(conn: Connection, schema: str, job_id: str, now_ms: int, note: 
     decided = decide_cancel(JobState(*tuple(row)[1:8]), now_ms)
     if decided is CancelState.TOO_LATE:
         return decided, None, status
-    statement = "CANCEL" if decided is CancelState.CANCELLED else "REQUEST_CANCEL"
-    if await conn.execute(sql(schema, statement), seq, now_ms) == "UPDATE 0":
+    if decided is CancelState.CANCELLED:
+        links = await conn.fetchval(sql(schema, "CANCEL"), seq, now_ms)
+        if links is not None:  # a job in a graph: its dependants and group are settled with it
+            ended = [(seq, DEAD, int(links))]
+            await graphs.settle_ends(conn, schema, ended, now_ms, Ripple() if ripple is None else ripple)
+    elif await conn.execute(sql(schema, "REQUEST_CANCEL"), seq, now_ms) == "UPDATE 0":
         return decided, None, status  # a request stored already
     action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
     entry = await conn.fetchrow(sql(schema, "AUDIT"), job_id, seq, token, now_ms, note, action, REASON_CANCELLED)

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
-from asyncq.core.retention import STATE_CELLS
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import JobFilter, StoreState
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
 from asyncq.store.sqlite.connection import check_path, write_transaction
+from asyncq.store.sqlite.graph_schema import NEEDED_BY_GRAPH, REMOVE_EDGES
 from asyncq.store.sqlite.migrations import SCHEMA_VERSION
 from asyncq.store.sqlite.schema import ENDED_AT, PRODUCT
 
@@ -31,8 +31,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: and its unique key.
-_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.limit_key"
+#: its unique key, its task, its group, how many dependencies it still waits for, and its limit key.
+_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits, j.limit_key"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"
@@ -51,6 +51,11 @@ LIST_INDEXED = {
     f" AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'} LIMIT :limit"
     for status, index in _BY_INDEX.items()
     for newest in (False, True)
+} | {  # waiting jobs: from the index of jobs with edges not met (``graph_schema``), whose WHERE is repeated here
+    ("waiting", newest): f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j INDEXED BY {_JOBS}_waits WHERE waits > 0"
+    f" AND status = 'waiting' AND {_FILTERS} {'ORDER BY seq DESC' if newest else 'AND seq > :after ORDER BY seq'}"
+    " LIMIT :limit"
+    for newest in (False, True)
 }
 GET_JOB = f"SELECT {JOB_COLUMNS}, {_EXTRAS} FROM {_JOBS} j WHERE id = :id"
 AUDIT_COLUMNS = "seq, id, action, token, at_ms, note, reason"
@@ -66,23 +71,17 @@ GROUP BY job_seq)"""
 # When a finished job ended (``schema.ENDED_AT``: finish and cancel stamp ``available_at = now``; the sweep stamps
 # nothing, and a row with reason deadline or exhausted does not say which of them parked it, so those are dated by
 # their deadline: never before they ended, except a job the sweep parked after its deadline).
-_PRUNABLE = f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff"
-PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} WHERE {_PRUNABLE} GROUP BY status"
-PRUNABLE_IDS = f"SELECT id FROM {_JOBS} WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
-PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} WHERE {_PRUNABLE}"
-# One queue's jobs of one cell (status, reason) that ended before the cutoff, oldest first: one seek of
-# ``asyncq_jobs_ended`` (its WHERE repeated word for word), stopping at the batch; the end (``ENDED_AT``) is checked
-# on the rows found. A done job whose result is still kept stays (a caller may be waiting for it).
-EXPIRED_SEQS = f"""
-SELECT seq FROM {_JOBS} j WHERE status IN ('done', 'dead') AND queue = :queue AND status = :status
-  AND reason IS :reason AND available_at < :cutoff AND {ENDED_AT} < :cutoff
-  AND NOT EXISTS (SELECT 1 FROM {PRODUCT.results} r WHERE r.job_seq = j.seq AND r.expires_at > :now)
-ORDER BY available_at LIMIT :limit
-"""
+_PRUNABLE = (
+    f"((:done AND status = 'done') OR (:dead AND status = 'dead')) AND {ENDED_AT} < :cutoff AND NOT {NEEDED_BY_GRAPH}"
+)
+PRUNABLE_COUNTS = f"SELECT status, count(*) FROM {_JOBS} j WHERE {_PRUNABLE} GROUP BY status"
+PRUNABLE_IDS = f"SELECT id FROM {_JOBS} j WHERE {_PRUNABLE} ORDER BY seq LIMIT :limit"
+PRUNABLE_SEQS = f"SELECT seq FROM {_JOBS} j WHERE {_PRUNABLE}"
 # Removing finished jobs, shared by prune and retention: their errors and results go with them, audit rows stay.
 # The job's own delete re-checks that it has ended, so a row redriven since it was chosen is never removed.
 _SEQS = "(SELECT value FROM json_each(:seqs))"
 REMOVE_JOBS = (
+    *REMOVE_EDGES,
     f"DELETE FROM {PRODUCT.errors} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {PRODUCT.results} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {_JOBS} WHERE seq IN {_SEQS} AND status IN ('done', 'dead')",
@@ -142,10 +141,12 @@ def read_only_part(path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"its directory {folder} does not exist"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
+    # Not writable, and still there after the check: a side file another process deletes as it closes (the last
+    # connection of a WAL file removes -wal and -shm) is gone, not read-only.
+    if not os.access(path, os.W_OK) and os.path.exists(path):
         return "the file is read-only: make it writable (chmod u+w) to change the queue"
     for side in SIDE_FILES:
-        if os.path.exists(path + side) and not os.access(path + side, os.W_OK):
+        if not os.access(path + side, os.W_OK) and os.path.exists(path + side):
             return (
                 f"its side file {os.path.basename(path + side)} is read-only: make it writable, or delete it while"
                 " no process has the queue open"
@@ -315,20 +316,6 @@ def remove_jobs(con: sqlite3.Connection, seqs: Sequence[int]) -> int:
     for statement in REMOVE_JOBS[:-1]:
         con.execute(statement, params)
     return int(con.execute(REMOVE_JOBS[-1], params).rowcount)
-
-
-def remove_expired(con: sqlite3.Connection, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
-    """One retention step, one write transaction: remove up to ``limit`` of ``queue``'s jobs in ``state`` that
-    ended before ``cutoff_ms`` (``EXPIRED_SEQS``, cell by cell of the state); how many."""
-    params: dict[str, Any] = {"queue": queue, "cutoff": cutoff_ms, "now": now_ms}
-    seqs: list[int] = []
-    with write_transaction(con):
-        for cell in STATE_CELLS[state]:
-            cell_params = params | cell._asdict() | {"limit": limit - len(seqs)}
-            seqs += [seq for (seq,) in con.execute(EXPIRED_SEQS, cell_params)]
-            if len(seqs) >= limit:
-                break
-        return remove_jobs(con, seqs)
 
 
 def backup(con: sqlite3.Connection, path: str, target: str, *, force: bool) -> BackupReport:

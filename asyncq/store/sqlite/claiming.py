@@ -1,7 +1,8 @@
-"""The claim half of a group commit on SQLite: the sweep, a claim statement of the layout (the lab's by ``seq``, the
-product's in ``core.claim_plan``'s order), a limited queue's claim (``limits.claim_limited``), and the plan's claims
-one after the other (``claim_planned``). The plan and every rule are ``asyncq.core``'s; these functions run
-statements and say what they found. They run inside a write transaction the caller holds.
+"""The claim half of a group commit on SQLite: the sweep (a parked job in a graph settles its dependants and group),
+a claim statement of the layout (the lab's by ``seq``, the product's in ``core.claim_plan``'s order), a limited
+queue's claim (``limits.claim_limited``), and the plan's claims one after the other (``claim_planned``). The plan and
+every rule are ``asyncq.core``'s; these functions run statements and say what they found. They run inside a write
+transaction the caller holds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from functools import cache
 from typing import Any
 
 from asyncq.core.claim_plan import Claim, ClaimPlan, Rank, claim_rank, next_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow_limits import Hold
+from asyncq.core.lifecycle import DEAD
+from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.limits import claim_limited, is_limited
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import sql
@@ -106,10 +110,15 @@ def _claim_one(
     return ([], True, None) if done is None else (sorted(done[0], key=_ranked(layout)), True, done[1])
 
 
-def sweep_unclaimable(con: sqlite3.Connection, layout: Layout, now_ms: int) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested) as dead, in every queue:
-    once a claim."""
-    con.execute(sql(layout, "SWEEP_DEADLINE"), {"now": now_ms})
-    con.execute(sql(layout, "SWEEP_EXHAUSTED"), {"now": now_ms})
+def sweep_unclaimable(con: sqlite3.Connection, layout: Layout, now_ms: int, ripple: Ripple | None = None) -> None:
+    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested; a waiting job past its
+    deadline) as dead, in every queue: once a claim. A parked job in a graph has its dependants and group settled
+    (``ripple`` counts what that released)."""
+    params = {"now": now_ms}
+    parked = con.execute(sql(layout, "SWEEP_DEADLINE"), params).fetchall()
+    parked += con.execute(sql(layout, "SWEEP_EXHAUSTED"), params).fetchall()
     if layout.cancels:
-        con.execute(sql(layout, "SWEEP_CANCELLED"), {"now": now_ms})
+        parked += con.execute(sql(layout, "SWEEP_CANCELLED"), params).fetchall()
+    linked = [(seq, DEAD, links) for seq, links in parked if links is not None]
+    if linked:
+        graphs.settle_ends(con, linked, now_ms, Ripple() if ripple is None else ripple)

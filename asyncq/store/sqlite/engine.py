@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from functools import cache
+from functools import cache, partial
 from operator import itemgetter
 from typing import Any
 
 from asyncq.core.claim_plan import plan_claim
+from asyncq.core.dependencies import Ripple
 from asyncq.core.finish_plan import (
     FinishChange,
     FinishPlan,
@@ -30,11 +31,13 @@ from asyncq.core.finish_plan import (
 )
 from asyncq.core.flow_limits import Hold
 from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
-from asyncq.core.lifecycle import DEAD, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
+from asyncq.core.lifecycle import DEAD, DONE, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
+from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.claiming import claim_planned, claim_rows_in_transaction, sweep_unclaimable
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
+from asyncq.store.sqlite.graphs import End
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
@@ -58,12 +61,23 @@ def enqueue_in_transaction(con: sqlite3.Connection, layout: Layout, job: NewJob)
     return enqueue_rows_in_transaction(con, layout, [job])[0]
 
 
+_LINKED = itemgetter(NewJob._fields.index("linked"))
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
 def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
     """``enqueue_in_transaction`` for each of ``jobs``, in order: one statement per ``INSERT_ROWS_MAX`` jobs,
     then one read of the ids that were known. A batch naming one id twice goes job by job, so that the second
-    is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back."""
+    is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back. A batch
+    with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``)."""
+    if layout.graphs and any(map(_LINKED, jobs)):
+        return graphs.enqueue_linked(con, jobs, partial(_insert_rows, con, layout))
+    return _insert_rows(con, layout, jobs)
+
+
+def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
     if len({job.id for job in jobs}) != len(jobs):
-        return [added for job in jobs for added in enqueue_rows_in_transaction(con, layout, [job])]
+        return [added for job in jobs for added in _insert_rows(con, layout, [job])]
     inserted: set[str] = set()
     (after,) = con.execute(sql(layout, "LAST_SEQ")).fetchone()  # every row a statement inserts has a greater seq
     for start in range(0, len(jobs), INSERT_ROWS_MAX):
@@ -81,7 +95,7 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
     known = [job for job in jobs if job.id not in inserted]
     found = read_states(con, layout, [job.id for job in known])
     for job in known:
-        if job.id in found and found[job.id][1] != job.payload:
+        if job.id in found and _differs(found[job.id][1], job.payload):
             raise Conflict(f"job {job.id!r} already exists with a different payload")
     held = _key_holders(con, layout, [job for job in known if job.id not in found])
     return [True if job.id in inserted else held.get(job.id, False) for job in jobs]
@@ -121,13 +135,19 @@ def _insert_values(layout: Layout, jobs: Sequence[NewJob]) -> list[Any]:
     return values
 
 
+def _differs(stored: dict[str, Any], payload: dict[str, Any]) -> bool:
+    """Whether a new job's payload differs from a stored row's compared columns (``Layout.stored``: a derived
+    column is not compared)."""
+    return any(payload[column] != value for column, value in stored.items())
+
+
 @cache
 def _payload_getter(layout: Layout) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """A function giving a payload dict's values in ``layout.stored``'s column order, always as a tuple."""
-    if len(layout.stored) == 1:
-        (column,) = layout.stored
+    """A function giving a payload dict's values in ``layout.inserted``'s column order, always as a tuple."""
+    if len(layout.inserted) == 1:
+        (column,) = layout.inserted
         return lambda payload: (payload[column],)
-    return itemgetter(*layout.stored)
+    return itemgetter(*layout.inserted)
 
 
 def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
@@ -204,13 +224,14 @@ def finish(
     *,
     expect: dict[str, Any] | None = None,
     fault: Hook = None,
+    ripple: Ripple | None = None,
 ) -> list[str | None]:
     """Apply each ticket's outcome in one write transaction, each fenced on its own.
 
     Returns the new status per ticket, ``None`` for a stale one (its row is left unchanged). ``expect``
     maps a job id to payload values the ticket claims (the lab's ``qty``): a mismatch is stale too."""
     with write_transaction(con):
-        results = finish_in_transaction(con, layout, items, now_ms, expect=expect, fault=fault)
+        results = finish_in_transaction(con, layout, items, now_ms, expect=expect, fault=fault, ripple=ripple)
     if any(result is not None for result in results):
         call_hook(fault, "after-commit")
     return results
@@ -225,14 +246,18 @@ def finish_in_transaction(
     expect: dict[str, Any] | None = None,
     fault: Hook = None,
     resend: bool = False,
+    ripple: Ripple | None = None,
 ) -> list[str | None]:
-    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change).
+    """The finishes, inside a transaction the caller holds (``after-finish`` runs after each change). A job in a
+    graph that ends has its dependants and group settled in the same transaction (``ripple`` counts what that
+    released).
 
     Items without ``held`` are decided on their rows, read first (one statement for the batch); items with
     it, on the claim's snapshot: the same decision while the fence holds, and the compare-and-set refuses
     it as stale otherwise. Skipping the read saves a pool's group commit about a third of a finish."""
+    ripple = Ripple() if ripple is None else ripple
     if fault is None and expect is None and all_held_once(items):
-        return _finish_held(con, layout, items, now_ms, resend)
+        return _finish_held(con, layout, items, now_ms, ripple, resend)
     on_rows = expect or {}
     reads = rows_to_read(items, on_rows)
     states = read_states(con, layout, reads) if reads else {}
@@ -242,23 +267,31 @@ def finish_in_transaction(
         if all(payload[k] == v for k, v in on_rows.get(job_id, {}).items())
     }
     decided = decide_each(items, found, now_ms, on_rows)
-    return [_finish_one(con, layout, item, each, now_ms, fault) for item, each in zip(items, decided, strict=True)]
+    return [
+        _finish_one(con, layout, item, each, now_ms, fault, ripple) for item, each in zip(items, decided, strict=True)
+    ]
 
 
 def _finish_held(
-    con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int, resend: bool = False
+    con: sqlite3.Connection, layout: Layout, items: Sequence[Finish], now_ms: int, ripple: Ripple, resend: bool = False
 ) -> list[str | None]:
     """``finish_in_transaction`` for items that all carry ``held``, one job each: the plan's decisions
     (``core.finish_plan``), then one compare-and-set statement per change and ``FINISH_ROWS_MAX`` rows, instead
-    of one per row."""
+    of one per row. The rows that landed with ``links`` (jobs in a graph) that ended are settled after."""
     plan = plan_held(items, now_ms)
     landed: set[int] = set()
+    linked: list[End] = []
     for change, rows in plan.items():
         for start in range(0, len(rows), FINISH_ROWS_MAX):
             chunk = [row for _, row in rows[start : start + FINISH_ROWS_MAX]]
-            landed.update(seq for (seq,) in con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)))
+            written = con.execute(finish_rows(layout, len(chunk)), finish_params(change, chunk)).fetchall()
+            landed.update(map(_FIRST, written))
+            if any(map(_SECOND, written)) and (change.status == DONE or change.status == DEAD):  # rows in a graph
+                linked += [(seq, change.status, links) for seq, links in written if links is not None]
     found = statuses_after(plan, landed, len(items))
     _keep(con, layout, items, plan, found, now_ms)
+    if linked:
+        graphs.settle_ends(con, linked, now_ms, ripple)
     missed = unlanded(plan, landed) if resend else []
     if missed:  # the same finishes sent again: those whose first commit did land are landed, not stale
         found = statuses_after(plan, landed_before(plan, landed, _rows_now(con, layout, missed)), len(items))
@@ -297,15 +330,20 @@ def _finish_one(
     decided: tuple[FinishChange, FinishRow] | None,
     now_ms: int,
     fault: Hook,
+    ripple: Ripple,
 ) -> str | None:
     """One finish, decided before the batch (``decide_each``) and written on its own (the lab's path: its fault
     point follows each change); a stale one (``None``) writes nothing."""
     if decided is None:
         return None
     change, row = decided
-    if not con.execute(finish_rows(layout, 1), finish_params(change, [row])).fetchall():
+    landed = con.execute(finish_rows(layout, 1), finish_params(change, [row])).fetchall()
+    if not landed:
         return None
     _keep(con, layout, [item], {change: [(0, row)]}, [change.status], now_ms)
+    links = landed[0][1]
+    if links is not None and change.status in (DONE, DEAD):
+        graphs.settle_ends(con, [(row.seq, change.status, links)], now_ms, ripple)
     call_hook(fault, "after-finish")
     return change.status
 
@@ -365,10 +403,13 @@ def redrive(
             raise ValueError(f"job {job_id!r} is {'missing' if found is None else 'not dead'}")
         seq, payload, state = found
         _check_key_free(con, layout, job_id, payload)
+        rearm = graphs.plan_rearm(con, seq, job_id) if layout.graphs else None  # refused here: nothing written
         audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "seq": seq}
         con.execute(sql(layout, "AUDIT"), audit)
         call_hook(fault, "after-audit")
         con.execute(sql(layout, "REDRIVE"), {"seq": seq, "now": now_ms, "deadline": deadline})
+        if rearm is not None:
+            graphs.rearm(con, seq, *rearm)
         call_hook(fault, "after-redrive")
     call_hook(fault, "after-commit")
     return True
@@ -386,7 +427,7 @@ def _check_key_free(con: sqlite3.Connection, layout: Layout, job_id: str, payloa
 
 
 def cancel(
-    con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str
+    con: sqlite3.Connection, layout: Layout, job_id: str, now_ms: int, note: str, ripple: Ripple | None = None
 ) -> tuple[CancelState, bool, str]:
     """Cancel a job as ``core.lifecycle.decide_cancel`` decides on its row: end it dead (``cancelled``), or store
     a request for its holder, each audited in the same transaction; ``too_late`` changes nothing. With whether an
@@ -401,8 +442,11 @@ def cancel(
         if decided is CancelState.TOO_LATE:
             return decided, False, state.status
         params = {"seq": seq, "now": now_ms}
-        statement = "CANCEL" if decided is CancelState.CANCELLED else "REQUEST_CANCEL"
-        if con.execute(sql(layout, statement), params).rowcount == 0:
+        if decided is CancelState.CANCELLED:
+            (links,) = con.execute(sql(layout, "CANCEL"), params).fetchone()
+            if links is not None:  # a job in a graph: its dependants and group are settled with it
+                graphs.settle_ends(con, [(seq, DEAD, links)], now_ms, Ripple() if ripple is None else ripple)
+        elif con.execute(sql(layout, "REQUEST_CANCEL"), params).rowcount == 0:
             return decided, False, state.status  # a request stored already
         action = "cancel" if decided is CancelState.CANCELLED else "cancel_request"
         audit = {"id": job_id, "token": state.token, "now": now_ms, "note": note, "action": action, "seq": seq}
@@ -423,6 +467,7 @@ def settle_and_claim_in_transaction(
     started: Sequence[tuple[int, str, Fence]] = (),
     resend: bool = False,
     limited: set[str] | None = None,
+    ripple: Ripple | None = None,
 ) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool], tuple[Hold, ...]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
@@ -430,12 +475,14 @@ def settle_and_claim_in_transaction(
     all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
     now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
     them were counted, the activations, and the queues their limits held. The claims are ``core.claim_plan``'s;
-    ``limited`` is the caller's hint of the queues found limited before (kept up to date here)."""
+    ``limited`` is the caller's hint of the queues found limited before (kept up to date here); ``ripple`` counts the
+    jobs that the ends of jobs in a graph released (they may be claimed by this same commit)."""
+    ripple = Ripple() if ripple is None else ripple
     activated = _activate(con, layout, started) if started else []
-    found = finish_in_transaction(con, layout, items, now_ms, resend=resend)
+    found = finish_in_transaction(con, layout, items, now_ms, resend=resend, ripple=ripple)
     plan = plan_claim([limit for _scope, limit in wants], total, start_now)
     if plan.sweep:
-        sweep_unclaimable(con, layout, now_ms)
+        sweep_unclaimable(con, layout, now_ms, ripple)
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms}
     claimed, counted, holds = claim_planned(con, layout, plan, wants, params, set() if limited is None else limited)
     return found, claimed, counted, activated, holds

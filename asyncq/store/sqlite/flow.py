@@ -1,7 +1,7 @@
-"""A queue's stored flow-control settings on SQLite (``asyncq_queues``) and their audit (``asyncq_queue_audit``):
-pause, resume, ``max_wait``, retention and limits, each one write transaction with its audit row. The claim statement
-reads the settings row itself (``statements.CLAIM_RANKED``), so a pause holds for every connection from its commit
-on."""
+"""A queue's stored flow-control settings on SQLite (``asyncq_queues``), the retention rules (``asyncq_retention``)
+and their audit (``asyncq_queue_audit``): pause, resume, ``max_wait``, retention and limits, each one write
+transaction with its audit row. The claim statement reads the settings row itself (``statements.CLAIM_RANKED``), so a
+pause holds for every connection from its commit on."""
 
 from __future__ import annotations
 
@@ -14,19 +14,25 @@ from asyncq.core.flow import (
     PAUSE,
     RESUME,
     RETENTION,
+    RETENTION_CLEAR,
     QueueAuditEntry,
     QueueSettings,
     pause_refused,
 )
 from asyncq.core.flow_limits import UNLIMITED, Limits, rate_state_kept
-from asyncq.core.retention import FOREVER, Windows
+from asyncq.core.retention import FOREVER, RetentionRule, Windows, rule_of_row, scope_text, stored_scope
 from asyncq.store.sqlite.connection import write_transaction
 
 _RETAIN = "retain_done_ms, retain_dead_ms, retain_cancelled_ms"
 _LIMITS = "limit_concurrency, limit_per_key, limit_rate, limit_per_ms, limit_burst"
-_COLUMNS = f"queue, paused_at, paused_by, note, max_wait_ms, {_RETAIN}, {_LIMITS}"
-SETTINGS_OF = f"SELECT {_COLUMNS} FROM asyncq_queues WHERE queue = :queue"
-ALL_SETTINGS = f"SELECT {_COLUMNS} FROM asyncq_queues ORDER BY queue"
+# A queue's settings row with the windows of its own retention rule (``asyncq_retention``, task empty), if any.
+_SETTINGS = (
+    "SELECT q.queue, q.paused_at, q.paused_by, q.note, q.max_wait_ms, r.retain_done_ms, r.retain_dead_ms,"
+    " r.retain_cancelled_ms, q.limit_concurrency, q.limit_per_key, q.limit_rate, q.limit_per_ms, q.limit_burst"
+    " FROM asyncq_queues q LEFT JOIN asyncq_retention r ON r.queue = q.queue AND r.task = ''"
+)
+SETTINGS_OF = f"{_SETTINGS} WHERE q.queue = :queue"
+ALL_SETTINGS = f"{_SETTINGS} ORDER BY q.queue"
 SET_PAUSED = """
 INSERT INTO asyncq_queues (queue, paused_at, paused_by, note) VALUES (:queue, :paused_at, :actor, :note)
 ON CONFLICT (queue) DO UPDATE SET paused_at = excluded.paused_at, paused_by = excluded.paused_by,
@@ -36,11 +42,15 @@ SET_MAX_WAIT = """
 INSERT INTO asyncq_queues (queue, max_wait_ms) VALUES (:queue, :max_wait_ms)
 ON CONFLICT (queue) DO UPDATE SET max_wait_ms = excluded.max_wait_ms
 """
-SET_RETENTION = f"""
-INSERT INTO asyncq_queues (queue, {_RETAIN}) VALUES (:queue, :done_ms, :dead_ms, :cancelled_ms)
-ON CONFLICT (queue) DO UPDATE SET retain_done_ms = excluded.retain_done_ms,
+ENSURE_QUEUE = "INSERT INTO asyncq_queues (queue) VALUES (:queue) ON CONFLICT (queue) DO NOTHING"
+# A rule per scope (``core.retention.stored_scope``: queue ``*`` is every queue, an empty task the whole queue).
+SET_RULE = f"""
+INSERT INTO asyncq_retention (queue, task, {_RETAIN}) VALUES (:queue, :task, :done_ms, :dead_ms, :cancelled_ms)
+ON CONFLICT (queue, task) DO UPDATE SET retain_done_ms = excluded.retain_done_ms,
   retain_dead_ms = excluded.retain_dead_ms, retain_cancelled_ms = excluded.retain_cancelled_ms
 """
+CLEAR_RULE = "DELETE FROM asyncq_retention WHERE queue = :queue AND task = :task"
+ALL_RULES = f"SELECT queue, task, {_RETAIN} FROM asyncq_retention ORDER BY queue, task"
 # The rate's state is kept as ``core.flow_limits.rate_state_kept`` says (the statement only writes it).
 SET_LIMITS = f"""
 INSERT INTO asyncq_queues (queue, {_LIMITS}, rate_tat_us)
@@ -50,10 +60,10 @@ ON CONFLICT (queue) DO UPDATE SET limit_concurrency = excluded.limit_concurrency
   limit_burst = excluded.limit_burst, rate_tat_us = excluded.rate_tat_us
 """
 RATE_STATE = "SELECT rate_tat_us FROM asyncq_queues WHERE queue = :queue"
-_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, {_LIMITS}"
+_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, task, {_LIMITS}"
 AUDIT_MOVE = f"""
-INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, {_LIMITS})
-VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms, :concurrency,
+INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, task, {_LIMITS})
+VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms, :task, :concurrency,
   :per_key_concurrency, :rate, :per_ms, :burst)
 RETURNING {_AUDIT_COLUMNS}
 """
@@ -98,12 +108,33 @@ def set_max_wait(
 
 
 def set_retention(
-    con: sqlite3.Connection, queue: str, windows: Windows, now_ms: int, note: str, actor: str
+    con: sqlite3.Connection,
+    queue: str | None,
+    task: str | None,
+    windows: Windows | None,
+    now_ms: int,
+    note: str,
+    actor: str,
 ) -> QueueAuditEntry:
-    """Set ``queue``'s three retention windows (``None``: for ever) with their audit row, which is returned."""
+    """Set the retention rule of a scope (``queue`` ``None``: every queue; ``task``: that task's jobs in ``queue``)
+    to ``windows``, or clear it (``None``: its jobs follow the wider rule again), with its audit row, which is
+    returned. Clearing a scope that has no rule is a ``ValueError`` (nothing written)."""
+    stored, stored_task = stored_scope(queue, task)
+    scope = {"queue": stored, "task": stored_task}
     with write_transaction(con):
-        con.execute(SET_RETENTION, {"queue": queue, **windows._asdict()})
-        return _audit(con, queue, RETENTION, now_ms, actor, note, None, windows)
+        if windows is None:
+            if con.execute(CLEAR_RULE, scope).rowcount == 0:
+                raise ValueError(f"{scope_text(queue, task)} has no retention rule of its own")
+            return _audit(con, stored, RETENTION_CLEAR, now_ms, actor, note, None, task=task)
+        if queue is not None:
+            con.execute(ENSURE_QUEUE, {"queue": queue})
+        con.execute(SET_RULE, scope | windows._asdict())
+        return _audit(con, stored, RETENTION, now_ms, actor, note, None, windows, task)
+
+
+def retention_rules(con: sqlite3.Connection) -> list[RetentionRule]:
+    """Every stored retention rule: the default first, then by queue, a queue's own before its tasks'."""
+    return [rule_of_row(*row) for row in con.execute(ALL_RULES)]
 
 
 def set_limits(
@@ -127,10 +158,11 @@ def _audit(
     note: str,
     max_wait_ms: int | None,
     windows: Windows = FOREVER,
+    task: str | None = None,
     *,
     limits: Limits = UNLIMITED,
 ) -> QueueAuditEntry:
-    params = {"queue": queue, "action": action, "now": now_ms, "actor": actor, "note": note}
+    params = {"queue": queue, "action": action, "now": now_ms, "actor": actor, "note": note, "task": task}
     params |= {"max_wait_ms": max_wait_ms, **windows._asdict(), **limits._asdict()}
     return QueueAuditEntry(*con.execute(AUDIT_MOVE, params).fetchone())
 

@@ -4,7 +4,10 @@ write transaction (SQLite's DDL is transactional, so a failed migration leaves t
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
+from asyncq.store.sqlite.graph_schema import GRAPHS
+from asyncq.store.sqlite.schedules import SCHEDULE_TABLES
 from asyncq.store.sqlite.schema import (
     AUDIT_JOB_SEQ,
     CANCEL_REQUESTS,
@@ -17,6 +20,8 @@ from asyncq.store.sqlite.schema import (
     RECOUNT,
     RESULT_TABLES,
     RETENTION,
+    RETENTION_RULES,
+    TASKS,
     UNIQUE_KEYS,
 )
 
@@ -29,8 +34,11 @@ _V1_INDEXES = (
     "CREATE INDEX IF NOT EXISTS asyncq_audit_id ON asyncq_audit(id)",
 )
 
+#: One statement of a step, or a function run on the connection for what one statement cannot say.
+Statement = str | Callable[[sqlite3.Connection], None]
+
 # Each entry moves the file from version ``index`` to ``index + 1``. Append only; never edit a step.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     (*PRODUCT_TABLES, *_V1_INDEXES),
     (
         "DROP INDEX IF EXISTS asyncq_jobs_ready",
@@ -47,7 +55,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_CONTROL,  # version 8: priorities, the queues' stored settings (pause, max_wait) and their audit
     UNIQUE_KEYS,  # version 9: a job's unique key, held by one active job of its queue at a time
     RETENTION,  # version 10: retention per terminal state, its audit, the index of ended jobs
-    LIMITS,  # version 11: concurrency and rate limits per queue and limit key, the rate's state, their audit
+    (*TASKS, *RETENTION_RULES),  # version 11: the task a job's body names; retention rules per task, queue, default
+    SCHEDULE_TABLES,  # version 12: schedules as stored state, their events
+    GRAPHS,  # version 13: dependencies and groups (the waiting status, edges, groups)
+    LIMITS,  # version 14: concurrency and rate limits per queue and limit key, the rate's state, their audit
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -66,7 +77,10 @@ def migrate_in_transaction(con: sqlite3.Connection) -> int:
         raise ValueError(f"queue file has schema version {found}, newer than this asyncq ({SCHEMA_VERSION})")
     for step in MIGRATIONS[found:]:
         for statement in step:
-            con.execute(statement)
+            if isinstance(statement, str):
+                con.execute(statement)
+            else:
+                statement(con)
     if found != SCHEMA_VERSION:
         con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return found

@@ -14,20 +14,23 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
-from asyncq.core.retention import Windows
+from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.sqlite import admin, engine, flow, limits
-from asyncq.store.sqlite.aio import AppTransaction, AsyncFile
+from asyncq.store.sqlite import admin, engine, flow, limits, retention
+from asyncq.store.sqlite.aio import AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
+from asyncq.store.sqlite.graph_store import GraphTransactionCalls, SqliteGraphCalls
 from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
+from asyncq.store.sqlite.schedules_store import SqliteSchedules
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
 
@@ -71,7 +74,7 @@ def _explained(error: sqlite3.OperationalError, path: str) -> Exception:
     return error if blocker is None else StoreError(f"{path}: {blocker}")
 
 
-class SqliteTransaction(AppTransaction):
+class SqliteTransaction(GraphTransactionCalls):
     """An open ``BEGIN IMMEDIATE`` on the store's connection: the app's SQL and its jobs commit together."""
 
     async def enqueue_rows(self, rows: Sequence[NewJob]) -> list[Enqueued]:
@@ -80,7 +83,7 @@ class SqliteTransaction(AppTransaction):
         return added
 
 
-class SqliteQueueStore:
+class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
     """The queue store's port on one SQLite file (see ``asyncq.store.port.queue`` for each method's rule)."""
 
     def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
@@ -163,6 +166,7 @@ class SqliteQueueStore:
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
+        ripple = Ripple()
         statuses, claimed, counted, activated, holds = await self._file.run_held(
             engine.settle_and_claim_in_transaction,
             PRODUCT,
@@ -176,19 +180,22 @@ class SqliteQueueStore:
             begun,
             resend,
             self._limited,
+            ripple,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
-        self._notify_if_pending(statuses)
+        self._notify_if_pending(statuses, ripple)
         return Settled(statuses, tickets, activated, holds)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
-        statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms)
-        self._notify_if_pending(statuses)
+        ripple = Ripple()
+        statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms, ripple=ripple)
+        self._notify_if_pending(statuses, ripple)
         return statuses
 
-    def _notify_if_pending(self, statuses: Sequence[str | None]) -> None:
-        """A retry makes a job pending again (ready at once if its delay is 0): wake this process's waiters."""
-        if PENDING in statuses:
+    def _notify_if_pending(self, statuses: Sequence[str | None], ripple: Ripple) -> None:
+        """A retry makes a job pending again (ready at once if its delay is 0), and so does the end of a job that
+        others waited for: wake this process's waiters."""
+        if PENDING in statuses or ripple.released:
             self._file.notify()
 
     async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Renewal | None]:
@@ -218,12 +225,16 @@ class SqliteQueueStore:
         return entry
 
     async def cancel(self, job_id: str, now_ms: int, note: str) -> CancelOutcome:
+        ripple = Ripple()
+
         def cancel(con: sqlite3.Connection) -> CancelOutcome:
-            decided, audited, status = engine.cancel(con, PRODUCT, job_id, now_ms, note)
+            decided, audited, status = engine.cancel(con, PRODUCT, job_id, now_ms, note, ripple)
             entry = admin.last_audit_of(con, job_id) if audited else None
             return CancelOutcome(job_id, decided, status_after_cancel(decided, status), entry)
 
         outcome: CancelOutcome = await self._write(cancel)
+        if ripple.released:  # a cancelled dependency released dependants that run anyway
+            self._file.notify()
         return outcome
 
     async def set_paused(self, queue: str, paused: bool, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
@@ -238,8 +249,10 @@ class SqliteQueueStore:
         entry: QueueAuditEntry = await self._write(flow.set_max_wait, queue, max_wait_ms, now_ms, note, actor)
         return entry
 
-    async def set_retention(self, queue: str, windows: Windows, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
-        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, windows, now_ms, note, actor)
+    async def set_retention(
+        self, queue: str | None, task: str | None, windows: Windows | None, now_ms: int, note: str, actor: str
+    ) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_retention, queue, task, windows, now_ms, note, actor)
         return entry
 
     async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
@@ -258,8 +271,18 @@ class SqliteQueueStore:
         usage: list[LimitUsage] = await self._file.run(read)
         return usage
 
-    async def remove_expired(self, queue: str, state: str, cutoff_ms: int, now_ms: int, limit: int) -> int:
-        removed: int = await self._write(admin.remove_expired, queue, state, cutoff_ms, now_ms, limit)
+    async def retention_rules(self) -> list[RetentionRule]:
+        rules: list[RetentionRule] = await self._file.run(flow.retention_rules)
+        return rules
+
+    async def ended_groups(self, queues: Sequence[str] | None) -> list[tuple[str, str | None]]:
+        groups: list[tuple[str, str | None]] = await self._file.run(retention.ended_groups, queues)
+        return groups
+
+    async def remove_expired(
+        self, queue: str, task: str | None, state: str, cutoff_ms: int, now_ms: int, limit: int
+    ) -> int:
+        removed: int = await self._write(retention.remove_expired, queue, task, state, cutoff_ms, now_ms, limit)
         return removed
 
     async def queue_settings(self) -> list[QueueSettings]:

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncq.core.lifecycle import UNIQUE_WHILE
-
-#: ``status IN ('pending', 'leased')``: the statuses that hold a unique key (``core.lifecycle.UNIQUE_WHILE``).
-HOLDS_KEY = "status IN (" + ", ".join(f"'{status}'" for status in UNIQUE_WHILE) + ")"
-
 # The lease lab's tables, exactly as its contract writes them (sqlite_master keeps this text).
 LAB_TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,
@@ -80,11 +75,23 @@ class Layout:
     #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``) and ``limit_key`` (``LIMITS``; the lab's
     #: tables have neither).
     keys: tuple[str, ...] = ()
+    #: Columns inserted from the payload that no comparison reads, because another column decides them: the
+    #: product's ``task``, derived from the body (``core.jobs.task_of``; ``TASKS``). A row stored before the column
+    #: existed holds ``NULL`` there and still matches the same body.
+    derived: tuple[str, ...] = ()
+    #: Whether the jobs table has the dependencies' and groups' columns (the product's, ``graph_schema``): its sweep
+    #: also ends waiting jobs past their deadline, and its finishes and sweeps return each row's ``links``.
+    graphs: bool = False
 
     @property
     def stored(self) -> tuple[str, ...]:
         """Every column of a job's payload as stored and compared: ``payload``, then ``keys``."""
         return self.payload + self.keys
+
+    @property
+    def inserted(self) -> tuple[str, ...]:
+        """Every column an enqueue inserts from the payload: ``stored``, then ``derived``."""
+        return self.stored + self.derived
 
 
 LAB = Layout(
@@ -106,7 +113,9 @@ PRODUCT = Layout(
     scope="AND queue = :queue",
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
-    keys=("unique_key", "limit_key"),
+    keys=("unique_key", "group_name", "limit_key"),
+    derived=("task",),
+    graphs=True,
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -243,14 +252,15 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE asyncq_jobs ADD COLUMN unique_key TEXT",
     "CREATE UNIQUE INDEX IF NOT EXISTS asyncq_jobs_unique ON asyncq_jobs(queue, unique_key)"
-    f" WHERE unique_key IS NOT NULL AND {HOLDS_KEY}",
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 9's statuses (v11 adds waiting)
 )
 
 # When a finished job ended (``admin``'s prune and retention read it): finish and cancel stamp ``available_at =
 # now``; the sweep stamps nothing, and a row with reason deadline or exhausted is dated by its deadline.
-ENDED_AT = "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled') THEN available_at ELSE deadline END)"
-
-# Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
+ENDED_AT = (
+    "(CASE WHEN status = 'done' OR reason IN ('permanent', 'cancelled', 'dependency') THEN available_at"
+    " ELSE deadline END)"
+)  # Version 10: retention per terminal state (docs/flow-control.md, "Retention"). Three windows on each queue's
 # settings row (``NULL``: kept for ever); ``asyncq_queue_audit`` gains the ``retention`` action and the windows it
 # set (SQLite cannot change a CHECK in place: the table is rebuilt, its rows and their seqs kept, and
 # AUTOINCREMENT goes on from the highest). ``asyncq_jobs_ended`` holds the finished jobs by queue, status, reason and
@@ -275,17 +285,58 @@ RETENTION = (
     " WHERE status IN ('done', 'dead')",
 )
 
-# Version 11: concurrency and rate limits (docs/flow-control.md, "Limits"; ``core.flow_limits``). A job's optional
+# Version 11: the task a job's body names (``core.jobs.task_of``: ``{"task": name, "args": {…}}``), set at enqueue,
+# ``NULL`` for any other body and for rows enqueued before (the migration reads no body). ``asyncq_jobs_task`` finds
+# a task's jobs in ``seq`` order (an operator's listing); only rows with a task have an entry, written at their insert
+# (no claim or finish changes ``task`` or ``seq``, so they write none).
+TASKS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN task TEXT",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_task ON asyncq_jobs(task, seq) WHERE task IS NOT NULL",
+)
+
+# Version 11 (with ``TASKS``): retention rules per scope (``core.retention.RetentionRule``): ``asyncq_retention`` holds
+# one row per rule, keyed by queue (``*``: every queue, the default) and task (empty: the whole queue). The queues'
+# own windows move there from ``asyncq_queues`` (a queue that ever set its retention has a rule, its row's windows
+# kept), and those columns go. The queue audit gains ``task`` and the ``retention_clear`` move (rebuilt, as in
+# version 10: its rows and seqs kept). The index of ended jobs puts ``task`` after ``queue``, so a group of one
+# queue's jobs of one task (or of none) is one range per cell, and a step still seeks and stops at its batch; it
+# replaces ``asyncq_jobs_ended`` (the same entries: no more index writes per finish).
+RETENTION_RULES = (
+    """CREATE TABLE asyncq_retention (queue TEXT NOT NULL, task TEXT NOT NULL, retain_done_ms INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, PRIMARY KEY (queue, task)) WITHOUT ROWID""",
+    "INSERT INTO asyncq_retention (queue, task, retain_done_ms, retain_dead_ms, retain_cancelled_ms)"
+    " SELECT queue, '', retain_done_ms, retain_dead_ms, retain_cancelled_ms FROM asyncq_queues"
+    " WHERE queue IN (SELECT queue FROM asyncq_queue_audit WHERE action = 'retention')",
+    "ALTER TABLE asyncq_queues DROP COLUMN retain_done_ms",
+    "ALTER TABLE asyncq_queues DROP COLUMN retain_dead_ms",
+    "ALTER TABLE asyncq_queues DROP COLUMN retain_cancelled_ms",
+    """CREATE TABLE asyncq_queue_audit_v10 (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear')),
+  at_ms INTEGER NOT NULL, actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, task TEXT)""",
+    "INSERT INTO asyncq_queue_audit_v10 (seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms,"
+    " retain_dead_ms, retain_cancelled_ms) SELECT seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms,"
+    " retain_dead_ms, retain_cancelled_ms FROM asyncq_queue_audit",
+    "DROP TABLE asyncq_queue_audit",
+    "ALTER TABLE asyncq_queue_audit_v10 RENAME TO asyncq_queue_audit",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+    "DROP INDEX IF EXISTS asyncq_jobs_ended",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_retained ON asyncq_jobs(queue, task, status, reason, available_at)"
+    " WHERE status IN ('done', 'dead')",
+)
+
+# Version 14: concurrency and rate limits (docs/flow-control.md, "Limits"; ``core.flow_limits``). A job's optional
 # ``limit_key`` (the jobs a per-key limit bounds together). Each queue's limits on its settings row (NULL: none):
 # live leases of the queue, of one key, and a rate of ``limit_rate`` jobs per ``limit_per_ms`` with up to
 # ``limit_burst`` at once; ``rate_tat_us`` is the rate's state (GCRA's theoretical arrival time, microseconds),
 # advanced by the claim that takes jobs, in its transaction. The queue audit gains the ``limits`` move and the limits
-# it set (rebuilt for its CHECK, as in version 10: its rows and seqs kept). A limited claim counts live leases through
-# ``asyncq_jobs_leased``; ``asyncq_jobs_keyed`` holds the pending jobs that have a key, by queue, key and claim order,
-# so that a claim under a per-key limit finds each key's best jobs in one seek instead of walking a full key's
-# backlog (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never limited by key) are not in it.
-_AUDIT_V10_COLUMNS = (
-    "seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms, retain_dead_ms, retain_cancelled_ms"
+# it set (rebuilt for its CHECK, as in versions 10 and 11: its rows, seqs and version 13's columns kept). A limited
+# claim counts live leases through ``asyncq_jobs_leased``; ``asyncq_jobs_keyed`` holds the pending jobs that have a
+# key, by queue, key and claim order, so that a claim under a per-key limit finds each key's best jobs in one seek
+# instead of walking a full key's backlog (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never
+# limited by key) are not in it.
+_AUDIT_V13_COLUMNS = (
+    "seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms, retain_dead_ms, retain_cancelled_ms, task"
 )
 LIMITS = (
     "ALTER TABLE asyncq_jobs ADD COLUMN limit_key TEXT",
@@ -296,11 +347,11 @@ LIMITS = (
     "ALTER TABLE asyncq_queues ADD COLUMN limit_burst INTEGER",
     "ALTER TABLE asyncq_queues ADD COLUMN rate_tat_us INTEGER",
     """CREATE TABLE asyncq_queue_audit_limits (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
-  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'limits')),
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear', 'limits')),
   at_ms INTEGER NOT NULL, actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER,
-  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, limit_concurrency INTEGER, limit_per_key INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, task TEXT, limit_concurrency INTEGER, limit_per_key INTEGER,
   limit_rate INTEGER, limit_per_ms INTEGER, limit_burst INTEGER)""",
-    f"INSERT INTO asyncq_queue_audit_limits ({_AUDIT_V10_COLUMNS}) SELECT {_AUDIT_V10_COLUMNS} FROM asyncq_queue_audit",
+    f"INSERT INTO asyncq_queue_audit_limits ({_AUDIT_V13_COLUMNS}) SELECT {_AUDIT_V13_COLUMNS} FROM asyncq_queue_audit",
     "DROP TABLE asyncq_queue_audit",
     "ALTER TABLE asyncq_queue_audit_limits RENAME TO asyncq_queue_audit",
     "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",

@@ -15,19 +15,25 @@ from typing import Any, TypeVar
 # The finish plan's change and row (``core.finish_plan``), bound by ``finish_params``: named here for the SQL's sake.
 from asyncq.core.finish_plan import FinishChange as FinishChange
 from asyncq.core.finish_plan import FinishRow as FinishRow
+from asyncq.store.sqlite.graph_schema import LIVE_STATUSES
 from asyncq.store.sqlite.schema import Layout
 
 T = TypeVar("T")
 
+# ``{live}``: the statuses the live-deadline index holds (the product's take ``waiting`` in: a job waiting for its
+# dependencies ends at its deadline too). RETURNING gives each parked row's ``links`` (``core.dependencies``; the
+# lab's: NULL): a row in a graph has its dependants and its group settled in the same transaction.
 SWEEP_DEADLINE = """
 UPDATE {jobs} SET status = 'dead', reason = 'deadline', owner = NULL, lease_until = NULL
-WHERE status IN ('pending', 'leased') AND deadline <= :now AND (status = 'pending' OR lease_until <= :now)
+WHERE {live} AND deadline <= :now AND (status <> 'leased' OR lease_until <= :now)
+RETURNING seq, {links}
 """
 
 SWEEP_EXHAUSTED = """
 UPDATE {jobs} SET status = 'dead', reason = 'exhausted', owner = NULL, lease_until = NULL
 WHERE status IN ('pending', 'leased') AND attempts >= max_attempts
   AND (status = 'pending' OR lease_until <= :now)
+RETURNING seq, {links}
 """
 
 # Oldest first by seq among ready rows: pending and available, or leased with an expired lease. ``:count`` is 1:
@@ -88,9 +94,10 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 # The finish: a compare-and-set that lands only on the row version each decision was made on (every column
 # it read), for one row or many in one statement. The rows of one statement share their change and their owner
 # (``?1`` … ``?5``, a ``FinishChange``); ``{rows}`` lists the rows, each a ``FinishRow`` (see ``finish_rows``).
-# RETURNING names the rows that landed. Shared values are bound once a statement, not once a row: a pool's
-# group commit finishes a batch with one change (done, now), and each text parameter bound costs (2.4 against
-# 3.0 µs a row, 128 rows a statement).
+# RETURNING names the rows that landed, each with its ``links`` (NULL but for a job in a graph, whose end settles its
+# dependants and its group in the same transaction: ``store.sqlite.graphs``). Shared values are bound once a
+# statement, not once a row: a pool's group commit finishes a batch with one change (done, now), and each text
+# parameter bound costs (2.4 against 3.0 µs a row, 128 rows a statement).
 FINISH_ROWS = """
 UPDATE {jobs} SET status = ?1, reason = ?2, available_at = ?3, attempts = {jobs}.attempts + ?4,
     owner = NULL, lease_until = NULL
@@ -98,7 +105,7 @@ FROM (VALUES {rows}) AS v
 WHERE {jobs}.seq = v.column1 AND {jobs}.id = v.column2 AND {jobs}.status = 'leased' AND {jobs}.owner = ?5
   AND {jobs}.token = v.column3 AND {jobs}.attempts = v.column4 AND {jobs}.lease_until = v.column5
   AND {jobs}.max_attempts = v.column6 AND {jobs}.deadline = v.column7
-RETURNING {jobs}.seq
+RETURNING {jobs}.seq, {links}
 """
 
 
@@ -128,7 +135,7 @@ ON CONFLICT DO NOTHING
 SELECT_KEY_HOLDERS = """
 SELECT j.queue, j.unique_key, j.id FROM (VALUES {keys}) AS k CROSS JOIN {jobs} j
 WHERE j.queue = k.column1 AND j.unique_key = k.column2 AND j.unique_key IS NOT NULL
-  AND j.status IN ('pending', 'leased')
+  AND j.status NOT IN ('done', 'dead')
 """
 
 SELECT_INSERTED = """
@@ -188,6 +195,8 @@ def sql(layout: Layout, name: str) -> str:
         audit_seq_value=", :seq" if layout.errors is not None else "",
         cancel_requested="cancel_requested_at IS NOT NULL" if layout.cancels else "0",
         clear_cancel=", cancel_requested_at = NULL" if layout.cancels else "",
+        live=LIVE_STATUSES if layout.graphs else "status IN ('pending', 'leased')",
+        links="links" if layout.graphs else "NULL",
     )
 
 
@@ -237,7 +246,8 @@ def finish_rows(layout: Layout, count: int) -> str:
         "(" + ", ".join(f"?{_CHANGE_WIDTH + 1 + row * _ROW_WIDTH + column}" for column in range(_ROW_WIDTH)) + ")"
         for row in range(size)
     )
-    return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join(rows))
+    links = f"{layout.jobs}.links" if layout.graphs else "NULL"
+    return FINISH_ROWS.format(jobs=layout.jobs, rows=", ".join(rows), links=links)
 
 
 def finish_params(change: Sequence[Any], rows: Sequence[Sequence[Any]]) -> list[Any]:
@@ -269,9 +279,9 @@ def insert_rows(layout: Layout, count: int) -> str:
     with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
     instead of 256 halves the connection thread's time per enqueued job (docs/benchmarks.md, "How the design was
     measured")."""
-    row = "(" + ", ".join(["?"] * (1 + len(layout.stored)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
+    row = "(" + ", ".join(["?"] * (1 + len(layout.inserted)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
     return INSERT_ROWS.format(
-        jobs=layout.jobs, payload=", ".join(layout.stored), rows=", ".join([row] * _in_list_size(count))
+        jobs=layout.jobs, payload=", ".join(layout.inserted), rows=", ".join([row] * _in_list_size(count))
     )
 
 
@@ -286,10 +296,12 @@ def _in_list_size(count: int) -> int:
 
 
 # Product-only statements (the lab has no cancel and no operator queries). A cancel ends a job nobody holds (pending,
-# or leased under an expired lease: ``core.lifecycle.decide_cancel`` decided it on the row read in this transaction).
+# waiting, or leased under an expired lease: ``core.lifecycle.decide_cancel`` decided it on the row read in this
+# transaction); its ``links`` say whether its dependants and group are settled with it.
 CANCEL = """
 UPDATE {jobs} SET status = 'dead', reason = 'cancelled', available_at = :now, owner = NULL, lease_until = NULL
-WHERE seq = :seq AND status IN ('pending', 'leased')
+WHERE seq = :seq AND status IN ('pending', 'leased', 'waiting')
+RETURNING links
 """
 
 # A cancel of a job held under a live lease: the request, kept on the row for its holder (a second one keeps the first).
@@ -304,6 +316,7 @@ SWEEP_CANCELLED = """
 UPDATE {jobs} SET status = 'dead', reason = 'cancelled', available_at = :now, owner = NULL, lease_until = NULL
 WHERE cancel_requested_at IS NOT NULL AND status IN ('pending', 'leased')
   AND (status = 'pending' OR lease_until <= :now)
+RETURNING seq, {links}
 """
 
 AUDIT_ACTION = """

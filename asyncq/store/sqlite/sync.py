@@ -7,9 +7,11 @@ the caller's rows. On a connection with no open transaction it opens and commits
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from asyncq.core.clock import wall_clock_ms
-from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BODY_BYTES, Enqueued, JobSpec, NewJob, OnConflict
+from asyncq.core.dependencies import Dependency
+from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BODY_BYTES, Enqueued, JobSpec, NewJob, OnConflict, OnDependencyDeadName
 from asyncq.core.jsontext import JSONInput
 from asyncq.core.values import Duration, check_time
 from asyncq.store.sqlite import engine
@@ -30,6 +32,9 @@ def enqueue_sync(
     priority: int = 0,
     unique_key: str | None = None,
     on_conflict: OnConflict = "return",
+    after: Sequence[str | Dependency] = (),
+    on_dependency_dead: OnDependencyDeadName = "dead",
+    group: str | None = None,
     limit_key: str | None = None,
     now_ms: int | None = None,
 ) -> Enqueued:
@@ -50,6 +55,9 @@ def enqueue_sync(
         priority=priority,
         unique_key=unique_key,
         on_conflict=on_conflict,
+        after=after,
+        on_dependency_dead=on_dependency_dead,
+        group=group,
         limit_key=limit_key,
     )
     row = spec.to_row(now, MAX_BODY_BYTES)
