@@ -346,7 +346,6 @@ async def test_the_retention_rules_show_with_their_scope_and_each_queue_the_wind
     row = re.search(r'<tr data-queue="other">.*?</tr>', table(page, "queues"))  # no rule of its own: the default's
     assert row is not None and row.group(0).endswith("<td>86400 s</td><td>forever</td><td>forever</td></tr>")
     assert "<td>mail</td><td>retention</td><td>send</td><td>ops</td>" in table(page, "queue-moves")
-    assert "<td>mail</td><td>retention</td><td>ops</td>" in table(page, "queue-moves")
 
 
 async def test_the_queues_section_shows_the_limits_in_force_and_the_slots_they_hold(

@@ -74,14 +74,13 @@ from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
-from asyncq.core.flow_limits import LimitUsage
+from asyncq.core.flow_limits import LimitUsage, rate_per_second
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.retention import RETENTION_STATES, RetentionRule
 from asyncq.core.schedules import Schedule
 from asyncq.core.stats import Stats
 from asyncq.inbox import INBOX_KEY, Inbox
 from asyncq.queue import Queue
-from asyncq.web.state_metrics import limit_families, schedule_families
 
 log = logging.getLogger("asyncq.web.metrics")
 
@@ -212,14 +211,8 @@ class QueueCollector(Collector):
         """The queue's stats, stored queue settings, retention rules, schedules, open groups and limits now, through a
         read-only ``Queue`` (nothing is created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return (
-                await queue.stats(),
-                await queue.queue_settings(),
-                await queue.retention_rules(),
-                await queue.schedules(),
-                await queue.open_groups(),
-                await queue.limits(),
-            )
+            stats, settings, rules = await queue.stats(), await queue.queue_settings(), await queue.retention_rules()
+            return stats, settings, rules, await queue.schedules(), await queue.open_groups(), await queue.limits()
 
     @staticmethod
     def _families(
@@ -284,6 +277,49 @@ class EnqueueCollector(Collector):
     @staticmethod
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily("asyncq_enqueues", "Enqueue answers of this queue by result.", labels=["result"])
+
+
+def schedule_families(schedules: Sequence[Schedule], now_ms: int) -> list[Metric]:
+    """Each schedule's stored tick counters; each live one's next run and pause."""
+    ticks = CounterMetricFamily(
+        "asyncq_schedule_ticks", "A schedule's ticks by outcome (its stored counters).", labels=["schedule", "outcome"]
+    )
+    next_run = GaugeMetricFamily(
+        "asyncq_schedule_next_run_seconds", "Seconds until a live schedule's next tick (below 0: overdue).",
+        labels=["schedule"],
+    )  # fmt: skip
+    paused = GaugeMetricFamily("asyncq_schedule_paused", "1 while a live schedule is paused.", labels=["schedule"])
+    for each in schedules:
+        for outcome, count in (("fired", each.ticks_fired), ("skipped", each.ticks_skipped),
+                               ("missed", each.ticks_missed)):  # fmt: skip
+            ticks.add_metric([each.name, outcome], count)
+        if not each.retired:
+            paused.add_metric([each.name], int(each.paused))
+            if each.next_tick is not None:
+                next_run.add_metric([each.name], (each.next_tick - now_ms) / 1000)
+    return [ticks, next_run, paused]
+
+
+def limit_families(limits: Sequence[LimitUsage], now_ms: int | None) -> list[Metric]:
+    """The limits in force and what they hold (``describe`` names them with none)."""
+    limit = GaugeMetricFamily(
+        "asyncq_queue_limit", "A queue's limits in force (absent: no such limit).", labels=["queue", "limit"]
+    )
+    used = GaugeMetricFamily("asyncq_queue_slots_used", "A limited queue's live leases now.", labels=["queue"])
+    full = GaugeMetricFamily("asyncq_queue_limit_keys_full", "Limit keys at their per-key limit now.", labels=["queue"])
+    wait = GaugeMetricFamily(
+        "asyncq_queue_rate_wait_seconds", "Until the rate lets the next job start (0: room now).", labels=["queue"]
+    )
+    for each in limits:
+        values = each.limits._asdict() | {"rate_per_second": rate_per_second(each.limits)}
+        for name in ("concurrency", "per_key_concurrency", "rate_per_second", "burst"):
+            if values[name] is not None:
+                limit.add_metric([each.queue, name], values[name])
+        used.add_metric([each.queue], each.slots_used)
+        full.add_metric([each.queue], each.keys_full)
+        if each.rate_next_ms is not None and now_ms is not None:
+            wait.add_metric([each.queue], max(0, each.rate_next_ms - now_ms) / 1000)
+    return [limit, used, full, wait]
 
 
 class InboxCollector(Collector):
