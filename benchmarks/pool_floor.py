@@ -96,7 +96,10 @@ def floor_enqueue(con: sqlite3.Connection, jobs: int) -> None:
             stop = min(start + INSERT_ROWS_MAX, first + ENQUEUE_BATCH, jobs)
             due = now + 86_400_000
             body = '{{"n":{}}}'.format
-            rows = padded([(f"j{n}", "default", body(n), 0, None, None, None, 3, now, due) for n in range(start, stop)])
+            # priority 0; no unique key, group, limit key or task
+            rows = padded(
+                [(f"j{n}", "default", body(n), 0, None, None, None, None, 3, now, due) for n in range(start, stop)]
+            )
             con.execute(insert_rows(PRODUCT, len(rows)), [value for row in rows for value in row]).fetchall()
         con.execute("COMMIT")
 

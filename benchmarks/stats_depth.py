@@ -88,14 +88,17 @@ V8_ONLY = ("DROP INDEX asyncq_jobs_ranked", "DROP INDEX asyncq_jobs_waiting", "D
            "CREATE INDEX asyncq_jobs_pending ON asyncq_jobs(queue, status) WHERE status = 'pending'")  # fmt: skip
 # What version 9 (unique keys) added, undone first: its partial unique index and the column.
 V9_ONLY = ("DROP INDEX asyncq_jobs_unique", "ALTER TABLE asyncq_jobs DROP COLUMN unique_key")
-# What versions 11, 13 and 14 added (the jobs' task and retention rules; dependencies and groups; the console),
-# undone first: the task's index, the index of ended jobs that names it (version 10's, which v11 replaced, is made
-# again by v10's step), the rules' table and the column; the graph columns, indexes and tables (the widened status
-# check stays: v13 finds it widened and leaves it); the console's tables, index and audit column. Version 12's
-# schedule tables stay: its step makes them if missing.
+# What versions 11, 13, 14 and 15 added (the jobs' task and retention rules; dependencies and groups; the limit key;
+# the console), undone first: the console's tables, index and audit column; the keyed index and the limit key column;
+# the task's index, the index of ended jobs that names it (version 10's, which v11 replaced, is made again by v10's
+# step), the rules' table and the column; the graph columns, indexes and tables (the widened status check stays: v13
+# finds it widened and leaves it). Version 12's schedule tables stay: its step makes them if missing; the queues'
+# tables go with V8_ONLY.
 V11_ONLY = (
     "DROP TABLE asyncq_operations", "DROP TABLE asyncq_samples", "DROP TABLE asyncq_workers_seen",
     "DROP INDEX asyncq_errors_type", "ALTER TABLE asyncq_audit DROP COLUMN op_seq",
+    "DROP INDEX asyncq_jobs_keyed",
+    "ALTER TABLE asyncq_jobs DROP COLUMN limit_key",
     "DROP INDEX asyncq_jobs_task",
     "DROP INDEX asyncq_jobs_retained",
     "DROP TABLE asyncq_retention",
@@ -271,7 +274,10 @@ async def migration_seconds(path: Path, con: sqlite3.Connection, expected: Stats
 def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: bool) -> float:
     """CPU seconds to enqueue, claim and finish ``jobs`` jobs, 128 a commit (the engine's set-based statements);
     ``by_engine``: with the prototype's counting in each commit."""
-    payload = {"queue": "default", "body": "{}", "priority": 0, "unique_key": None, "task": None, "group_name": None}
+    payload = {
+        "queue": "default", "body": "{}", "priority": 0, "unique_key": None, "task": None, "group_name": None,
+        "limit_key": None,
+    }  # fmt: skip
     rows = [NewJob(f"j{n}", payload, 3, T0, T0 + 3_600_000) for n in range(start, start + jobs)]
     wants = [({"queue": "default"}, BATCH)]
     began = time.process_time()
@@ -283,7 +289,7 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
     finishes: list[Finish] = []
     while True:
         with write_transaction(con):
-            statuses, claimed, _, _ = engine.settle_and_claim_in_transaction(
+            statuses, claimed, *_ = engine.settle_and_claim_in_transaction(
                 con, PRODUCT, finishes, T0 + 1, "w", 60_000, wants, BATCH
             )
             if by_engine:

@@ -206,7 +206,8 @@ def floor_run(path: Path, jobs: int) -> Sample:
         insert, start = insert_rows(PRODUCT, 1), time.perf_counter()
         for n in range(jobs):
             now = time.time_ns() // 1_000_000
-            row = (f"job-{n}", DEFAULT_QUEUE, f'{{"n":{n}}}', 0, None, None, None, 3, now, now + 86_400_000)  # no key
+            # priority 0; no unique key, group, limit key or task
+            row = (f"job-{n}", DEFAULT_QUEUE, f'{{"n":{n}}}', 0, None, None, None, None, 3, now, now + 86_400_000)
             floor_transaction(con, insert, row)
         enqueued = time.perf_counter()
         check_drained(FLOOR, floor_drain(con), jobs)

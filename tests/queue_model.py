@@ -58,7 +58,8 @@ class Row:
     cancel_requested_at: int | None = None  # a cancel requested while it was leased (version 7)
     priority: int = 0  # version 8's column
     unique_key: str | None = None  # version 9's column
-    task: str | None = None  # version 11's column, last in table order
+    task: str | None = None  # version 11's column
+    limit_key: str | None = None  # version 14's column
 
     def park(self, status: str, reason: str | None, available_at: int | None = None) -> None:
         """Leave the lease: ``status``/``reason``, no owner, no lease (and ``available_at`` if given)."""

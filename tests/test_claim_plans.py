@@ -180,3 +180,117 @@ def _check_retention_plan(plan: str) -> None:
     assert "Index Scan on jobs_retained" in doomed or "Index Scan using jobs_retained on jobs" in doomed, plan
     assert "Seq Scan on jobs" not in doomed and "Sort" not in doomed, plan
     assert "Seq Scan on results" not in doomed and "results_pkey" in doomed, plan
+
+
+# A limited queue's claim (docs/flow-control.md, "Limits") keeps the plain claim's seeks, under the per-key limit:
+# each branch steps over a full key's jobs in its own index, and the live leases it counts (of the queue, per key)
+# are one range of the leased index. The deep table holds pending jobs of 97 keys and some live leases.
+_LIMITED_ROWS = (
+    "SELECT 'j' || i, 'q' || (i % 3), '{{}}', CASE WHEN i % 50 = 0 THEN 'leased' ELSE 'pending' END, 0, 3, 0, i,"
+    " 10000000000000, i % 11 - 5, 'k' || (i % 97), CASE WHEN i % 50 = 0 THEN 'o' END,"
+    " CASE WHEN i % 50 = 0 THEN 20000000 END FROM {series}"
+)
+_LIMITED_COLUMNS = (
+    "(id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, limit_key, owner,"
+    " lease_until)"
+)
+
+
+async def test_the_sqlite_limited_claim_seeks_the_same_indexes_and_one_range_of_live_leases(tmp_path: Path) -> None:
+    from asyncq.store.sqlite.limits import CLAIM_BY_KEYS, CLAIM_LIMITED, LIVE_LEASES
+
+    path = tmp_path / "deep.db"
+    async with await Queue.open(str(path)):
+        pass
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        series = "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n)"
+        con.execute(f"INSERT INTO asyncq_jobs {_LIMITED_COLUMNS} " + _LIMITED_ROWS.format(series=series), (DEPTH,))
+        con.execute("ANALYZE")
+        params = {"now": NOW, "owner": "o", "lease_ms": 1000, "limit": 10, "queue": "q1", "per_key": 1, "window": 128}
+        plan = [(row[0], row[1], row[3]) for row in con.execute("EXPLAIN QUERY PLAN " + CLAIM_LIMITED, params)]
+        live = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + LIVE_LEASES, params)]
+        by_keys = [row[3] for row in con.execute("EXPLAIN QUERY PLAN " + CLAIM_BY_KEYS, params)]
+    finally:
+        con.close()
+    lines = [detail for _id, _up, detail in plan]
+    assert not [line for line in lines if line.startswith("SCAN asyncq_jobs")], lines
+    ranked = [node for node, _up, detail in plan if "USING INDEX asyncq_jobs_ranked (queue=?)" in detail]
+    waiting = [
+        node for node, _up, detail in plan if "USING INDEX asyncq_jobs_waiting (queue=? AND available_at<?)" in detail
+    ]
+    assert len(ranked) == 1 and len(waiting) == 1, lines
+    for node in ranked + waiting:  # each branch still walks its index in its own order: no sort of the jobs
+        parent = next(up for id_, up, _d in plan if id_ == node)
+        assert not [line for line in children(plan, parent) if "TEMP B-TREE" in line], lines
+    leases = "USING INDEX asyncq_jobs_leased (queue=? AND status=? AND lease_until>?)"
+    assert any(leases in line for line in lines), lines  # the live leases per key: one range
+    assert live == ["SEARCH asyncq_jobs USING COVERING INDEX " + leases.removeprefix("USING INDEX ")], live
+    # The key walk: one seek of the keyed index per key (the next key, then that key's best jobs), never a scan.
+    assert not [line for line in by_keys if line.startswith("SCAN asyncq_jobs")], by_keys
+    assert any("USING INDEX asyncq_jobs_keyed (queue=? AND limit_key>?)" in line for line in by_keys), by_keys
+    assert any("USING INDEX asyncq_jobs_keyed (queue=? AND limit_key=?)" in line for line in by_keys), by_keys
+
+
+async def test_the_postgresql_limited_claim_seeks_the_same_indexes_and_one_range_of_live_leases(
+    postgres_url: str,
+) -> None:
+    from asyncq.store.postgres.limits import CLAIM_BY_KEYS, CLAIM_LIMITED, LIVE_LEASES
+
+    async with await Queue.open(postgres_url):
+        pass
+    target = parse_url(postgres_url)
+    conn = await asyncpg.connect(target.dsn, timeout=5)
+    try:
+        rows = _LIMITED_ROWS.format(series="generate_series(1, $1) i").replace("{}", "{{}}").format()
+        await conn.execute(f"INSERT INTO {target.schema}.jobs {_LIMITED_COLUMNS} {rows}", DEPTH)
+        await conn.execute(f"ANALYZE {target.schema}.jobs")
+        claim = CLAIM_LIMITED.format(schema=target.schema)
+        plan = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + claim, "q1", NOW, 10, "o", 1000, 1, 128))
+        keyed = CLAIM_BY_KEYS.format(schema=target.schema)
+        by_keys = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + keyed, "q1", NOW, 10, "o", 1000, 1))
+        live = _pg_plan_text(
+            await conn.fetch("EXPLAIN (COSTS OFF) " + LIVE_LEASES.format(schema=target.schema), "q1", NOW)
+        )
+    finally:
+        await conn.close()
+    assert "Seq Scan on jobs" not in plan and "Seq Scan on jobs" not in live, plan
+    pending = plan.split("CTE pending", 1)[1].split("CTE expired", 1)[0]
+    assert "Sort" not in pending and "jobs_ranked" in pending, plan
+    late = plan.split("CTE late", 1)[1].split("CTE pending", 1)[0]
+    assert "Sort" not in late and "jobs_waiting" in late, plan
+    counted = plan.split("CTE live", 1)[1].split("CTE full_keys", 1)[0]
+    assert "jobs_leased" in counted and "lease_until >" in counted, plan  # the live leases: one range
+    assert "jobs_leased" in live, live
+    # The key walk: one seek of the keyed index per key (the next key, then that key's best jobs), never a scan.
+    assert "Seq Scan on jobs" not in by_keys, by_keys
+    walk = by_keys.split("CTE keys", 1)[1].split("CTE room", 1)[0]
+    assert "jobs_keyed" in walk and "Sort" not in walk, by_keys
+    best = by_keys.split("CTE candidates", 1)[1].split("CTE chosen", 1)[0]
+    assert "Index Scan using jobs_keyed" in best and "jobs_ranked" not in best, by_keys
+
+
+async def test_the_postgresql_key_walk_seeks_the_keyed_index_behind_one_keys_deep_backlog(postgres_url: str) -> None:
+    """The case the key walk is for: one key's backlog at the top of the queue, one other key behind it. Ordered by
+    priority alone, the planner took the ranked index for each key's best jobs and walked the backlog to find the
+    other key (43 ms at 300,000 jobs); ordered by key first, it seeks the keyed index."""
+    from asyncq.store.postgres.limits import CLAIM_BY_KEYS
+
+    async with await Queue.open(postgres_url):
+        pass
+    target = parse_url(postgres_url)
+    conn = await asyncpg.connect(target.dsn, timeout=5)
+    try:
+        await conn.execute(
+            f"INSERT INTO {target.schema}.jobs {_LIMITED_COLUMNS} SELECT 'j' || i, 'q1', '{{}}', 'pending', 0, 3, 0,"
+            " i, 10000000000000, CASE WHEN i = 1 THEN -4 ELSE 9 END, CASE WHEN i = 1 THEN 'small' ELSE 'big' END,"
+            " NULL, NULL FROM generate_series(1, $1) i",
+            10 * DEPTH,
+        )
+        await conn.execute(f"ANALYZE {target.schema}.jobs")
+        keyed = CLAIM_BY_KEYS.format(schema=target.schema)
+        plan = _pg_plan_text(await conn.fetch("EXPLAIN (COSTS OFF) " + keyed, "q1", NOW, 10, "o", 1000, 1))
+    finally:
+        await conn.close()
+    best = plan.split("CTE candidates", 1)[1].split("CTE chosen", 1)[0]
+    assert "Index Scan using jobs_keyed" in best and "jobs_ranked" not in best, plan

@@ -162,9 +162,9 @@ def test_status_counts_reasons_attempts_and_leases(db: Path) -> None:
     data = run_json("status", "--db", "q.db", cwd=db.parent)
     assert set(data) == {
         "path", "now_ms", "total", "by_status", "dead_by_reason", "oldest_pending_age_ms", "attempts", "leases",
-        "expired_leases", "inbox", "queues", "retention",
+        "expired_leases", "inbox", "queues", "retention", "limits",
     }  # fmt: skip
-    assert data["queues"] == [] and data["retention"] == []  # no queue was ever paused or given a rule
+    assert data["queues"] == [] and data["retention"] == [] and data["limits"] == []  # none paused, ruled or limited
     assert data["by_status"] == EXPECTED_STATUS | {"waiting": 0} and data["total"] == 16
     assert data["dead_by_reason"] == EXPECTED_DEAD
     assert data["attempts"] == [{"attempts": 0, "jobs": 3}, {"attempts": 1, "jobs": 1}]
@@ -210,6 +210,7 @@ def test_jobs_filters_and_pages(db: Path) -> None:
     assert set(page["jobs"][0]) == {
         "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
         "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task", "group", "waits",
+        "limit_key",
     }  # fmt: skip
     rest = run_json("jobs", "--db", "q.db", "--after", str(page["jobs"][-1]["seq"]), "--body", cwd=db.parent)
     assert rest["count"] == 11 and rest["more"] is False and rest["jobs"][-1]["body"] == {"to": "someone"}

@@ -339,6 +339,40 @@ def test_retention_is_set_per_state_shown_in_status_and_run_by_hand(db: Path) ->
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused.stderr)
 
 
+def test_limits_are_set_flag_by_flag_shown_in_status_and_refused_with_one_line(db: Path) -> None:
+    data = run_json("limits", "--db", "q.db", "default", "--concurrency", "4", "--per-key", "1", "--by", "ops",
+                    cwd=db.parent)  # fmt: skip
+    assert (data["audit"]["action"], data["audit"]["actor"]) == ("limits", "ops")
+    assert (data["audit"]["limit_concurrency"], data["audit"]["limit_per_key"], data["audit"]["limit_rate"]) == (
+        4, 1, None
+    )  # fmt: skip
+    rated = run_json(
+        "limits", "--db", "q.db", "default", "--rate", "100", "--per", "60s", "--note", "provider", cwd=db.parent
+    )["audit"]  # fmt: skip  (concurrency and per key stay as they were)
+    assert [rated[f"limit_{name}"] for name in ("concurrency", "per_key", "rate", "per_ms", "burst")] == [
+        4, 1, 100, 60_000, 1
+    ]  # fmt: skip
+    shown = run_json("limits", "--db", "q.db", cwd=db.parent)["limits"]
+    assert [(q["queue"], q["concurrency"], q["rate"], q["slots_used"]) for q in shown] == [("default", 4, 100, 1)]
+    status = run_cli("status", "--db", "q.db", cwd=db.parent).stdout
+    assert "limits (leases live now" in status and "1/4" in status and "100 per 1m00s" in status
+    assert run_json("status", "--db", "q.db", cwd=db.parent)["limits"][0]["per_key_concurrency"] == 1
+    cleared = run_json("limits", "--db", "q.db", "default", "--rate", "none", cwd=db.parent)["audit"]
+    assert (cleared["limit_concurrency"], cleared["limit_rate"], cleared["limit_per_ms"]) == (4, None, None)
+    keyed = run_json("enqueue", "--db", "q.db", "t-1", "{}", "--limit-key", "tenant-7", cwd=db.parent)
+    assert keyed["added"] == 1 and rows(db, "SELECT limit_key FROM asyncq_jobs WHERE id = 't-1'") == [("tenant-7",)]
+    for bad in (
+        ("limits", "--concurrency", "2"),
+        ("limits", "default", "--concurrency", "0"),
+        ("limits", "default", "--rate", "1.5"),
+        ("limits", "default", "--per", "7x"),
+        ("limits", "default", "--burst", "2"),  # no rate to shape
+        ("enqueue", "t-2", "{}", "--limit-key", " padded"),
+    ):
+        refused = run_cli(*bad, "--db", "q.db", cwd=db.parent)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused.stderr)
+
+
 def test_retention_per_task_and_a_default_set_listed_cleared_and_run(db: Path) -> None:
     """``--default`` and ``--task`` set the default's and a task's rule (a flag not given: as it applies now),
     ``asyncq retention`` alone lists the rules, ``--clear`` removes one (exit 1 with one line if there is none);

@@ -13,6 +13,7 @@ import pytest
 
 from asyncq.queue import Queue
 from asyncq.store.postgres.connection import Migrations, migrate, parse_url
+from asyncq.store.postgres.graph_schema import GRAPHS
 from asyncq.store.postgres.schema import QUEUE
 from asyncq.store.sqlite.migrations import MIGRATIONS, SCHEMA_VERSION
 
@@ -72,7 +73,7 @@ async def test_sqlite_v12_file_migrates_with_its_rows(tmp_path: Path) -> None:
             early.execute(f"INSERT INTO asyncq_jobs ({COLUMNS}) VALUES ('b', 'q', '{{}}', 'bogus', 0, 3, 0, 0, 1,"
                           " NULL, NULL, NULL)")  # fmt: skip
         assert early.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert early.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert early.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)  # v13 and every version after
     finally:
         early.close()
 
@@ -93,6 +94,6 @@ async def test_postgresql_v9_schema_migrates_with_its_rows(postgres_url: str) ->
         with pytest.raises(asyncpg.CheckViolationError):
             await conn.execute(f"UPDATE {target.schema}.jobs SET status = 'bogus' WHERE id = 'p'")
         version = await conn.fetchval(f"SELECT version FROM {target.schema}.versions WHERE component = 'queue'")
-        assert version == QUEUE.version
+        assert version == QUEUE.version and QUEUE.steps[9] is GRAPHS  # version 10, then every version after
     finally:
         await conn.close()

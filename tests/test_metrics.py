@@ -394,3 +394,20 @@ async def test_a_job_cancelled_while_running_is_counted(queue: Queue, path: Path
     samples = await scrape_registry(metrics.registry)
     assert value(samples, "asyncq_finishes_total", status="dead") == 1
     assert value(samples, "asyncq_delivery_seconds_count", outcome="cancel") == 1
+
+
+async def test_the_limits_in_force_and_the_slots_they_hold_are_gauges(queue: Queue, path: Path) -> None:
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(path, clock=queue.now))
+    assert not [key for key in await scrape_registry(registry) if key[0].startswith("asyncq_queue_limit")]
+    for n in range(4):
+        await queue.enqueue(f"m{n}", {}, queue="mail", limit_key=f"t{n % 2}")
+    await queue.set_limits("mail", concurrency=3, per_key_concurrency=1, rate=120, per=60.0, burst=2)
+    await queue.claim("w1", queue="mail", limit=5)  # one job a key: two slots used, both keys full
+    samples = await scrape_registry(registry)
+    limits = {name: value(samples, "asyncq_queue_limit", queue="mail", limit=name) for name in ("concurrency",
+              "per_key_concurrency", "rate_per_second", "burst")}  # fmt: skip
+    assert limits == {"concurrency": 3, "per_key_concurrency": 1, "rate_per_second": 2.0, "burst": 2}
+    assert value(samples, "asyncq_queue_slots_used", queue="mail") == 2
+    assert value(samples, "asyncq_queue_limit_keys_full", queue="mail") == 2
+    assert value(samples, "asyncq_queue_rate_wait_seconds", queue="mail") == 0.5  # the burst spent: 500 ms on

@@ -61,7 +61,7 @@ DELAYS = (0,) * 7 + (16, 1024, 65536)  # over the ttl: ValueError, nothing chang
 FORGERIES = ("token", "owner", "attempt", "lease_until", "deadline", "seq")
 JOB_COLUMNS = (
     "seq, id, queue, body, status, attempts, max_attempts, token, available_at, deadline, owner, lease_until, reason,"
-    " cancel_requested_at, priority, unique_key, task"
+    " cancel_requested_at, priority, unique_key, task, limit_key"
 )
 AUDIT_COLUMNS = "seq, id, token, at_ms, note, action, reason"
 
@@ -378,7 +378,7 @@ class QueueMachine(RuleBasedStateMachine):
         stored = (found.seq, found.id, found.queue, canonical(found.body), found.status, found.attempts,
                   found.max_attempts, found.token, found.available_at, found.deadline, found.owner,
                   found.lease_until, found.reason, found.cancel_requested_at, found.priority,
-                  found.unique_key, found.task)  # fmt: skip
+                  found.unique_key, found.task, found.limit_key)  # fmt: skip
         assert stored == astuple(row)
 
     @invariant()

@@ -117,6 +117,12 @@ def whole(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def optional_whole(low: int, high: int) -> Callable[[str], int | None]:
+    """``whole(low, high)``, or ``none`` for no number at all (a limit cleared)."""
+    parse = whole(low, high)
+    return lambda text: None if text == "none" else parse(text)
+
+
 def seconds(low: float, high: float) -> Callable[[str], float]:
     """The type of a finite number of seconds from ``low`` to ``high``."""
 

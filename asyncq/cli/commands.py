@@ -19,7 +19,7 @@ from typing import Any
 from asyncq.cli import output as out
 from asyncq.cli.arguments import MISSING
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.records import audit_record, error_record, job_record, retention_rule_record
+from asyncq.cli.records import audit_record, error_record, job_record, limit_record, retention_rule_record
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.jobs import JobSpec
 from asyncq.core.jsontext import loads_strict
@@ -27,7 +27,9 @@ from asyncq.errors import Conflict
 from asyncq.queue import Queue
 
 ENQUEUE_BATCH = 500
-LINE_KEYS = frozenset({"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms", "priority", "unique_key"})
+LINE_KEYS = frozenset(
+    {"id", "body", "queue", "max_attempts", "ttl_ms", "delay_ms", "priority", "unique_key", "limit_key"}
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ async def enqueue(args: argparse.Namespace) -> Report:
     defaults = {"queue": args.queue, "max_attempts": args.max_attempts, "ttl_ms": args.ttl, "delay_ms": args.delay}
     defaults["priority"] = args.priority
     defaults["unique_key"] = args.unique_key
+    defaults["limit_key"] = args.limit_key
     if args.id is not None:
         if args.body is MISSING:
             raise UsageError("give the job's BODY (JSON) after its ID")
@@ -140,7 +143,8 @@ def checked_spec(fields: dict[str, Any], where: str, error: type[CliError] = Cli
 
 def read_specs(lines: Iterable[str], defaults: dict[str, Any]) -> list[JobSpec]:
     """Every line checked before anything is written: ``{"id", "body"}`` and optionally ``queue``,
-    ``max_attempts``, ``ttl_ms``, ``delay_ms``, ``priority``, ``unique_key`` (the options give the defaults); blank
+    ``max_attempts``, ``ttl_ms``, ``delay_ms``, ``priority``, ``unique_key``, ``limit_key`` (the options give the
+    defaults); blank
     lines skipped.
     Lines are strict JSON (no NaN, no repeated keys), as everywhere in asyncq."""
     specs = []
@@ -191,9 +195,11 @@ async def status(args: argparse.Namespace) -> Report:
         stats = await queue.stats()
         settings = await queue.queue_settings()
         rules = await queue.retention_rules()
+        limits = await queue.limits()
     data: dict[str, Any] = {"path": args.db, "now_ms": stats.now_ms, "total": stats.total}
     data["queues"] = [asdict(each) | {"paused": each.paused} for each in settings]
     data["retention"] = [retention_rule_record(rule) for rule in rules]
+    data["limits"] = [limit_record(usage) for usage in limits]
     data |= {"by_status": stats.by_status, "dead_by_reason": dict(sorted(stats.dead_by_reason.items()))}
     data["oldest_pending_age_ms"] = stats.oldest_ready_age_ms
     data["attempts"] = [{"attempts": a, "jobs": n} for a, n in sorted(stats.attempts.items())]

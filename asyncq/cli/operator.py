@@ -1,5 +1,5 @@
 """The operator's changes through the ``asyncq`` command: redrive (named jobs at once, or every dead job with a
-reason after a preview), cancel, pause, resume, max-wait, retention, prune (a preview, then ``--apply``) and the
+reason after a preview), cancel, pause, resume, max-wait, retention, limits, prune (a preview, then ``--apply``) and the
 online backup. Previews open the queue read-only; changes go through ``Queue``, which writes each audit row and
 returns it to be printed."""
 
@@ -14,9 +14,10 @@ from asyncq.cli import output as out
 from asyncq.cli.arguments import MISSING
 from asyncq.cli.commands import Report, reading, report, writing
 from asyncq.cli.errors import CliError, UsageError
-from asyncq.cli.records import audit_record, queue_audit_record, retention_rule_record
+from asyncq.cli.records import audit_record, limit_record, queue_audit_record, retention_rule_record
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueAuditEntry
+from asyncq.core.flow_limits import UNLIMITED, per_seconds
 from asyncq.core.jobs import MAX_BATCH, Job
 from asyncq.core.retention import FOREVER, RETENTION_STATES, rule_for
 from asyncq.queue import Queue
@@ -195,6 +196,39 @@ async def _run_retention(queue: Queue) -> dict[str, Any]:
         for (name, task, state), jobs in sorted(removed.items())
     ]
     return {"removed": rows, "total": sum(removed.values()), "batches": batches}
+
+
+_LIMIT_FLAGS = {"concurrency": "concurrency", "per_key": "per_key_concurrency", "rate": "rate"}
+_RATE_FLAGS = ("per", "burst")
+
+
+async def limits(args: argparse.Namespace) -> Report:
+    """Set a queue's limits (a flag not given keeps the queue's value; ``none`` clears one), or show the limits in
+    force (of QUEUE only, if named) and what they hold now."""
+    given = {name: getattr(args, flag) for flag, name in _LIMIT_FLAGS.items() if getattr(args, flag) is not MISSING}
+    given |= {name: getattr(args, name) for name in _RATE_FLAGS if getattr(args, name) is not MISSING}
+    if "per" in given:
+        given["per"] = given["per"] / 1000  # the command's durations are milliseconds
+    if args.queue is None and (given or args.note is not None or args.by is not None):
+        raise UsageError("--concurrency, --per-key, --rate, --per, --burst, --note and --by go with a QUEUE")
+    data: dict[str, Any] = {"path": args.db, "queue": args.queue, "audit": None}
+    if not given:
+        async with await reading(args) as queue:
+            found = [limit_record(usage) for usage in await queue.limits()]
+            data |= {"now_ms": queue.now(), "limits": [r for r in found if args.queue in (None, r["queue"])]}
+        return report(data, out.render_limits)
+    async with await writing(args) as queue:
+        current = next((each.limits for each in await queue.queue_settings() if each.queue == args.queue), UNLIMITED)
+        wanted = {name: getattr(current, name) for name in ("concurrency", "per_key_concurrency", "rate", "burst")}
+        wanted |= {"per": per_seconds(current)} | given
+        if wanted["rate"] is None and "rate" in given:  # a rate cleared takes its shape with it
+            wanted |= {"per": None, "burst": None}
+        elif wanted["rate"] is None and given.keys() & set(_RATE_FLAGS):
+            raise UsageError(f"queue {args.queue} has no rate: --per and --burst shape one (give --rate too)")
+        entry = await queue.set_limits(args.queue, **wanted, note=args.note, by=args.by or _operator())
+        data |= {"audit": queue_audit_record(entry), "now_ms": queue.now()}
+        data["limits"] = [limit_record(usage) for usage in await queue.limits() if usage.queue == args.queue]
+    return report(data, out.render_limits)
 
 
 async def prune(args: argparse.Namespace) -> Report:

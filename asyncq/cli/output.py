@@ -115,6 +115,7 @@ def render_status(data: dict[str, Any]) -> str:
     lines += ["", "leases held:", table(["owner", "held", "first expiry"], leases) if leases else "none"]
     lines.append(f"expired leases (their worker stopped renewing; the next claim takes them): {data['expired_leases']}")
     lines += ["", queue_settings_text(data["queues"], now), retention_rules_text(data["retention"])]
+    lines += [limits_text(data["limits"], now)]
     inbox = data["inbox"]
     if inbox is not None:
         totals = f"applied {inbox['applied']}, duplicates {inbox['duplicates']}, conflicts {inbox['conflicts']}"
@@ -291,10 +292,57 @@ def render_retention(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def limits_text(limits: Sequence[dict[str, Any]], now_ms: int) -> str:
+    """The limits in force and what they hold now: the live leases against the queue's concurrency, the keys at
+    their limit, the rate and when it lets the next job start."""
+    if not limits:
+        return "limits: none"
+    rows = [
+        (
+            each["queue"],
+            each["slots_used"] if each["concurrency"] is None else f"{each['slots_used']}/{each['concurrency']}",
+            None if each["per_key_concurrency"] is None else _per_key(each),
+            None if each["rate"] is None else _rate(each),
+            None if each["rate_next_ms"] is None else _next(each["rate_next_ms"], now_ms),
+        )
+        for each in limits
+    ]
+    heading = "limits (leases live now, counted across every process and host):"
+    return "\n".join([heading, table(["queue", "running", "per key", "rate", "next start"], rows)])
+
+
+def _per_key(limit: dict[str, Any]) -> str:
+    return f"{limit['per_key_concurrency']} a key ({limit['keys_full']} of {limit['keys_busy']} busy keys full)"
+
+
+def _rate(limit: dict[str, Any]) -> str:
+    burst = "" if limit["burst"] == 1 else f", burst {limit['burst']}"
+    return f"{limit['rate']} per {span(limit['per_ms'])}{burst}"
+
+
+def _next(ms: int, now_ms: int) -> str:
+    return "now" if ms <= now_ms else f"in {span(ms - now_ms)}"
+
+
+def render_limits(data: dict[str, Any]) -> str:
+    """The limits set (and their audit row), then the limits in force with what they hold now."""
+    lines = []
+    audit = data["audit"]
+    if audit is not None:
+        lines.append(f"set limits on queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']}")
+    if data["queue"] is not None and not data["limits"]:
+        lines.append(f"queue {data['queue']}: no limits")
+    else:
+        lines.append(limits_text(data["limits"], data["now_ms"]))
+    return "\n".join(lines)
+
+
 def render_queue_move(data: dict[str, Any]) -> str:
     audit = data["audit"]
     wait = audit["max_wait_ms"]
-    done = {"pause": "paused", "resume": "resumed", "retention": "set retention on"}.get(audit["action"])
+    done = {"pause": "paused", "resume": "resumed", "retention": "set retention on", "limits": "set limits on"}.get(
+        audit["action"]
+    )
     if done is None:
         done = f"set max_wait {'none' if wait is None else span(wait)} on"
     return f"{done} queue {data['queue']} (by {audit['actor']}); audit row {audit['seq']} note {audit['note']}"

@@ -18,6 +18,7 @@ from asyncq.cli.arguments import (
     json_value,
     note,
     optional_duration,
+    optional_whole,
     port,
     seconds,
     shown_ms,
@@ -29,7 +30,17 @@ from asyncq.cli.errors import UsageError
 from asyncq.cli.schedule_parser import add_schedules
 from asyncq.core.jobs import DEFAULT_LEASE_MS, DEFAULT_TTL_MS, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_MS, MAX_TTL_MS
 from asyncq.core.lifecycle import DEAD_REASONS, REASON_DEADLINE, REASON_EXHAUSTED, REASON_PERMANENT, STATUSES
-from asyncq.core.limits import MAX_CONCURRENCY, MAX_PRIORITY, MAX_WAIT_MS, MIN_LEASE_MS, MIN_PRIORITY
+from asyncq.core.limits import (
+    MAX_CONCURRENCY,
+    MAX_LIMIT_SLOTS,
+    MAX_PRIORITY,
+    MAX_RATE,
+    MAX_RATE_PER_MS,
+    MAX_WAIT_MS,
+    MIN_LEASE_MS,
+    MIN_PRIORITY,
+    MIN_RATE_PER_MS,
+)
 from asyncq.core.retention import MAX_RETENTION_MS as MAX_WINDOW_MS
 from asyncq.core.retention import RETENTION_STATES
 from asyncq.worker.settings import DEFAULT_CONCURRENCY
@@ -150,6 +161,11 @@ def _add_setup(add: Adder) -> None:
         help="one active job of the queue with this key at a time: while one is pending or leased, the job is not"
         " added and its id is reported (stdin lines: a unique_key key)",
     )  # fmt: skip
+    enqueue.add_argument(
+        "--limit-key", default=None, metavar="KEY",
+        help="the jobs a queue's per-key concurrency limit bounds together, such as a tenant (stdin lines: a"
+        " limit_key key)",
+    )  # fmt: skip
 
 
 def _add_readers(add: Adder) -> None:
@@ -237,6 +253,7 @@ def _add_operator(add: Adder) -> None:
         "--run", action="store_true", dest="run_now",
         help="remove the jobs past their queue's retention now, in bounded batches",
     )  # fmt: skip
+    _add_limits(add)
     cancel = add(
         "cancel",
         _command("operator", "cancel"),
@@ -257,6 +274,34 @@ def _add_operator(add: Adder) -> None:
     )
     backup.add_argument("path", metavar="PATH", help="the backup file to write, or a directory to write it into")
     backup.add_argument("--force", action="store_true", help="replace the backup file if it exists")
+
+
+def _add_limits(add: Adder) -> None:
+    summary = "Show the limits in force and the slots they hold, or set a queue's concurrency and rate limits."
+    limits = add("limits", _command("operator", "limits"), summary)
+    limits.add_argument("queue", type=identifier, metavar="QUEUE", nargs="?", help="the queue to set (or to show)")
+    limits.add_argument(
+        "--concurrency", type=optional_whole(1, MAX_LIMIT_SLOTS), default=MISSING, metavar="N|none",
+        help="jobs of the queue running at once, across every process and host (not given: as it is)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--per-key", type=optional_whole(1, MAX_LIMIT_SLOTS), default=MISSING, metavar="N|none",
+        help="jobs of one limit key (enqueue --limit-key) running at once (not given: as it is)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--rate", type=optional_whole(1, MAX_RATE), default=MISSING, metavar="N|none",
+        help="jobs started per --per (none: no rate limit; not given: as it is)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--per", type=duration(MIN_RATE_PER_MS, MAX_RATE_PER_MS), default=MISSING, metavar="DURATION",
+        help="the rate's period, such as 1s or 60s (default 1s)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--burst", type=whole(1, MAX_RATE), default=MISSING, metavar="N",
+        help="jobs the rate lets start at once (default 1: never more than --rate in any --per)",
+    )  # fmt: skip
+    limits.add_argument("--note", type=note, help="why (kept in the audit)")
+    limits.add_argument("--by", type=note, help="who (default: USER@HOST)")
 
 
 def _add_work(add: Adder) -> None:

@@ -7,12 +7,14 @@ from dataclasses import asdict
 from typing import Any
 
 from asyncq.core.flow import QueueAuditEntry
+from asyncq.core.flow_limits import LimitUsage
 from asyncq.core.jobs import AttemptError, AuditEntry, Job
 from asyncq.core.retention import RETENTION_STATES, RetentionRule
 
 JOB_FIELDS = (
     "seq", "id", "queue", "status", "attempts", "max_attempts", "token", "available_at", "deadline", "owner",
     "lease_until", "reason", "redrives", "priority", "cancel_requested_at", "unique_key", "task", "group", "waits",
+    "limit_key",
 )  # fmt: skip
 
 
@@ -31,8 +33,17 @@ def error_record(error: AttemptError) -> dict[str, Any]:
 
 def queue_audit_record(entry: QueueAuditEntry) -> dict[str, Any]:
     """One move on a queue: ``seq``, ``queue`` (``*``: the default retention's), ``action``, ``at_ms``, ``actor``,
-    ``note``, ``max_wait_ms``, the ``retain_*_ms`` a retention move set, and its ``task``."""
+    ``note``, and the values the move set (``max_wait_ms``, ``retain_*_ms`` and the retention rule's ``task``,
+    ``limit_*``)."""
     return asdict(entry)
+
+
+def limit_record(usage: LimitUsage) -> dict[str, Any]:
+    """One limited queue now: ``queue``, its limits (``concurrency``, ``per_key_concurrency``, ``rate``, ``per_ms``,
+    ``burst``; ``null``: none), ``slots_used``, ``keys_busy``, ``keys_full`` and ``rate_next_ms``."""
+    return {"queue": usage.queue, **usage.limits._asdict(), "slots_used": usage.slots_used} | {
+        "keys_busy": usage.keys_busy, "keys_full": usage.keys_full, "rate_next_ms": usage.rate_next_ms,
+    }  # fmt: skip
 
 
 def retention_rule_record(rule: RetentionRule) -> dict[str, Any]:

@@ -52,8 +52,9 @@ def plan_claim(wants: Sequence[int], total: int | None, start_now: int | None) -
     """The plan for claiming up to ``wants[i]`` jobs of each queue, at most ``total`` in all (``None``: no bound),
     the first ``start_now`` of them counted (``None``: all, and nothing is claimed ahead).
 
-    This is the seam for the rules of a claim decided from values: a rule about a queue (a concurrency limit)
-    lowers its want here; the drivers run whatever plan comes out. Stored state that no process may act on stale
+    A rule of a claim decided from values enters here or in ``limited_take``: a limited queue's want is lowered,
+    statement by statement, to what its limits allow (the drivers read the limits under the claim's lock); the
+    drivers run whatever plan comes out. Stored state that no process may act on stale
     (a pause, a ``max_wait``) is read by the claim statement itself, and the order within a queue is
     ``claim_rank``'s (below)."""
     sweep = (total is None or total > 0) and any(n > 0 for n in wants)
@@ -79,6 +80,14 @@ def next_claim(plan: ClaimPlan, step: int, taken: int, dry: Collection[int] = ()
         if limit > 0:
             return Claim(at, at % width, limit, count)
     return None
+
+
+def limited_take(counts: bool, want: int, allowed: int) -> int:
+    """How many jobs one claim statement of a limited queue takes (``core.flow_limits``): none when the claim is ahead
+    of the free slots (``counts`` false: a job claimed ahead would hold a slot while it waits in a buffer, so a
+    limited queue's jobs are claimed only for free slots, and start at once), else its ``want`` at most and no more
+    than its limits ``allowed``. A limited queue is asked once per commit: the driver marks it dry after its turn."""
+    return min(want, allowed) if counts else 0
 
 
 # -- the order of a claim --------------------------------------------------------------------------------------

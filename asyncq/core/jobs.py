@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 from asyncq.core.dependencies import Dependency, OnDependencyDead, check_after
 from asyncq.core.failures import ErrorText
+from asyncq.core.flow_limits import Hold
 from asyncq.core.groups import check_group_name
 from asyncq.core.jsontext import JSON, JSONInput, canonical_json
 from asyncq.core.lifecycle import CancelState, Fence
@@ -31,6 +32,7 @@ from asyncq.core.values import (
     Duration,
     check_identifier,
     check_int,
+    check_limit_key,
     check_on_conflict,
     check_priority,
     check_unique_key,
@@ -176,6 +178,7 @@ class EnqueueOptions(TypedDict, total=False):
     after: Sequence[str | Dependency]
     on_dependency_dead: OnDependencyDeadName
     group: str | None
+    limit_key: str | None
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,10 @@ class JobSpec:
 
     ``after``: ids of jobs (or ``Dependency`` values) it waits for; it is stored ``waiting`` until each has ended
     done (``on_dependency_dead`` says what a dependency that ends dead does: ``dead``, ``run`` or ``wait``). ``group``:
-    the group it is a member of (``Queue.seal_group``). Both are ``docs/dependencies.md``'s."""
+    the group it is a member of (``Queue.seal_group``). Both are ``docs/dependencies.md``'s.
+
+    ``limit_key`` (1-200 printable characters: a tenant, an account) names the jobs a queue's per-key concurrency
+    limit bounds together (``Queue.set_limits``); it is part of the job too."""
 
     id: str
     body: JSONInput
@@ -209,6 +215,7 @@ class JobSpec:
     after: Sequence[str | Dependency] = field(default=(), kw_only=True)
     on_dependency_dead: OnDependencyDeadName = field(default=OnDependencyDead.DEAD.value, kw_only=True)
     group: str | None = field(default=None, kw_only=True)
+    limit_key: str | None = field(default=None, kw_only=True)
 
     def to_row(self, now_ms: int, max_body_bytes: int = MAX_BODY_BYTES) -> NewJob:
         """Validate every field and build the row inserted at ``now_ms``."""
@@ -217,6 +224,7 @@ class JobSpec:
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         check_priority(self.priority)
         check_unique_key(self.unique_key)
+        check_limit_key(self.limit_key)
         raise_on_unique = check_on_conflict(self.on_conflict) == "raise"
         ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
@@ -227,7 +235,7 @@ class JobSpec:
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
         payload = {
             "queue": self.queue, "body": body, "priority": self.priority, "unique_key": self.unique_key,
-            "task": task_of(self.body), "group_name": group,
+            "task": task_of(self.body), "group_name": group, "limit_key": self.limit_key,
         }  # fmt: skip
         linked = bool(after) or group is not None
         row = (
@@ -337,7 +345,7 @@ class Ticket:
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], counted: bool = True) -> Ticket:
-        """The ticket of a row the product's CLAIM returned (``engine.claim_rows_in_transaction``), built in one
+        """The ticket of a row the product's CLAIM returned (``claiming.claim_rows_in_transaction``), built in one
         step: a group commit builds one per claimed job. Columns past ``max_attempts`` (the claim's rank) are
         not the ticket's."""
         seq, job_id, queue, body_json, priority, owner, token, attempts, lease_until, deadline, max_attempts = row[:11]
@@ -374,12 +382,14 @@ class Ticket:
 
 class Settled(NamedTuple):
     """What a pool's group commit did: the new status of each finish (``None``: stale), the tickets claimed
-    (those that start at once first, then those claimed ahead), and for each started job claimed ahead whether
-    its attempt was counted (``False``: its lease is no longer held)."""
+    (those that start at once first, then those claimed ahead), for each started job claimed ahead whether
+    its attempt was counted (``False``: its lease is no longer held), and the queues whose limits let the claim take
+    nothing (``holds``: until when, and whether only time frees them; ``core.flow_limits``)."""
 
     statuses: list[str | None]
     tickets: list[Ticket]
     started: list[bool]
+    holds: tuple[Hold, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -418,6 +428,8 @@ class Job:
     group: str | None = None
     #: How many of its dependencies (and its group, for a callback) it still waits for (``docs/dependencies.md``).
     waits: int = 0
+    #: Its limit key (``JobSpec.limit_key``): the jobs a per-key concurrency limit bounds together; ``None``: none.
+    limit_key: str | None = None
 
     @property
     def result(self) -> JSON:
@@ -432,9 +444,9 @@ class Job:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Job:
         """A job from its columns as the stores list them (the fields up to ``redrives`` in declaration order, then
-        ``priority``, ``cancel_requested_at``, ``unique_key``, ``task``, ``group`` and ``waits``), the body as its
-        stored JSON text."""
-        *values, redrives, priority, cancel_requested_at, unique_key, task, group, waits = row
+        ``priority``, ``cancel_requested_at``, ``unique_key``, ``task``, ``group``, ``waits`` and ``limit_key``), the
+        body as its stored JSON text."""
+        *values, redrives, priority, cancel_requested_at, unique_key, task, group, waits, limit_key = row
         values[3] = json.loads(values[3])
         # mypy cannot tell that ``values`` stops before the keywords' fields (it is the 13 columns before redrives)
         return cls(  # type: ignore[misc]
@@ -446,6 +458,7 @@ class Job:
             task=task,
             group=group,
             waits=waits,
+            limit_key=limit_key,
         )
 
 

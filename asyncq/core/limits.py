@@ -36,6 +36,12 @@ MAX_TASK_NAME_CHARS = 200  # a task's name (@app.task), stored on its jobs' rows
 MAX_WAIT_MS = 365 * DAY_MS  # a queue's max_wait: a job ready this long is served before higher priorities
 MAX_DEPENDENCIES = 1000  # the jobs one job waits for (``after=[…]``)
 MAX_GROUP_NAME_CHARS = 58  # a group's name: an identifier short enough for its callback's id (``group-NAME``)
+MAX_LIMIT_KEY_CHARS = 200  # a job's limit key (a tenant, an account): printable text
+MAX_LIMIT_SLOTS = 100_000  # a queue's (or a limit key's) concurrency limit: leases live at once
+MAX_RATE = 1_000_000  # a queue's rate limit: jobs started per ``per``
+MIN_RATE_PER_MS = 1  # a rate's period: 1 ms … 365 days
+MAX_RATE_PER_MS = 365 * DAY_MS
+DEFAULT_RATE_PER_MS = SECOND_MS
 
 # -- the lab contracts (asyncq.lab.lease, asyncq.lab.outbox) ---------------------------------------------------
 LAB_MAX_TTL_MS = 60 * SECOND_MS

@@ -294,10 +294,11 @@ def _id_part(name: str) -> str:
 
 def schedule_job(schedule: NewSchedule, job_id: str, now_ms: int) -> NewJob:
     """The row a tick (or a run now) of ``schedule`` inserts at ``now_ms``: ready at once, its deadline ``ttl``
-    away, the stored body, queue and priority, no unique key; its ``task`` column as an enqueue of the body sets it."""
+    away, the stored body, queue and priority, no unique key, group or limit key; its ``task`` column as an enqueue of
+    the body sets it."""
     task = task_of(json.loads(schedule.body))
     payload = {"queue": schedule.queue, "body": schedule.body, "priority": schedule.priority, "unique_key": None,
-               "task": task, "group_name": None}  # fmt: skip
+               "task": task, "group_name": None, "limit_key": None}  # fmt: skip
     return NewJob(job_id, payload, schedule.max_attempts, now_ms, now_ms + schedule.ttl_ms)
 
 

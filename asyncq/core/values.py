@@ -13,7 +13,14 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from asyncq.core.limits import MAX_NOTE_CHARS, MAX_PRIORITY, MAX_TASK_NAME_CHARS, MAX_UNIQUE_KEY_CHARS, MIN_PRIORITY
+from asyncq.core.limits import (
+    MAX_LIMIT_KEY_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_PRIORITY,
+    MAX_TASK_NAME_CHARS,
+    MAX_UNIQUE_KEY_CHARS,
+    MIN_PRIORITY,
+)
 
 IDENTIFIER_MAX = 64
 TIME_MAX_MS = 10**15 - 60_000
@@ -75,6 +82,17 @@ def check_unique_key(value: object, name: str = "unique_key") -> str | None:
     if type(value) is not str:
         raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
     return _printable_text(value, name, MAX_UNIQUE_KEY_CHARS)
+
+
+def check_limit_key(value: object, name: str = "limit_key") -> str | None:
+    """A job's limit key (whose jobs a queue's per-key concurrency limit bounds together: a tenant, an account):
+    ``None`` (none) or an exact ``str`` (``TypeError`` otherwise) of 1-200 printable characters without leading or
+    trailing whitespace (``ValueError`` otherwise), the rule of a unique key."""
+    if value is None:
+        return None
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
+    return _printable_text(value, name, MAX_LIMIT_KEY_CHARS)
 
 
 def check_task_name(value: object, name: str = "task") -> str:

@@ -170,6 +170,7 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
         after: Sequence[str | Dependency] = (),
         on_dependency_dead: OnDependencyDeadName = "dead",
         group: str | None = None,
+        limit_key: str | None = None,
         connection: Any = None,
     ) -> Enqueued:
         """Add a job; ``True`` if added, ``False`` if the same id and body exist already, ``Conflict`` for another
@@ -183,6 +184,9 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
         edge of its own policy); it is stored ``waiting`` and goes pending in the transaction that ends the last of
         them done; ``on_dependency_dead`` (``dead``, ``run``, ``wait``) says what a dependency that ends dead does.
         ``group``: the group it joins (``seal_group``). ``docs/dependencies.md``.
+
+        ``limit_key`` (a tenant, an account): the jobs of ``queue`` a per-key concurrency limit bounds together
+        (``set_limits(queue, per_key_concurrency=…)``; docs/flow-control.md, "Limits").
 
         ``connection``: on PostgreSQL, the app's own asyncpg connection with its transaction open (``async with
         conn.transaction(): … await queue.enqueue(…, connection=conn)``): the job commits or rolls back with the
@@ -200,6 +204,7 @@ class Queue(WorkerCalls, OperatorCalls, RetentionCalls, ReadCalls, ScheduleCalls
             after=after,
             on_dependency_dead=on_dependency_dead,
             group=group,
+            limit_key=limit_key,
         )
         return (await self.enqueue_many([spec], connection=connection))[0]
 

@@ -1,5 +1,5 @@
-"""The operator's calls on a ``Queue``: redrive, cancel, pause and resume, ``max_wait``, and the stored settings and
-moves of queues (each move audited in the store); retention's are ``asyncq.queue.retention``'s."""
+"""The operator's calls on a ``Queue``: redrive, cancel, pause and resume, ``max_wait``, limits, and the stored
+settings and moves of queues (each move audited in the store); retention's are ``asyncq.queue.retention``'s."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import socket
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import LimitUsage, check_limits, limits_text
 from asyncq.core.jobs import (
     DEFAULT_TTL_MS,
     MAX_BATCH,
@@ -106,6 +107,37 @@ class OperatorCalls(StoreFacade[QueueStore]):
         )
         return await self.store.set_max_wait(queue, max_wait_ms, self.now(), checked, actor_of(by))
 
+    async def set_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        per_key_concurrency: int | None = None,
+        rate: int | None = None,
+        per: Duration | None = None,
+        burst: int | None = None,
+        note: str | None = None,
+        by: str | None = None,
+    ) -> QueueAuditEntry:
+        """Limit ``queue`` across every process and host (docs/flow-control.md, "Limits"): ``concurrency`` jobs at
+        once (its live leases), ``per_key_concurrency`` at once per ``limit_key`` (``enqueue(…, limit_key=…)``), and
+        ``rate`` jobs started per ``per`` seconds (default 1; or a ``timedelta``), up to ``burst`` at once (default 1:
+        never more than ``rate`` in any window of ``per``). Each ``None`` is no such limit (the default of each: a call
+        sets them all, ``set_limits(queue)`` clears them). Counted in the claim's transaction from the rows (an expired
+        lease frees its slot by itself); a job a limit holds is not claimed, spends no attempt and keeps its place.
+        Stored and audited like a pause; a bad value is ``TypeError``/``ValueError`` before any statement."""
+        check_identifier(queue, "queue")
+        limits = check_limits(concurrency, per_key_concurrency, rate, per, burst)
+        checked = check_note(note) if note is not None else f"limits {limits_text(limits)}"
+        entry = await self.store.set_limits(queue, limits, self.now(), checked, actor_of(by))
+        log.info("queue %s limits set by %s: %s", queue, entry.actor, limits_text(limits))
+        return entry
+
+    async def limits(self) -> list[LimitUsage]:
+        """Every queue with limits, by name: its limits and what they hold now (``LimitUsage``: the live leases, the
+        keys holding one and those at their limit, when the rate lets the next job start)."""
+        return await self.store.limit_usage(self.now())
+
     async def queue_settings(self) -> list[QueueSettings]:
         """Every queue's stored flow-control settings (paused: since when, by whom, why; ``max_wait``; retention),
         by name."""
@@ -116,8 +148,8 @@ class OperatorCalls(StoreFacade[QueueStore]):
         return [settings for settings in await self.queue_settings() if settings.paused]
 
     async def queue_audit(self, queue: str | None = None, *, limit: int = 100) -> list[QueueAuditEntry]:
-        """The newest moves on queues (pause, resume, max_wait, retention), of ``queue`` only if named (``"*"``: the
-        default retention's), newest first."""
+        """The newest moves on queues (pause, resume, max_wait, retention, limits), of ``queue`` only if named
+        (``"*"``: the default retention's), newest first."""
         if queue is not None and queue != EVERY_QUEUE:
             check_identifier(queue, "queue")
         return await self.store.queue_audit(queue, check_int(limit, "limit", 1, MAX_BATCH))

@@ -99,6 +99,7 @@ class App:
         result_ttl: float = DEFAULT_RESULT_TTL,
         priority: int = 0,
         unique: bool = False,
+        limit_key: str | None = None,
     ) -> Callable[[Callable[P, Awaitable[R]]], Task[P, R]]: ...
 
     def task(
@@ -113,13 +114,16 @@ class App:
         result_ttl: float = DEFAULT_RESULT_TTL,
         priority: int = 0,
         unique: bool = False,
+        limit_key: str | None = None,
     ) -> Any:
         """Declare an async function as a task (``@app.task`` or ``@app.task(queue=…, …)``): its jobs go to
         ``queue``, get ``max_attempts`` attempts within ``ttl`` seconds (default a day), each cut after ``timeout``
         seconds; its result is kept ``result_ttl`` seconds; ``priority`` (-100 … 100, higher claimed first) is its
         jobs' default (``using(priority=…)`` overrides it for one deferral); ``unique``: one active job per task and
-        arguments (its unique key derived from both; ``using(unique_key=…)`` names another). ``name`` (default the
-        function's ``__name__``) is how jobs find it: registering a name twice is a ``ValueError``."""
+        arguments (its unique key derived from both; ``using(unique_key=…)`` names another); ``limit_key``: its jobs'
+        default limit key (a queue's per-key concurrency limit bounds the jobs of one key together;
+        ``using(limit_key=…)`` names a deferral's own, a tenant's). ``name`` (default the function's ``__name__``) is
+        how jobs find it: registering a name twice is a ``ValueError``."""
 
         def declare(fn: Callable[..., Awaitable[Any]]) -> Task[Any, Any]:
             if not inspect.iscoroutinefunction(fn):
@@ -129,7 +133,7 @@ class App:
                 raise ValueError(f"a task named {task_name!r} is registered already ({self.tasks[task_name]!r})")
             declared: Task[Any, Any] = Task(
                 self, fn, name=task_name, queue=queue, max_attempts=max_attempts, timeout=timeout, ttl=ttl,
-                result_ttl=result_ttl, priority=priority, unique=unique,
+                result_ttl=result_ttl, priority=priority, unique=unique, limit_key=limit_key,
             )  # fmt: skip
             self.tasks[task_name] = declared
             return declared

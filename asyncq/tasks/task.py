@@ -23,6 +23,7 @@ from asyncq.core.values import (
     check_flag,
     check_identifier,
     check_int,
+    check_limit_key,
     check_on_conflict,
     check_priority,
     check_unique_key,
@@ -49,7 +50,8 @@ Target = Queue | Transaction
 class Options:
     """How a deferral is enqueued: ``key`` (the job's id: the same key and arguments again is a no-op, other
     arguments ``Conflict``; default a fresh unique id), ``delay`` and ``ttl`` in seconds; ``unique_key`` (one
-    active job of the queue with it at a time), or ``unique`` (the key derived from the task and its arguments)."""
+    active job of the queue with it at a time), or ``unique`` (the key derived from the task and its arguments);
+    ``limit_key`` (the jobs a queue's per-key concurrency limit bounds together)."""
 
     queue: str
     max_attempts: int
@@ -60,6 +62,7 @@ class Options:
     unique: bool = False
     unique_key: str | None = None
     on_conflict: OnConflict = "return"
+    limit_key: str | None = None
     #: Dependencies and group of one deferral (``docs/dependencies.md``): job ids or ``Dependency`` values.
     after: tuple[str | Dependency, ...] = ()
     on_dependency_dead: OnDependencyDeadName = "dead"
@@ -72,6 +75,7 @@ class Options:
         options = {"queue": self.queue, "max_attempts": self.max_attempts, "ttl": self.ttl, "delay": self.delay}
         unique_key = self.unique_key if self.unique_key is not None or not self.unique else derived_unique_key(body)
         options |= {"priority": self.priority, "unique_key": unique_key, "on_conflict": self.on_conflict}
+        options["limit_key"] = self.limit_key
         if self.after or self.group is not None or self.on_dependency_dead != "dead":
             options |= {"after": self.after, "on_dependency_dead": self.on_dependency_dead, "group": self.group}
         return options
@@ -107,6 +111,7 @@ class Task(Generic[P, R]):
         result_ttl: float,
         priority: int = 0,
         unique: bool = False,
+        limit_key: str | None = None,
     ) -> None:
         self.app = app
         self.function = function
@@ -117,6 +122,7 @@ class Task(Generic[P, R]):
             ttl,
             priority=check_priority(priority),
             unique=check_flag(unique, "unique"),
+            limit_key=check_limit_key(limit_key),
         )
         self.timeout = None if timeout is None else check_duration(timeout, "timeout", 0.001, 86_400.0 * 7)
         self.result_ttl = check_duration(result_ttl, "result_ttl", 0.0, MAX_RESULT_TTL)
@@ -147,17 +153,20 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         unique_key: str | None = None,
         on_conflict: OnConflict = "return",
+        limit_key: str | None = None,
         after: Sequence[After] = (),
         on_dependency_dead: OnDependencyDeadName = "dead",
         group: TaskGroup | str | None = None,
     ) -> Deferral[P, R]:
         """The same task with options for one deferral: ``key`` (the job id, for idempotency), ``delay``,
         ``ttl``, ``max_attempts``, ``queue``, ``priority``, ``unique_key`` (instead of the task's derived one, if it
-        is ``unique``) and ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle).
+        is ``unique``), ``on_conflict`` (``raise``: ``UniqueConflict`` instead of the active job's handle) and
+        ``limit_key`` (instead of the task's default: a tenant whose jobs a per-key limit bounds together).
         ``after``: the deferrals' handles (or job ids, or ``Dependency`` values) it waits for, each ended done
         first (``on_dependency_dead``: ``dead``, ``run`` or ``wait`` for one that ends dead); ``group``: the
         ``app.group`` it is a member of (``docs/dependencies.md``)."""
         check_unique_key(unique_key)
+        check_limit_key(limit_key)
         check_on_conflict(on_conflict)
         if key is not None:
             check_identifier(key, "key")
@@ -178,6 +187,7 @@ class Task(Generic[P, R]):
             base.unique,
             unique_key,
             on_conflict,
+            base.limit_key if limit_key is None else limit_key,
             after_items(after),
             on_dependency_dead,
             None if group is None else group_name(group),

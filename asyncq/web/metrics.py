@@ -20,6 +20,11 @@ metric                                      meaning
 ``asyncq_queue_paused{queue}``              1 while a queue is paused (queues with stored settings)
 ``asyncq_queue_retention_seconds``          each retention rule's window by state, ``{queue,task,state}`` (queue
                                             ``*``: the default; task empty: the whole queue; absent: for ever)
+``asyncq_queue_limit{queue,limit}``         a queue's limits in force: ``concurrency``, ``per_key_concurrency``,
+                                            ``rate_per_second``, ``burst`` (absent: no such limit)
+``asyncq_queue_slots_used{queue}``          a limited queue's live leases now (what its concurrency limit counts)
+``asyncq_queue_limit_keys_full{queue}``     limit keys at their per-key limit now
+``asyncq_queue_rate_wait_seconds{queue}``   how long until the rate lets the next job start (0: it has room)
 ``asyncq_store_busy_total``                 store calls that failed transiently and were retried (a lock, a lost
                                             connection, a restarting or read-only server)
 ``asyncq_wakeups_lost_total``               times the store's wake-ups from other processes were lost (a listener's
@@ -71,6 +76,7 @@ from prometheus_client.registry import Collector
 
 from asyncq.core.clock import wall_clock_ms
 from asyncq.core.flow import QueueSettings
+from asyncq.core.flow_limits import LimitUsage, rate_per_second
 from asyncq.core.lifecycle import CANCEL, DEAD, DONE, OUTCOMES, PENDING, RETRY
 from asyncq.core.retention import RETENTION_STATES, RetentionRule
 from asyncq.core.schedules import Schedule
@@ -189,9 +195,9 @@ class PoolMetrics:
 
 
 class QueueCollector(Collector):
-    """Depth by status, dead jobs by reason, the oldest ready job's age and which queues are paused, read through
-    ``Queue.stats()`` and ``Queue.queue_settings()`` per scrape (see the module's docstring for why on a loop of its
-    own)."""
+    """Depth by status, dead jobs by reason, the oldest ready job's age, which queues are paused, their retention and
+    their limits with the slots used, read through ``Queue.stats()``, ``Queue.queue_settings()`` and
+    ``Queue.limits()`` per scrape (see the module's docstring for why on a loop of its own)."""
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Callable[[], int] = wall_clock_ms) -> None:
         self.path = path
@@ -199,29 +205,26 @@ class QueueCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         """The metric names, without reading the file (for the registry's duplicate check)."""
-        return self._families(None) + schedule_families([], 0)
+        return self._families(None) + schedule_families([], 0) + limit_families((), None)
 
     def collect(self) -> Iterable[Metric]:
         """Read the file once; a file that cannot be read shows as ``asyncq_queue_file_up 0``."""
         try:
-            stats, settings, rules, schedules, groups_open = run_on_own_loop(self.read)
+            stats, settings, rules, schedules, groups_open, limits = run_on_own_loop(self.read)
         except Exception as error:  # missing, not a queue, locked: the gauge says so, the scrape goes on
             log.warning("metrics: cannot read queue file %s: %s", self.path, error)
             return self._families(None, up=0)
         families = self._families(stats, settings=settings, rules=rules, groups_open=groups_open)
-        return families + schedule_families(schedules, stats.now_ms)
+        return families + schedule_families(schedules, stats.now_ms) + limit_families(limits, stats.now_ms)
 
-    async def read(self) -> tuple[Stats, list[QueueSettings], list[RetentionRule], list[Schedule], int]:
-        """The queue's stats, stored queue settings, retention rules, schedules and open groups now, through a
+    async def read(
+        self,
+    ) -> tuple[Stats, list[QueueSettings], list[RetentionRule], list[Schedule], int, list[LimitUsage]]:
+        """The queue's stats, stored queue settings, retention rules, schedules, open groups and limits now, through a
         read-only ``Queue`` (nothing is created or changed)."""
         async with await Queue.open(self.path, read_only=True, clock=self.clock, busy_timeout=SCRAPE_TIMEOUT) as queue:
-            return (
-                await queue.stats(),
-                await queue.queue_settings(),
-                await queue.retention_rules(),
-                await queue.schedules(),
-                await queue.open_groups(),
-            )
+            stats, settings, rules = await queue.stats(), await queue.queue_settings(), await queue.retention_rules()
+            return stats, settings, rules, await queue.schedules(), await queue.open_groups(), await queue.limits()
 
     @staticmethod
     def _families(
@@ -307,6 +310,28 @@ def schedule_families(schedules: Sequence[Schedule], now_ms: int) -> list[Metric
             if each.next_tick is not None:
                 next_run.add_metric([each.name], (each.next_tick - now_ms) / 1000)
     return [ticks, next_run, paused]
+
+
+def limit_families(limits: Sequence[LimitUsage], now_ms: int | None) -> list[Metric]:
+    """The limits in force and what they hold (``describe`` names them with none)."""
+    limit = GaugeMetricFamily(
+        "asyncq_queue_limit", "A queue's limits in force (absent: no such limit).", labels=["queue", "limit"]
+    )
+    used = GaugeMetricFamily("asyncq_queue_slots_used", "A limited queue's live leases now.", labels=["queue"])
+    full = GaugeMetricFamily("asyncq_queue_limit_keys_full", "Limit keys at their per-key limit now.", labels=["queue"])
+    wait = GaugeMetricFamily(
+        "asyncq_queue_rate_wait_seconds", "Until the rate lets the next job start (0: room now).", labels=["queue"]
+    )
+    for each in limits:
+        values = each.limits._asdict() | {"rate_per_second": rate_per_second(each.limits)}
+        for name in ("concurrency", "per_key_concurrency", "rate_per_second", "burst"):
+            if values[name] is not None:
+                limit.add_metric([each.queue, name], values[name])
+        used.add_metric([each.queue], each.slots_used)
+        full.add_metric([each.queue], each.keys_full)
+        if each.rate_next_ms is not None and now_ms is not None:
+            wait.add_metric([each.queue], max(0, each.rate_next_ms - now_ms) / 1000)
+    return [limit, used, full, wait]
 
 
 class InboxCollector(Collector):

@@ -7,12 +7,10 @@ jobs for the free slots in the same transaction (a group commit) into a buffer. 
 ``concurrency`` worker tasks take jobs from the buffer, one at a time each: a worker that ends a job starts the next
 one in the same step, without a task per job and without waiting for a turn of the event loop. The batcher and the
 per-job path are this module's, in one frame; the jobs in flight are ``asyncq.worker.flight``'s, their leases
-``asyncq.worker.leases``', retention ``asyncq.worker.retention``'s, the counters, observer and log
-``asyncq.worker.report``'s.
+``asyncq.worker.leases``', retention ``asyncq.worker.retention``'s, the counters, observer and log ``report``'s.
 
-The outer structure (signals, the batcher and renewer) uses anyio; the per-job path uses plain asyncio tasks because
-anyio's per-task cancel scopes cost more than the whole queue cycle (measured: 2.3x slower end to end;
-docs/benchmarks.md).
+The outer structure (signals, the batcher and renewer) uses anyio; the per-job path plain asyncio tasks: anyio's
+per-task cancel scopes cost more than the whole queue cycle (measured: 2.3x slower end to end; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import anyio
 
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, error_text
+from asyncq.core.flow_limits import Hold
 from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BATCH, StoredResult, Ticket
 from asyncq.core.lifecycle import CANCEL, OK, OutcomeName
 from asyncq.core.values import check_identifier
@@ -112,6 +111,7 @@ class Pool:
         self.schedules = ScheduleKeeper(queue, report, self.poll_max, evaluate=settings.schedules)
         self._beside = [self._leases.run, *(keeper.run for keeper in keepers), self.schedules.run]  # beside the batcher
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
+        self._holds: tuple[Hold, ...] = ()  # the queues the last commit's claim found held by their limits
         self._stopping = False
         self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
         self._workers: list[asyncio.Task[None]] = []
@@ -196,11 +196,13 @@ class Pool:
             if claimed or flights.results or self._stopping:
                 idle_wait = self.poll_min
                 continue
-            if burst and not flights.jobs:
+            if burst and not flights.jobs and not self._holds:  # jobs a limit holds wait for it even in a burst
                 return
             if flights.buffer or self.running >= self.concurrency:
                 continue  # nothing to claim for now; the next finished job wakes the batcher
-            await wait_for_work(self.queue, flights.wake, idle_wait, self._report)
+            await wait_for_work(
+                self.queue, flights.wake, idle_wait, self._report, self._holds, self._handlers, self.poll_max
+            )
             idle_wait = min(idle_wait * 2, self.poll_max)
 
     def _capacity(self) -> int:
@@ -253,7 +255,7 @@ class Pool:
                 return 0
             free_now = max(0, self.concurrency - self.running - len(flights.buffer))
             try:
-                statuses, tickets, counted = await self.queue.commit_cycle(
+                statuses, tickets, counted, self._holds = await self.queue.commit_cycle(
                     results, self.owner, wants, self.lease_ms, capacity,
                     start_now=free_now, started=[flight.ticket for flight in started], resend=self._resend,
                 )  # fmt: skip

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 
+from asyncq.core.flow_limits import Hold, held_wait
 from asyncq.errors import StoreBusy
 from asyncq.queue import Queue
 from asyncq.worker.report import PoolReport
@@ -53,19 +54,32 @@ class BusyStore:
             return queue
 
 
-async def wait_for_work(queue: Queue, wake: asyncio.Event, seconds: float, report: PoolReport) -> None:
+async def wait_for_work(
+    queue: Queue,
+    wake: asyncio.Event,
+    seconds: float,
+    report: PoolReport,
+    holds: Sequence[Hold] = (),
+    served: Collection[str] = (),
+    poll_max: float = 0.0,
+) -> None:
     """Nothing was ready: wait for an enqueue in this process (or a wake-up from another), ``wake`` (a job
-    finished, a slot freed, a stop), or ``seconds`` (the poll). Wake-ups the store lost since the last wait are
+    finished, a slot freed, a stop), or ``seconds`` (the poll). Queues their limits held (``holds``) shorten the
+    wait to when they may let a job go, and when a rate holds every queue the pool ``served``, only time frees them:
+    no store wake-up ends the wait (``core.flow_limits.held_wait``). Wake-ups the store lost since the last wait are
     reported first."""
     losses = queue.store.wakeup_losses - report.wakeup_losses_seen
     if losses > 0:
         report.wakeup_losses_seen += losses
         report.wakeups_lost(losses)
+    seconds, woken = held_wait(holds, served, queue.now(), seconds, max(poll_max, seconds))
     wake.clear()
     with anyio.move_on_after(seconds):
         async with anyio.create_task_group() as waiters:
 
             async def on_enqueue() -> None:
+                if not woken:
+                    return
                 await queue.wait_for_rows(seconds)
                 waiters.cancel_scope.cancel()
 

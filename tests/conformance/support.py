@@ -52,6 +52,7 @@ def new(
     after: Sequence[str | Dependency] = (),
     on_dead: OnDependencyDeadName = "dead",
     group: str | None = None,
+    limit_key: str | None = None,
 ) -> NewJob:
     """The row the facade inserts for these values at ``now`` (the body defaults to ``{"id": job_id}``)."""
     body = {"id": job_id} if body is None else body
@@ -68,6 +69,7 @@ def new(
         after=after,
         on_dependency_dead=on_dead,
         group=group,
+        limit_key=limit_key,
     )
     return spec.to_row(now)
 
@@ -92,6 +94,7 @@ def stored(row: NewJob, seq: int) -> Job:
         unique_key=row.payload["unique_key"],
         task=row.payload["task"],
         group=row.payload["group_name"],
+        limit_key=row.payload["limit_key"],
     )
 
 
@@ -114,7 +117,7 @@ async def claim(
     store: QueueStore, owner: str, now: int, *, queue: str = "default", n: int = 1, lease_ms: int = 1_000
 ) -> list[Ticket]:
     """Claim up to ``n`` jobs of ``queue`` (a group commit that finishes nothing)."""
-    statuses, tickets, _started = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
+    statuses, tickets, _started, _holds = await store.settle_and_claim([], now, owner, lease_ms, [(queue, n)], None)
     assert statuses == []
     return tickets
 

@@ -82,7 +82,7 @@ async def test_a_group_commit_finishes_first_then_claims_by_queue_within_its_tot
     [held] = await claim(store, "w1", T0, queue="a", lease_ms=1_000)
     before = await dump(store, T0 + 10)
     # The retried job is pending again by the time the claims run, so the same commit takes it back (token 2).
-    statuses, tickets, _started = await store.settle_and_claim(
+    statuses, tickets, _started, _holds = await store.settle_and_claim(
         [outcome(held, "retry", 0)], T0 + 10, "w2", 500, [("a", 2), ("c", 0), ("b", 5)], 3
     )
     after = await dump(store, T0 + 10)
@@ -93,7 +93,7 @@ async def test_a_group_commit_finishes_first_then_claims_by_queue_within_its_tot
     # Want by want, at most 3; within a queue by the time each became ready: a1's retry made it ready after a2.
     assert tickets == [ticket_of(after.jobs[job_id]) for job_id in ("a2", "a1", "b1")]
     assert after.jobs["a1"].token == 2 and after.jobs["a1"].attempts == 2
-    assert await store.settle_and_claim([], T0 + 10, "w2", 500, [("b", 5)], 0) == ([], [], [])  # a total of 0
+    assert await store.settle_and_claim([], T0 + 10, "w2", 500, [("b", 5)], 0) == ([], [], [], ())  # a total of 0
 
 
 async def test_the_sweep_runs_first_and_in_every_queue(store: QueueStore) -> None:

@@ -56,7 +56,7 @@ async def test_the_commit_that_finishes_the_last_dependency_releases_and_may_cla
     [ta, tb] = await claim(store, "w1", T0, n=2)
     assert await store.finish([outcome(ta, "ok")], T0 + 5) == ["done"]
     assert await claim(store, "w1", T0 + 6) == []  # c still waits for b
-    statuses, tickets, _ = await store.settle_and_claim(
+    statuses, tickets, *_ = await store.settle_and_claim(
         [outcome(tb, "ok")], T0 + 10, "w1", 1_000, [("default", 5)], None
     )
     assert statuses == ["done"] and [t.id for t in tickets] == ["c"]  # released and claimed in one commit

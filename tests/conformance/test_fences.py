@@ -189,7 +189,7 @@ async def test_empty_batches_return_nothing_and_change_nothing(store: QueueStore
     assert await store.finish([], T0 + 1) == []
     assert await store.extend([], T0 + 1, 1_000) == []
     assert await store.release([], T0 + 1) == []
-    assert await store.settle_and_claim([], T0 + 1, "w1", 1_000, [], None) == ([], [], [])
+    assert await store.settle_and_claim([], T0 + 1, "w1", 1_000, [], None) == ([], [], [], ())
     expect(before, await dump(store))
 
 

@@ -48,7 +48,7 @@ async def test_the_last_member_to_end_releases_the_callback_once_with_the_outcom
     assert await claim(store, "w1", T0 + 3, queue="reports") == []  # never early
     group = await queue.group("import-1")
     assert group is not None and (group.done, group.dead, group.running, group.complete) == (2, 1, 1, False)
-    statuses, tickets, _ = await store.settle_and_claim(
+    statuses, tickets, *_ = await store.settle_and_claim(
         [outcome(tickets[3], "ok")], T0 + 4, "w1", 1_000, [("reports", 5)], None
     )
     assert statuses == ["done"] and [t.id for t in tickets] == ["group-import-1"]  # released in that same commit

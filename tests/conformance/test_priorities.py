@@ -46,7 +46,7 @@ async def test_ties_go_to_the_job_ready_first_then_to_the_older_seq(store: Queue
 
 async def test_the_counted_claims_are_the_first_of_the_order_and_a_claim_takes_the_best_n(store: QueueStore) -> None:
     await enqueue(store, *[new(f"j{p + 5}", priority=p) for p in range(-5, 5)])
-    statuses, tickets, _ = await store.settle_and_claim([], T0, "w1", 1_000, [("default", 4)], 4, start_now=2)
+    statuses, tickets, *_ = await store.settle_and_claim([], T0, "w1", 1_000, [("default", 4)], 4, start_now=2)
     assert statuses == [] and [(t.id, t.counted) for t in tickets] == [
         ("j9", True),
         ("j8", True),

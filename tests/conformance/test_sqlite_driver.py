@@ -112,7 +112,7 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert ticket.id == "old"
     con = sqlite3.connect(path)
     try:
-        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 11
+        assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 14
         indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" not in indexes  # v8: ranked instead
         assert {"asyncq_jobs_ranked", "asyncq_jobs_waiting"} <= indexes

@@ -9,6 +9,11 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
   token (``token + 1``) and counts an attempt.
 - **Flow control read by the claim.** A queue's stored settings (paused, ``max_wait``) are read by the claim
   statement itself: a claim that begins after a pause committed takes nothing from that queue, on any host.
+- **Limits counted in the claim.** A queue's concurrency limits bound its live (unexpired) leases, of the queue and of
+  each ``limit_key``, and its rate limit the jobs started, by a rate state the claim advances in its transaction
+  (``core.flow_limits``); the count and the claim are serialised per queue (SQLite's write lock; a lock of the
+  queue's settings row on a server), so no two claims together exceed a limit. A limited queue is never claimed
+  ahead; a job a limit holds is not claimed and spends no attempt.
 - **Compare-and-set finish.** A finish, extend or release lands only if id, owner, token, attempt and
   ``lease_until`` all still match and the lease has not expired at ``now_ms``; a stale member of a batch changes
   nothing while the rest land. Decisions are ``asyncq.core.lifecycle``'s, never the store's own.
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
 from asyncq.core.retention import RetentionRule, Windows
@@ -147,7 +153,9 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
         has ``started`` (fenced on its lease), finish ``finishes`` (the new status each, ``None`` if stale), then
         claim up to ``n`` jobs of each ``(queue, n)`` in ``wants`` (at most ``total`` in all). The first
         ``start_now`` claimed (all, if ``None``) count an attempt now; the rest are claimed ahead, uncounted
-        (``Ticket.counted`` is ``False``), so that a worker killed with them in its buffer spends none."""
+        (``Ticket.counted`` is ``False``), so that a worker killed with them in its buffer spends none. A queue with
+        limits is claimed only for the counted jobs, as many as its limits allow; ``Settled.holds`` names each queue
+        its limits let take nothing, and until when."""
         ...
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
@@ -213,6 +221,16 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
     async def ended_groups(self, queues: Sequence[str] | None) -> list[tuple[str, str | None]]:
         """The ``(queue, task)`` groups of done and dead jobs (``None``: those without a task) of ``queues`` (every
         queue if ``None``), by queue then task, those without one first; one index seek per group."""
+        ...
+
+    async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        """Set ``queue``'s limits (each ``None``: no such limit) with an audit row, which is returned; the rate's state
+        is kept as ``core.flow_limits.rate_state_kept`` says. Leases in flight are not touched."""
+        ...
+
+    async def limit_usage(self, now_ms: int) -> list[LimitUsage]:
+        """Every queue with limits, by name: its limits and what they hold at ``now_ms`` (live leases of the queue and
+        per key, the rate's next start), in one read."""
         ...
 
     async def remove_expired(

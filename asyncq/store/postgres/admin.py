@@ -27,8 +27,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = "(SELECT count(*) FROM {schema}.audit a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: its unique key, its task, its group and how many dependencies it still waits for.
-JOB_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
+#: its unique key, its task, its group, how many dependencies it still waits for, and its limit key.
+JOB_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits, j.limit_key"
 _LISTED = (
     f"SELECT {JOB_COLUMNS}, {JOB_EXTRAS} FROM {{schema}}.jobs j WHERE {{where}} ORDER BY seq {{order}} LIMIT {{limit}}"
 )

@@ -18,6 +18,7 @@ import asyncpg
 from asyncq.core.claim_plan import plan_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.retention import RetentionRule, Windows
@@ -26,7 +27,7 @@ from asyncq.errors import StoreError
 from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.postgres import admin, flow, retention, transitions
+from asyncq.store.postgres import admin, claiming, flow, limits, retention, transitions
 from asyncq.store.postgres.connection import (
     Connection,
     Target,
@@ -59,6 +60,7 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
         self._pool = pool
         self.wakeups = wakeups
         self.capabilities = Capabilities(backup=False, app_sql=True, survives_power_loss=True, read_only=read_only)
+        self._limited: set[str] = set()  # the queues a claim found limited (a hint: each claim reads them again)
 
     @classmethod
     async def open(cls, url: object, *, read_only: bool = False) -> PostgresQueueStore:
@@ -145,7 +147,7 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
 
         ripple = Ripple()
 
-        async def cycle(conn: Connection, schema: str) -> tuple[list[str | None], list[Ticket], list[bool]]:
+        async def cycle(conn: Connection, schema: str) -> Settled:
             activated = await transitions.activate(conn, schema, begun)
             statuses = (
                 await transitions.finish(conn, schema, finishes, now_ms, resend=resend, ripple=ripple)
@@ -155,15 +157,17 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
             await self._notify_if_pending(conn, statuses)
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:
-                await transitions.sweep(conn, schema, now_ms, ripple)
-            rows, counted = await transitions.claim(conn, schema, owner, now_ms, lease_ms, wants, plan)
+                await claiming.sweep(conn, schema, now_ms, ripple)
+            rows, counted, holds = await claiming.claim(
+                conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited
+            )
             tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(rows)]
-            return statuses, tickets, activated
+            return Settled(statuses, tickets, activated, holds)
 
-        statuses, tickets, activated = await self._write(cycle)
-        if PENDING in statuses or ripple.released:
+        settled: Settled = await self._write(cycle)
+        if PENDING in settled.statuses or ripple.released:
             self.wakeups.notify()
-        return Settled(statuses, tickets, activated)
+        return settled
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         ripple = Ripple()
@@ -254,6 +258,20 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
     ) -> QueueAuditEntry:
         entry: QueueAuditEntry = await self._write(flow.set_retention, queue, task, windows, now_ms, note, actor)
         return entry
+
+    async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        async def step(conn: Connection, schema: str) -> QueueAuditEntry:
+            entry = await flow.set_limits(conn, schema, queue, limits, now_ms, note, actor)
+            await conn.execute(NOTIFY, self.wakeups.channel)  # a limit raised or cleared may let workers claim
+            return entry
+
+        entry: QueueAuditEntry = await self._write(step)
+        self.wakeups.notify()
+        return entry
+
+    async def limit_usage(self, now_ms: int) -> list[LimitUsage]:
+        found: list[LimitUsage] = await self._read(limits.limit_usage, now_ms)
+        return found
 
     async def retention_rules(self) -> list[RetentionRule]:
         rules: list[RetentionRule] = await self._read(flow.retention_rules)

@@ -246,7 +246,30 @@ RETENTION_RULES = (
     " WHERE status IN ('done', 'dead')",
 )
 
-# Version 11: the operator's console (docs/console.md; the SQLite store's v14). ``operations`` is the operator audit:
+# Version 11: concurrency and rate limits (docs/flow-control.md, "Limits"; the SQLite store's v14). A job's optional
+# ``limit_key``; each queue's limits on its settings row (NULL: none) and the rate's state (``rate_tat_us``: GCRA's
+# theoretical arrival time, microseconds), advanced by the claim that takes jobs, which holds the row's lock: the
+# claims of a limited queue are serialised on it, so each counts every lease committed before it. The queue audit
+# gains the ``limits`` move and the limits it set (beside version 8's ``retention_clear`` and ``task``). A limited
+# claim counts live leases through ``jobs_leased``; ``jobs_keyed`` holds the pending jobs that have a key, by queue,
+# key and claim order, so that a claim under a per-key limit finds each key's best jobs in one seek instead of walking
+# a full key's backlog (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never limited by key) are
+# not in it.
+LIMITS = (
+    "ALTER TABLE {schema}.jobs ADD COLUMN limit_key text",
+    "ALTER TABLE {schema}.queues ADD COLUMN limit_concurrency integer, ADD COLUMN limit_per_key integer,"
+    " ADD COLUMN limit_rate integer, ADD COLUMN limit_per_ms bigint, ADD COLUMN limit_burst integer,"
+    " ADD COLUMN rate_tat_us bigint",
+    "ALTER TABLE {schema}.queue_audit ADD COLUMN limit_concurrency integer, ADD COLUMN limit_per_key integer,"
+    " ADD COLUMN limit_rate integer, ADD COLUMN limit_per_ms bigint, ADD COLUMN limit_burst integer",
+    "ALTER TABLE {schema}.queue_audit DROP CONSTRAINT queue_audit_action_check",
+    "ALTER TABLE {schema}.queue_audit ADD CONSTRAINT queue_audit_action_check"
+    " CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear', 'limits'))",
+    "CREATE INDEX jobs_keyed ON {schema}.jobs (queue, limit_key, priority DESC, available_at, seq)"
+    " WHERE status = 'pending' AND limit_key IS NOT NULL",
+)
+
+# Version 12: the operator's console (docs/console.md; the SQLite store's v15). ``operations`` is the operator audit:
 # one row per console action (who, their role, why, the filter, the count and the ids of its set, its digest and
 # what came of it), named by each job audit row it wrote (``op_seq``; the job audit gains the ``delete`` and
 # ``priority`` moves); ``samples`` each queue's figures at each console sample (deleted past its keep);
@@ -323,7 +346,8 @@ QUEUE = Migrations(
         (*TASKS, *RETENTION_RULES),  # version 8: the task a job's body names; retention rules per task, queue, default
         SCHEDULE_TABLES,  # version 9: schedules as stored state, their events
         GRAPHS,  # version 10: dependencies and groups (the waiting status, edges, groups)
-        CONSOLE,  # version 11: the console's operator audit, samples and workers seen; errors by type
+        LIMITS,  # version 11: concurrency and rate limits per queue and limit key, the rate's state, their audit
+        CONSOLE,  # version 12: the console's operator audit, samples and workers seen; errors by type
     ),
 )
 SCHEMA_VERSION = QUEUE.version

@@ -51,30 +51,33 @@ RETURNING seq, links
 # priority, then the earlier ``available_at``, then seq; pending and available, or leased with an expired lease.
 # Each branch seeks its own index in its own order (``jobs_waiting``, ``jobs_ranked``, ``jobs_leased``) and stops at
 # the limit; the branches are disjoint (the ready branch leaves the late jobs to theirs), so ``UNION ALL``.
-# ``flow`` is the queue's stored settings row: while it says paused, no branch returns a row. A row the sweep
+# ``flow`` is the queue's stored settings row: while it says paused, no branch returns a row; nor while the queue
+# has limits (``limits.CLAIM_LIMITED`` claims those, under the settings row's lock). A row the sweep
 # skipped (another transaction held it) is never leased past its budget, nor with a cancel request: each branch
 # repeats the sweep's conditions. RETURNING adds the rank's columns after the ticket's.
 CLAIM = """
 WITH flow AS MATERIALIZED (
-  SELECT paused_at, $2 - max_wait_ms AS late_at FROM {schema}.queues WHERE queue = $1
+  SELECT paused_at, $2 - max_wait_ms AS late_at,
+    coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL AS limited
+  FROM {schema}.queues WHERE queue = $1
 ), late AS MATERIALIZED (
   SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= (SELECT late_at FROM flow) AND deadline > $2
     AND attempts < max_attempts AND cancel_requested_at IS NULL
-    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL OR limited)
   ORDER BY available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
 ), pending AS MATERIALIZED (
   SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'pending' AND queue = $1 AND available_at <= $2 AND deadline > $2 AND attempts < max_attempts
     AND cancel_requested_at IS NULL
     AND NOT coalesce(available_at <= (SELECT late_at FROM flow), false)
-    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL OR limited)
   ORDER BY priority DESC, available_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED
 ), expired AS MATERIALIZED (
   SELECT seq, priority, available_at FROM {schema}.jobs
   WHERE status = 'leased' AND queue = $1 AND lease_until <= $2 AND deadline > $2 AND attempts < max_attempts
     AND cancel_requested_at IS NULL
-    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL OR limited)
   ORDER BY coalesce(available_at <= (SELECT late_at FROM flow), false) DESC,
     CASE WHEN coalesce(available_at <= (SELECT late_at FROM flow), false) THEN 0 ELSE priority END DESC,
     available_at, seq
@@ -153,11 +156,14 @@ RETURNING v.n
 INSERT_ROWS = """
 INSERT INTO {schema}.jobs
   (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key, task,
-   group_name)
-SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key, task, group_name
+   group_name, limit_key)
+SELECT id, queue, body, 'pending', 0, max_attempts, 0, available_at, deadline, priority, unique_key, task, group_name,
+  limit_key
 FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::bigint[], $7::smallint[],
-            $8::text[], $9::text[], $10::text[])
-  WITH ORDINALITY AS v(id, queue, body, max_attempts, available_at, deadline, priority, unique_key, task, group_name, n)
+            $8::text[], $9::text[], $10::text[], $11::text[])
+  WITH ORDINALITY AS v(
+    id, queue, body, max_attempts, available_at, deadline, priority, unique_key, task, group_name, limit_key, n
+  )
 ORDER BY n
 ON CONFLICT DO NOTHING
 RETURNING id
@@ -183,7 +189,7 @@ WHERE d.seq = $1 AND j.seq <> d.seq AND j.unique_key IS NOT NULL AND j.status IN
 
 SELECT_BY_IDS = """
 SELECT seq, id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, priority,
-  unique_key, group_name
+  unique_key, group_name, limit_key
 FROM {schema}.jobs WHERE id = ANY($1::text[])
 """
 

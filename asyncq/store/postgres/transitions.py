@@ -12,7 +12,6 @@ from typing import Any
 
 import asyncpg
 
-from asyncq.core.claim_plan import ClaimPlan, Rank, claim_rank, next_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
@@ -101,6 +100,7 @@ async def _insert(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> set[
         [job.payload["unique_key"] for job in jobs],
         [job.payload["task"] for job in jobs],
         [job.payload["group_name"] for job in jobs],
+        [job.payload["limit_key"] for job in jobs],
     )
     return {row[0] for row in await conn.fetch(sql(schema, "INSERT_ROWS"), *columns)}
 
@@ -134,9 +134,12 @@ async def read_states(conn: Connection, schema: str, job_ids: Sequence[str]) -> 
     found: dict[str, Found] = {}
     for row in await conn.fetch(sql(schema, "SELECT_BY_IDS"), list(dict.fromkeys(job_ids))):
         seq, job_id, queue, body, status, attempts, max_attempts, token, owner, lease_until, deadline, *stored = row
-        priority, key, group = stored
+        priority, key, group, limit_key = stored
         state = JobState(status, attempts, max_attempts, token, owner, lease_until, deadline)
-        payload = {"queue": queue, "body": body, "priority": priority, "unique_key": key, "group_name": group}
+        payload = {
+            "queue": queue, "body": body, "priority": priority, "unique_key": key, "group_name": group,
+            "limit_key": limit_key,
+        }  # fmt: skip
         found[job_id] = (seq, payload, state)
     return found
 
@@ -246,49 +249,6 @@ async def _keep_errors(
 
 
 # -- claiming -----------------------------------------------------------------------------------------------
-
-
-async def sweep(conn: Connection, schema: str, now_ms: int, ripple: Ripple | None = None) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested; a waiting job past its
-    deadline) as dead, in every queue; a parked job in a graph has its dependants and group settled."""
-    parked = list(await conn.fetch(sql(schema, "SWEEP_DEADLINE"), now_ms))
-    parked += await conn.fetch(sql(schema, "SWEEP_EXHAUSTED"), now_ms)
-    parked += await conn.fetch(sql(schema, "SWEEP_CANCELLED"), now_ms)
-    linked = [(int(seq), DEAD, int(links)) for seq, links in parked if links is not None]
-    if linked:
-        await graphs.settle_ends(conn, schema, linked, now_ms, Ripple() if ripple is None else ripple)
-
-
-async def claim(
-    conn: Connection,
-    schema: str,
-    owner: str,
-    now_ms: int,
-    lease_ms: int,
-    wants: Sequence[tuple[str, int]],
-    plan: ClaimPlan,
-) -> tuple[list[tuple[Any, ...]], int]:
-    """Run ``plan``'s claims (``core.claim_plan``) over the queues of ``wants``, in the claim order within each
-    queue (``claim_rank``): the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order, then the rank's
-    columns), those counted first, and how many were."""
-    claimed: list[tuple[Any, ...]] = []
-    counted = 0
-    dry: set[int] = set()  # queues found with no ready job left
-    step = next_claim(plan, 0, 0)
-    while step is not None:
-        queue = wants[step.queue][0]
-        rows = await conn.fetch(sql(schema, "CLAIM"), queue, now_ms, step.limit, owner, lease_ms, int(step.counts))
-        claimed += sorted((tuple(row) for row in rows), key=_rank)
-        counted += len(rows) if step.counts else 0
-        if len(rows) < step.limit:
-            dry.add(step.queue)
-        step = next_claim(plan, step.step + 1, len(claimed), dry)
-    return claimed, counted
-
-
-def _rank(row: tuple[Any, ...]) -> Rank:
-    """A claimed row's place in the claim order: its priority, ``available_at``, seq and whether it is late."""
-    return claim_rank(row[4], row[-2], row[0], row[-1])
 
 
 async def activate(conn: Connection, schema: str, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

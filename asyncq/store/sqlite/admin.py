@@ -31,8 +31,8 @@ JOB_COLUMNS = (
 )
 _REDRIVES = f"(SELECT count(*) FROM {_AUDIT} a WHERE a.job_seq = j.seq AND a.action = 'redrive') AS redrives"
 #: What a job record has after its columns: its redrive count, its priority, a cancel request not yet carried out,
-#: its unique key, its task, its group and how many dependencies it still waits for.
-JOB_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits"
+#: its unique key, its task, its group, how many dependencies it still waits for, and its limit key.
+JOB_EXTRAS = f"{_REDRIVES}, j.priority, j.cancel_requested_at, j.unique_key, j.task, j.group_name, j.waits, j.limit_key"
 _FILTERS = (
     "(:status IS NULL OR status = :status) AND (:queue IS NULL OR queue = :queue)"
     " AND (:reason IS NULL OR reason = :reason)"

@@ -14,7 +14,7 @@ from functools import cache, partial
 from operator import itemgetter
 from typing import Any
 
-from asyncq.core.claim_plan import Rank, claim_rank, next_claim, plan_claim
+from asyncq.core.claim_plan import plan_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.finish_plan import (
     FinishChange,
@@ -29,11 +29,13 @@ from asyncq.core.finish_plan import (
     statuses_after,
     unlanded,
 )
+from asyncq.core.flow_limits import Hold
 from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
 from asyncq.core.lifecycle import DEAD, DONE, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.sqlite import graphs
+from asyncq.store.sqlite.claiming import claim_planned, claim_rows_in_transaction, sweep_unclaimable
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.graphs import End
 from asyncq.store.sqlite.schema import Layout
@@ -176,39 +178,6 @@ def claim(
     if claimed:
         call_hook(fault, "after-commit")
     return claimed
-
-
-def claim_rows_in_transaction(
-    con: sqlite3.Connection,
-    layout: Layout,
-    owner: str,
-    now_ms: int,
-    lease_ms: int,
-    *,
-    limit: int = 1,
-    scope: dict[str, Any] | None = None,
-    count: bool = True,
-    sweep: bool = True,
-) -> list[tuple[Any, ...]]:
-    """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the layout's claim
-    statement returns them (``seq, id, payload…, owner, token, attempts, lease_until, deadline, max_attempts``,
-    then the product's rank columns), in the claim order (the lab's: ``seq``; the product's: ``claim_rank``).
-    ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
-    ``sweep=False`` skips the sweep, already run in this transaction (the sweeps cover every queue)."""
-    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
-    params |= scope or {}
-    if sweep:
-        _sweep(con, layout, now_ms)
-    rows = con.execute(sql(layout, layout.claim), params).fetchall()
-    return sorted(rows) if layout.settings is None else sorted(rows, key=_ranked(layout))
-
-
-@cache
-def _ranked(layout: Layout) -> Callable[[tuple[Any, ...]], Rank]:
-    """The sort key of the product's claimed rows: ``claim_rank`` of their priority, ``available_at``, ``seq`` and
-    ``late`` (the two rank columns CLAIM_RANKED returns last)."""
-    at = 2 + layout.payload.index("priority")
-    return lambda row: claim_rank(row[at], row[-2], row[0], bool(row[-1]))
 
 
 def _claimed(layout: Layout, row: tuple[Any, ...]) -> Claimed:
@@ -518,56 +487,26 @@ def settle_and_claim_in_transaction(
     start_now: int | None = None,
     started: Sequence[tuple[int, str, Fence]] = (),
     resend: bool = False,
+    limited: set[str] | None = None,
     ripple: Ripple | None = None,
-) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool]]:
+) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool], tuple[Hold, ...]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
     ``items``, and claim up to ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (at most ``total`` over
     all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
     now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
-    them were counted, and the activations. The claims are ``core.claim_plan``'s; ``ripple`` counts the jobs that the
-    ends of jobs in a graph released (they may be claimed by this same commit)."""
+    them were counted, the activations, and the queues their limits held. The claims are ``core.claim_plan``'s;
+    ``limited`` is the caller's hint of the queues found limited before (kept up to date here); ``ripple`` counts the
+    jobs that the ends of jobs in a graph released (they may be claimed by this same commit)."""
     ripple = Ripple() if ripple is None else ripple
     activated = _activate(con, layout, started) if started else []
     found = finish_in_transaction(con, layout, items, now_ms, resend=resend, ripple=ripple)
     plan = plan_claim([limit for _scope, limit in wants], total, start_now)
     if plan.sweep:
-        _sweep(con, layout, now_ms, ripple)
-    claimed: list[tuple[Any, ...]] = []
-    counted = 0
-    dry: set[int] = set()  # queues found with no ready job left
-    claim = next_claim(plan, 0, 0)
-    while claim is not None:
-        rows = claim_rows_in_transaction(
-            con,
-            layout,
-            owner,
-            now_ms,
-            lease_ms,
-            limit=claim.limit,
-            scope=wants[claim.queue][0],
-            count=claim.counts,
-            sweep=False,
-        )
-        claimed += rows
-        counted += len(rows) if claim.counts else 0
-        if len(rows) < claim.limit:
-            dry.add(claim.queue)
-        claim = next_claim(plan, claim.step + 1, len(claimed), dry)
-    return found, claimed, counted, activated
-
-
-def _sweep(con: sqlite3.Connection, layout: Layout, now_ms: int, ripple: Ripple | None = None) -> None:
-    """Park every unclaimable row (deadline passed, attempts used up, a cancel requested; a waiting job past its
-    deadline) as dead, in every queue: once a claim. A parked job in a graph has its dependants and group settled."""
-    params = {"now": now_ms}
-    parked = con.execute(sql(layout, "SWEEP_DEADLINE"), params).fetchall()
-    parked += con.execute(sql(layout, "SWEEP_EXHAUSTED"), params).fetchall()
-    if layout.cancels:
-        parked += con.execute(sql(layout, "SWEEP_CANCELLED"), params).fetchall()
-    linked = [(seq, DEAD, links) for seq, links in parked if links is not None]
-    if linked:
-        graphs.settle_ends(con, linked, now_ms, Ripple() if ripple is None else ripple)
+        sweep_unclaimable(con, layout, now_ms, ripple)
+    params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms}
+    claimed, counted, holds = claim_planned(con, layout, plan, wants, params, set() if limited is None else limited)
+    return found, claimed, counted, activated, holds
 
 
 def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

@@ -1,7 +1,7 @@
 """A queue's stored flow-control settings on SQLite (``asyncq_queues``), the retention rules (``asyncq_retention``)
-and their audit (``asyncq_queue_audit``): pause, resume, ``max_wait`` and retention, each one write transaction with
-its audit row. The claim statement reads the
-settings row itself (``statements.CLAIM_RANKED``), so a pause holds for every connection from its commit on."""
+and their audit (``asyncq_queue_audit``): pause, resume, ``max_wait``, retention and limits, each one write
+transaction with its audit row. The claim statement reads the settings row itself (``statements.CLAIM_RANKED``), so a
+pause holds for every connection from its commit on."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sqlite3
 from typing import Any
 
 from asyncq.core.flow import (
+    LIMITS,
     MAX_WAIT,
     PAUSE,
     RESUME,
@@ -18,14 +19,17 @@ from asyncq.core.flow import (
     QueueSettings,
     pause_refused,
 )
+from asyncq.core.flow_limits import UNLIMITED, Limits, rate_state_kept
 from asyncq.core.retention import FOREVER, RetentionRule, Windows, rule_of_row, scope_text, stored_scope
 from asyncq.store.sqlite.connection import write_transaction
 
 _RETAIN = "retain_done_ms, retain_dead_ms, retain_cancelled_ms"
+_LIMITS = "limit_concurrency, limit_per_key, limit_rate, limit_per_ms, limit_burst"
 # A queue's settings row with the windows of its own retention rule (``asyncq_retention``, task empty), if any.
 _SETTINGS = (
     "SELECT q.queue, q.paused_at, q.paused_by, q.note, q.max_wait_ms, r.retain_done_ms, r.retain_dead_ms,"
-    " r.retain_cancelled_ms FROM asyncq_queues q LEFT JOIN asyncq_retention r ON r.queue = q.queue AND r.task = ''"
+    " r.retain_cancelled_ms, q.limit_concurrency, q.limit_per_key, q.limit_rate, q.limit_per_ms, q.limit_burst"
+    " FROM asyncq_queues q LEFT JOIN asyncq_retention r ON r.queue = q.queue AND r.task = ''"
 )
 SETTINGS_OF = f"{_SETTINGS} WHERE q.queue = :queue"
 ALL_SETTINGS = f"{_SETTINGS} ORDER BY q.queue"
@@ -47,10 +51,20 @@ ON CONFLICT (queue, task) DO UPDATE SET retain_done_ms = excluded.retain_done_ms
 """
 CLEAR_RULE = "DELETE FROM asyncq_retention WHERE queue = :queue AND task = :task"
 ALL_RULES = f"SELECT queue, task, {_RETAIN} FROM asyncq_retention ORDER BY queue, task"
-_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, task"
+# The rate's state is kept as ``core.flow_limits.rate_state_kept`` says (the statement only writes it).
+SET_LIMITS = f"""
+INSERT INTO asyncq_queues (queue, {_LIMITS}, rate_tat_us)
+VALUES (:queue, :concurrency, :per_key_concurrency, :rate, :per_ms, :burst, :tat_us)
+ON CONFLICT (queue) DO UPDATE SET limit_concurrency = excluded.limit_concurrency,
+  limit_per_key = excluded.limit_per_key, limit_rate = excluded.limit_rate, limit_per_ms = excluded.limit_per_ms,
+  limit_burst = excluded.limit_burst, rate_tat_us = excluded.rate_tat_us
+"""
+RATE_STATE = "SELECT rate_tat_us FROM asyncq_queues WHERE queue = :queue"
+_AUDIT_COLUMNS = f"seq, queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, task, {_LIMITS}"
 AUDIT_MOVE = f"""
-INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, task)
-VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms, :task)
+INSERT INTO asyncq_queue_audit (queue, action, at_ms, actor, note, max_wait_ms, {_RETAIN}, task, {_LIMITS})
+VALUES (:queue, :action, :now, :actor, :note, :max_wait_ms, :done_ms, :dead_ms, :cancelled_ms, :task, :concurrency,
+  :per_key_concurrency, :rate, :per_ms, :burst)
 RETURNING {_AUDIT_COLUMNS}
 """
 AUDIT_LOG = f"""
@@ -130,6 +144,18 @@ def retention_rules(con: sqlite3.Connection) -> list[RetentionRule]:
     return [rule_of_row(*row) for row in con.execute(ALL_RULES)]
 
 
+def set_limits(
+    con: sqlite3.Connection, queue: str, limits: Limits, now_ms: int, note: str, actor: str
+) -> QueueAuditEntry:
+    """Set ``queue``'s limits (each ``None``: none) with their audit row, which is returned; the rate's state is kept
+    as ``core.flow_limits.rate_state_kept`` says."""
+    with write_transaction(con):
+        row = con.execute(RATE_STATE, {"queue": queue}).fetchone()
+        tat_us = rate_state_kept(limits, None if row is None else row[0], now_ms)
+        con.execute(SET_LIMITS, {"queue": queue, "tat_us": tat_us, **limits._asdict()})
+        return _audit(con, queue, LIMITS, now_ms, actor, note, None, limits=limits)
+
+
 def _audit(
     con: sqlite3.Connection,
     queue: str,
@@ -140,10 +166,12 @@ def _audit(
     max_wait_ms: int | None,
     windows: Windows = FOREVER,
     task: str | None = None,
+    *,
+    limits: Limits = UNLIMITED,
 ) -> QueueAuditEntry:
     params = {"queue": queue, "action": action, "now": now_ms, "actor": actor, "note": note, "task": task}
-    row = con.execute(AUDIT_MOVE, params | {"max_wait_ms": max_wait_ms, **windows._asdict()}).fetchone()
-    return QueueAuditEntry(*row)
+    params |= {"max_wait_ms": max_wait_ms, **windows._asdict(), **limits._asdict()}
+    return QueueAuditEntry(*con.execute(AUDIT_MOVE, params).fetchone())
 
 
 def audit_log(con: sqlite3.Connection, queue: str | None, limit: int) -> list[QueueAuditEntry]:

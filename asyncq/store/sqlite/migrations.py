@@ -15,6 +15,7 @@ from asyncq.store.sqlite.schema import (
     ERROR_TABLES,
     FLOW_CONTROL,
     JOB_COUNTS,
+    LIMITS,
     PRODUCT,
     PRODUCT_TABLES,
     RECOUNT,
@@ -58,7 +59,8 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     (*TASKS, *RETENTION_RULES),  # version 11: the task a job's body names; retention rules per task, queue, default
     SCHEDULE_TABLES,  # version 12: schedules as stored state, their events
     GRAPHS,  # version 13: dependencies and groups (the waiting status, edges, groups)
-    CONSOLE,  # version 14: the console's operator audit, samples and workers seen; errors by type
+    LIMITS,  # version 14: concurrency and rate limits per queue and limit key, the rate's state, their audit
+    CONSOLE,  # version 15: the console's operator audit, samples and workers seen; errors by type
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

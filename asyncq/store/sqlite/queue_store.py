@@ -16,6 +16,7 @@ from typing import Any
 
 from asyncq.core.dependencies import Ripple
 from asyncq.core.flow import QueueAuditEntry, QueueSettings
+from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
 from asyncq.core.retention import RetentionRule, Windows
@@ -24,7 +25,7 @@ from asyncq.errors import StoreError
 from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.sqlite import admin, engine, flow, retention, wakeup
+from asyncq.store.sqlite import admin, engine, flow, limits, retention, wakeup
 from asyncq.store.sqlite.aio import AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
@@ -94,6 +95,7 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
         self.capabilities = Capabilities(
             backup=True, app_sql=True, survives_power_loss=level.survives_power_loss, read_only=read_only
         )
+        self._limited: set[str] = set()  # the queues a claim found limited (a hint: each claim reads them again)
 
     @classmethod
     async def open(
@@ -166,7 +168,7 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
         scoped = [({"queue": queue}, n) for queue, n in wants]
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
         ripple = Ripple()
-        statuses, claimed, counted, activated = await self._file.run_held(
+        statuses, claimed, counted, activated, holds = await self._file.run_held(
             engine.settle_and_claim_in_transaction,
             PRODUCT,
             finishes,
@@ -178,11 +180,12 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
             start_now,
             begun,
             resend,
+            self._limited,
             ripple,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
         self._notify_if_pending(statuses, ripple)
-        return Settled(statuses, tickets, activated)
+        return Settled(statuses, tickets, activated, holds)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         ripple = Ripple()
@@ -252,6 +255,22 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
     ) -> QueueAuditEntry:
         entry: QueueAuditEntry = await self._write(flow.set_retention, queue, task, windows, now_ms, note, actor)
         return entry
+
+    async def set_limits(self, queue: str, limits: Limits, now_ms: int, note: str, actor: str) -> QueueAuditEntry:
+        entry: QueueAuditEntry = await self._write(flow.set_limits, queue, limits, now_ms, note, actor)
+        self._file.notify()  # a limit raised or cleared may let waiting workers claim
+        return entry
+
+    async def limit_usage(self, now_ms: int) -> list[LimitUsage]:
+        def read(con: sqlite3.Connection) -> list[LimitUsage]:
+            con.execute("BEGIN")  # one snapshot: the limits and the leases they count agree
+            try:
+                return limits.limit_usage(con, now_ms)
+            finally:
+                con.execute("COMMIT")
+
+        usage: list[LimitUsage] = await self._file.run(read)
+        return usage
 
     async def retention_rules(self) -> list[RetentionRule]:
         rules: list[RetentionRule] = await self._file.run(flow.retention_rules)

@@ -72,7 +72,8 @@ class Layout:
     claim: str = "CLAIM"
     settings: str | None = None
     #: Columns inserted and compared with the payload (the same id with another value is a ``Conflict``) that a
-    #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``; the lab's tables have none).
+    #: claim does not return: the product's ``unique_key`` (``UNIQUE_KEYS``) and ``limit_key`` (``LIMITS``; the lab's
+    #: tables have neither).
     keys: tuple[str, ...] = ()
     #: Columns inserted from the payload that no comparison reads, because another column decides them: the
     #: product's ``task``, derived from the body (``core.jobs.task_of``; ``TASKS``). A row stored before the column
@@ -112,7 +113,7 @@ PRODUCT = Layout(
     scope="AND queue = :queue",
     claim="CLAIM_RANKED",
     settings="asyncq_queues",
-    keys=("unique_key", "group_name"),
+    keys=("unique_key", "group_name", "limit_key"),
     derived=("task",),
     graphs=True,
     ddl=(
@@ -326,7 +327,41 @@ RETENTION_RULES = (
     " WHERE status IN ('done', 'dead')",
 )
 
-# Version 14: the operator's console (docs/console.md). ``asyncq_operations`` is the operator audit: one row per
+# Version 14: concurrency and rate limits (docs/flow-control.md, "Limits"; ``core.flow_limits``). A job's optional
+# ``limit_key`` (the jobs a per-key limit bounds together). Each queue's limits on its settings row (NULL: none):
+# live leases of the queue, of one key, and a rate of ``limit_rate`` jobs per ``limit_per_ms`` with up to
+# ``limit_burst`` at once; ``rate_tat_us`` is the rate's state (GCRA's theoretical arrival time, microseconds),
+# advanced by the claim that takes jobs, in its transaction. The queue audit gains the ``limits`` move and the limits
+# it set (rebuilt for its CHECK, as in versions 10 and 11: its rows, seqs and version 13's columns kept). A limited
+# claim counts live leases through ``asyncq_jobs_leased``; ``asyncq_jobs_keyed`` holds the pending jobs that have a
+# key, by queue, key and claim order, so that a claim under a per-key limit finds each key's best jobs in one seek
+# instead of walking a full key's backlog (``limits.CLAIM_BY_KEYS``). Jobs without a key (every job of a queue never
+# limited by key) are not in it.
+_AUDIT_V13_COLUMNS = (
+    "seq, queue, action, at_ms, actor, note, max_wait_ms, retain_done_ms, retain_dead_ms, retain_cancelled_ms, task"
+)
+LIMITS = (
+    "ALTER TABLE asyncq_jobs ADD COLUMN limit_key TEXT",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_concurrency INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_per_key INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_rate INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_per_ms INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN limit_burst INTEGER",
+    "ALTER TABLE asyncq_queues ADD COLUMN rate_tat_us INTEGER",
+    """CREATE TABLE asyncq_queue_audit_limits (seq INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+  action TEXT NOT NULL CHECK (action IN ('pause', 'resume', 'max_wait', 'retention', 'retention_clear', 'limits')),
+  at_ms INTEGER NOT NULL, actor TEXT NOT NULL, note TEXT NOT NULL, max_wait_ms INTEGER, retain_done_ms INTEGER,
+  retain_dead_ms INTEGER, retain_cancelled_ms INTEGER, task TEXT, limit_concurrency INTEGER, limit_per_key INTEGER,
+  limit_rate INTEGER, limit_per_ms INTEGER, limit_burst INTEGER)""",
+    f"INSERT INTO asyncq_queue_audit_limits ({_AUDIT_V13_COLUMNS}) SELECT {_AUDIT_V13_COLUMNS} FROM asyncq_queue_audit",
+    "DROP TABLE asyncq_queue_audit",
+    "ALTER TABLE asyncq_queue_audit_limits RENAME TO asyncq_queue_audit",
+    "CREATE INDEX IF NOT EXISTS asyncq_queue_audit_queue ON asyncq_queue_audit(queue)",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_keyed ON asyncq_jobs(queue, limit_key, priority DESC, available_at)"
+    " WHERE status = 'pending' AND limit_key IS NOT NULL",
+)
+
+# Version 15: the operator's console (docs/console.md). ``asyncq_operations`` is the operator audit: one row per
 # console action (who, their role, why, the filter, the count and the ids of the set it acted on, its digest and
 # what came of it); each job audit row that action wrote names it (``op_seq``). ``asyncq_samples`` keeps each queue's
 # figures at each sample the running console takes (deleted past the console's keep), ``asyncq_workers_seen`` the

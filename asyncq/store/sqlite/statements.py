@@ -61,9 +61,12 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 # ``+available_at`` keeps the planner off the waiting index there; expired leases: few, from ``asyncq_jobs_leased``).
 # The branches are disjoint (the ready branch leaves the late jobs to theirs), so ``UNION ALL`` needs no dedupe
 # (a ``UNION`` cost a tenth of the no-op pool's throughput at 16 tasks). ``flow`` is the queue's stored
-# settings row: while it says paused, nothing is claimed. RETURNING adds the rank's columns after the ticket's.
+# settings row: while it says paused, nothing is claimed; nor while the queue has limits (``limits.CLAIM_LIMITED``
+# claims those, counting its leases first). RETURNING adds the rank's columns after the ticket's.
 CLAIM_RANKED = """
-WITH flow AS (SELECT paused_at, :now - max_wait_ms AS late_at FROM {settings} WHERE queue = :queue),
+WITH flow AS (SELECT paused_at, :now - max_wait_ms AS late_at,
+                coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL AS limited
+              FROM {settings} WHERE queue = :queue),
 ready AS (
   SELECT * FROM (SELECT seq, 1 AS late, priority, available_at FROM {jobs}
                  WHERE status = 'pending' AND queue = :queue AND available_at <= (SELECT late_at FROM flow)
@@ -82,7 +85,7 @@ UPDATE {jobs}
 SET status = 'leased', attempts = attempts + :count, token = token + 1, owner = :owner,
     lease_until = min(:now + :lease_ms, deadline), reason = NULL
 WHERE seq IN (
-  SELECT seq FROM ready WHERE NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL)
+  SELECT seq FROM ready WHERE NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL OR limited)
   ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT :limit)
 RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts, available_at,
   available_at <= ifnull((SELECT :now - max_wait_ms FROM {settings} WHERE queue = :queue), -1)

@@ -35,11 +35,13 @@ def enqueue_sync(
     after: Sequence[str | Dependency] = (),
     on_dependency_dead: OnDependencyDeadName = "dead",
     group: str | None = None,
+    limit_key: str | None = None,
     now_ms: int | None = None,
 ) -> Enqueued:
     """Add a job through the caller's connection: ``True`` if inserted, ``False`` if the same id and
     body exist, ``Conflict`` for another body; with a ``unique_key`` an active job of the queue holds, that job's id
-    (``UniqueConflict`` with ``on_conflict="raise"``). Creates asyncq's tables in that transaction if needed."""
+    (``UniqueConflict`` with ``on_conflict="raise"``); ``limit_key`` as ``Queue.enqueue``'s. Creates asyncq's tables
+    in that transaction if needed."""
     now = wall_clock_ms() if now_ms is None else check_time(now_ms)
     if not isinstance(con, sqlite3.Connection):
         raise TypeError(f"enqueue_sync takes a sqlite3.Connection, not {type(con).__name__}")
@@ -56,6 +58,7 @@ def enqueue_sync(
         after=after,
         on_dependency_dead=on_dependency_dead,
         group=group,
+        limit_key=limit_key,
     )
     row = spec.to_row(now, MAX_BODY_BYTES)
     if con.in_transaction:
