@@ -28,6 +28,11 @@ _WALKS = {
     " ORDER BY seq {dir} LIMIT :scan",
     Path.LEASED: "SELECT seq FROM {schema}.jobs WHERE status = 'leased' AND seq {cmp} :after"
     " ORDER BY seq {dir} LIMIT :scan",
+    # jobs_waits (seq) WHERE waits > 0: the jobs with edges not met, the waiting ones among them.
+    Path.WAITING: "SELECT seq FROM {schema}.jobs WHERE waits > 0 AND status = 'waiting' AND seq {cmp} :after"
+    " ORDER BY seq {dir} LIMIT :scan",
+    # jobs_task (task, seq) WHERE task IS NOT NULL: one task's jobs.
+    Path.TASK: "SELECT seq FROM {schema}.jobs WHERE task = :task AND seq {cmp} :after ORDER BY seq {dir} LIMIT :scan",
     Path.ERROR: "SELECT DISTINCT job_seq AS seq FROM {schema}.errors WHERE type = :error_type AND job_seq {cmp} :after"
     " ORDER BY job_seq {dir} LIMIT :scan",
     Path.IDS: "SELECT seq FROM {schema}.jobs WHERE id = ANY(:ids::text[]) AND seq {cmp} :after"
@@ -72,6 +77,7 @@ def unserved(plan: SearchPlan, schema: str) -> str:
         terms.append("j.status IN (" + ", ".join(f"'{status}'" for status in plan.statuses) + ")")
     for name, term in (
         ("queue", "j.queue = :queue"),
+        ("task", "j.task = :task"),
         ("priority", "j.priority = :priority"),
         ("reason", "j.reason = :reason"),
         ("since_ms", "j.available_at >= :since"),
@@ -90,7 +96,7 @@ def parameters(plan: SearchPlan, after: Position | None, scan: int, page: int) -
     start = (-1, -1) if plan.path is Path.DUE else (_FAR if newest else 0,)
     where = start if after is None else after
     params: dict[str, Any] = {"after": where[-1], "due_at": where[0], "scan": scan, "page": page}
-    params |= {"queue": query.queue, "priority": query.priority, "reason": query.reason}
+    params |= {"queue": query.queue, "task": query.task, "priority": query.priority, "reason": query.reason}
     params |= {"error_type": query.error_type, "ids": list(query.ids)}
     params |= {"since": query.since_ms or 0, "until": _FAR if query.until_ms is None else query.until_ms}
     body = query.body
