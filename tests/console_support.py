@@ -14,7 +14,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from asyncq.core.dependencies import Dependency
+from asyncq.core.groups import group_callback_id
 from asyncq.core.jobs import JobSpec
+from asyncq.core.schedules import ScheduleSpec
 from asyncq.core.search import JobQuery
 from asyncq.queue import Queue
 from asyncq.queue.console import OperatorConsole
@@ -44,6 +47,50 @@ async def seed(queue: Queue) -> None:
         await queue.finish(ticket, "permanent", error=ValueError("bad order"))
     await queue.finish(tired, "retry", error=TimeoutError("slow"))
     await queue.cancel("w-gone", "customer left")
+
+
+def task(name: str, **args: Any) -> dict[str, Any]:
+    """A task's body (the ``task`` column an enqueue sets from it)."""
+    return {"task": name, "args": args}
+
+
+async def seed_graphs(queue: Queue, clock: list[int]) -> None:
+    """Schedules and graphs, ``clock`` (the queue's) ending where it started. Schedules: ``beat`` (every minute, queue
+    ops: fired, then ticks skipped as its run still waits, then missed ticks), ``nightly`` (cron, paused by bob with
+    markup in the note), ``gone`` (retired). Graphs: ``merge`` waiting for ``fetch-1`` (pending) and ``fetch-2``
+    (done, policy run); group ``import-7`` (``row-0`` done, ``row-1`` dead, ``row-2`` and ``row-3`` pending; sealed,
+    its callback waiting); group ``import-6`` complete (``old-0`` done, its callback pending). Each job a task's."""
+    end = clock[0]
+    clock[0] = end - 600_000
+    specs = [
+        ScheduleSpec("beat", task("ops.beat"), every=60, queue="ops", task="ops.beat"),
+        ScheduleSpec("nightly", task("reports.nightly"), cron="0 3 * * *", tz="Europe/Berlin", queue="reports",
+                     task="reports.nightly"),
+        ScheduleSpec("gone", task("ops.gone"), every=3600, queue="ops", task="ops.gone"),
+    ]  # fmt: skip
+    await queue.declare_schedules(specs, scope=["ops", "reports"], by="deploy-41")
+    await queue.declare_schedules(specs[:2], scope=["ops", "reports"], by="deploy-42")  # gone retired
+    for minutes in (1, 2, 3):  # fires, then skips (its run is still pending: overlap)
+        clock[0] = end - 600_000 + minutes * 60_000 + 1
+        await queue.run_schedules()
+    await queue.pause_schedule("nightly", note=f"ERP migration {XSS}", by="bob")
+    clock[0] = end
+    await queue.run_schedules()  # six ticks due at once: the newest overlaps, the others are missed
+    await queue.enqueue("fetch-2", task("fetch", url="b"), queue="fetch")
+    [ticket] = await queue.claim("worker-1", queue="fetch")
+    await queue.finish(ticket, "ok")
+    await queue.enqueue("fetch-1", task("fetch", url="a"), queue="fetch")
+    await queue.enqueue("merge", task("merge", key="report-7"), after=["fetch-1", Dependency("fetch-2", "run")])
+    rows = [JobSpec(f"row-{n}", task("import.row", n=n), "import", group="import-7") for n in range(4)]
+    await queue.enqueue_many([*rows, JobSpec("old-0", task("import.row", n=0), "archive", group="import-6")])
+    for name in ("import-7", "import-6"):
+        callback = JobSpec(group_callback_id(name), task("import.summarize", batch=name), "reports")
+        await queue.seal_group(name, callback=callback)
+    done, dead = await queue.claim("worker-1", queue="import", limit=2)
+    await queue.finish(done, "ok")
+    await queue.finish(dead, "permanent", error=ValueError("bad row"))
+    [old] = await queue.claim("worker-1", queue="archive")
+    await queue.finish(old, "ok")
 
 
 @asynccontextmanager
