@@ -99,6 +99,12 @@ def parameters(plan: SearchPlan, after: Position | None, scan: int, page: int) -
     return params
 
 
+def page_statement(plan: SearchPlan) -> str:
+    """A page's statement: the walk, each row's job by its rowid, the unserved filters, up to ``:page`` jobs."""
+    joined = f"({walk(plan)}) s CROSS JOIN {_JOBS} j ON j.seq = s.seq"
+    return f"SELECT {_COLUMNS} FROM {joined} WHERE {unserved(plan)} LIMIT :page"
+
+
 def search(
     con: sqlite3.Connection, plan: SearchPlan, after: Position | None, page: int, scan: int, *, body: bool = True
 ) -> JobPage:
@@ -115,10 +121,7 @@ def search_in_transaction(
         return JobPage([], 0, False, None, plan)
     scanned = walk(plan)
     params = parameters(plan, after, scan, page + 1)
-    statement = (
-        f"SELECT {_COLUMNS} FROM ({scanned}) s CROSS JOIN {_JOBS} j ON j.seq = s.seq WHERE {unserved(plan)} LIMIT :page"
-    )
-    jobs = [Job.from_row(tuple(row)) for row in con.execute(statement, params)]
+    jobs = [Job.from_row(tuple(row)) for row in con.execute(page_statement(plan), params)]
     more = len(jobs) > page
     jobs = jobs[:page]
     errors = last_errors(con, [job.seq for job in jobs]) if jobs else {}
