@@ -185,23 +185,30 @@ def dump(path: Any) -> str:
 
 
 async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> None:
-    """A queue's last hour, sampled each minute as a running console would: orders, mail and billing enqueued in
-    waves, worked by three workers, most done, some retried after an error, a few dead; ``clock`` (the queue's) moves
-    a minute a step and ends at its start plus ``minutes``. Then: billing paused, the mail queue's retention set,
-    a burst of mail waiting, a few leases held."""
+    """A queue's last hour, sampled each minute as a running console would: orders, mail and billing (tasks' jobs)
+    enqueued in waves, worked by three workers, most done, some retried after an error, a few dead; ``clock`` (the
+    queue's) moves a minute a step and ends at its start plus ``minutes``. Schedules evaluated each minute (a
+    heartbeat that runs, a rollup whose run waits so its ticks are skipped, then paused through the console, an
+    export paused, one retired); two import groups (one complete, one under way) and a report waiting for its
+    fetches. Then: billing paused, the mail queue's retention set, a burst of mail waiting, a few leases held."""
     from asyncq.queue.working import Attempt
 
     console = OperatorConsole(queue)
     errors = (ValueError("card declined"), TimeoutError("smtp timeout"), KeyError("sku-404"))
+    await _declare_hour_schedules(queue)
     n = 0
     for minute in range(minutes):
         clock[0] += 1  # the minute's work just after the sample before (a sample counts what ended after it)
+        await queue.run_schedules()
+        if minute in (5, 40):
+            await _an_import(queue, f"import-2026-12-0{4 if minute == 5 else 5}", 30 if minute == 5 else 150)
         wave = 20 + (minute * 7) % 25 + (30 if 35 <= minute <= 42 else 0)
         specs = []
         for k in range(wave):
             n += 1
             queue_name = ("orders", "mail", "billing")[k % 3]
-            body = {"order": 10_000 + n, "customer": {"id": n % 97, "tier": ("gold", "free")[n % 2]}}
+            body = task(f"{queue_name}.{('charge', 'send', 'invoice')[k % 3]}", order=10_000 + n,
+                        customer={"id": n % 97, "tier": ("gold", "free")[n % 2]})  # fmt: skip
             specs.append(JobSpec(f"{queue_name}-{n}", body, queue_name, max_attempts=3, priority=(n % 5) - 2))
         await queue.enqueue_many(specs)
         for queue_name in ("orders", "mail", "billing"):
@@ -221,19 +228,57 @@ async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> 
         await console.sample(60_000, 7 * 86_400_000)
         if minute == 30:  # an operator redrives the orders a missing SKU killed, through the console
             await act(console, "redrive", JobQuery(queue="orders", error_type="KeyError"), "sku catalogue fixed")
+        if minute == 45:
+            await act(console, "pause_schedule", None, "report DB maintenance", schedules=("rollup",))
     await act(console, "pause", None, "card processor outage INC-412", queues=("billing",))
+    await queue.enqueue("fetch-us", task("reports.fetch", region="us"), queue="fetch")
+    [fetched] = await queue.claim("worker-fetch", queue="fetch", limit=1)
+    await queue.finish(fetched, "ok")
+    await queue.enqueue("fetch-eu", task("reports.fetch", region="eu"), queue="reports")
+    await queue.enqueue("merge-report", task("reports.merge", day="2026-12-05"), queue="reports",
+                        after=["fetch-eu", Dependency("fetch-us", "run")])  # fmt: skip
     await queue.set_retention("mail", done=7 * 86400, cancelled=86400, by="ops")
     await queue.claim("worker-7f3a", queue="mail", limit=3, lease=1800)
     waiting = await queue.list_jobs(status="pending", queue="mail", limit=1)
     await queue.cancel(waiting[0].id, "customer left")
 
 
+async def _declare_hour_schedules(queue: Queue) -> None:
+    specs = [
+        ScheduleSpec("heartbeat", task("ops.heartbeat"), every=60, queue="orders", task="ops.heartbeat"),
+        ScheduleSpec("rollup", task("reports.rollup"), cron="*/15 * * * *", queue="reports", task="reports.rollup"),
+        ScheduleSpec("invoice-export", task("billing.export"), cron="0 2 * * *", tz="Europe/Berlin", queue="billing",
+                     task="billing.export"),
+        ScheduleSpec("legacy-sync", task("ops.legacy_sync"), every=600, queue="orders", task="ops.legacy_sync"),
+    ]  # fmt: skip
+    scope = ["orders", "reports", "billing"]
+    await queue.declare_schedules(specs, scope=scope, by="deploy-117")
+    await queue.declare_schedules(specs[:3], scope=scope, by="deploy-118")  # legacy-sync retired
+    await queue.pause_schedule("invoice-export", note="waiting for the ERP migration (INC-398)", by="ops")
+
+
+async def _an_import(queue: Queue, name: str, rows: int) -> None:
+    """A group of ``rows`` rows to import (queue orders, worked with the rest) and its callback (queue reports)."""
+    members = [JobSpec(f"{name}-row-{n}", task("catalog.import_row", row=n), "orders", group=name) for n in range(rows)]
+    await queue.enqueue_many(members)
+    callback = JobSpec(group_callback_id(name), task("catalog.import_done", batch=name), "reports")
+    await queue.seal_group(name, callback=callback)
+
+
 async def act(
-    console: Any, action: str, query: Any, note: str, *, queues: tuple[str, ...] = (), actor: str = "olga"
+    console: Any,
+    action: str,
+    query: Any,
+    note: str,
+    *,
+    queues: tuple[str, ...] = (),
+    schedules: tuple[str, ...] = (),
+    actor: str = "olga",
 ) -> Any:
     """Preview ``action`` and carry it out on what the preview found, as an operator does."""
     from asyncq.core.operations import OPERATOR, Operation
 
-    preview = await console.preview(action, query, queues)
-    operation = Operation(action, preview.count, preview.digest, actor, OPERATOR, note, query or JobQuery(), queues)
+    preview = await console.preview(action, query, queues, schedules)
+    operation = Operation(action, preview.count, preview.digest, actor, OPERATOR, note, query or JobQuery(), queues,
+                          schedules=schedules)  # fmt: skip
     return await console.operate(operation)
