@@ -162,6 +162,7 @@ async def test_a_jobs_page_shows_what_it_waits_for_what_waits_for_it_and_its_gro
     assert re.search(r'data-dependency="fetch-1">.*?pending.*?<td>dead</td><td>open</td>', waits.group(0), re.S)
     assert re.search(r'data-dependency="fetch-2">.*?done.*?<td>run</td><td>met</td>', waits.group(0), re.S)
     assert 'id="act-cancel"' in merge.text and 'id="act-priority"' in merge.text  # a waiting job's actions
+    assert re.search(r"<b>waiting</b>\s*— for fetch-1\s*</li>", merge.text)
     fetch = await client.get("/jobs/fetch-1")
     assert rows(fetch.text, "dependant") == ["merge"] and 'id="act-delete"' not in fetch.text
     assert 'id="spared"' in fetch.text and "A graph still needs this job" in fetch.text
@@ -171,6 +172,7 @@ async def test_a_jobs_page_shows_what_it_waits_for_what_waits_for_it_and_its_gro
     assert timeline is not None and "its group import-7 sealed" in timeline.group(0)
     callback = await client.get("/jobs/group-import-7")
     assert 'id="callback-of"' in callback.text and "2 running" in callback.text
+    assert "for group import-7 to complete (2 of 4 members running)" in callback.text
     old = await client.get("/jobs/old-0")
     assert 'id="spared"' in old.text  # its group completed, but its callback has not run yet: it reads its members
     loner = await client.get(f"/jobs/sch-beat-{T0 - 540_000}")  # a tick's job, in no graph

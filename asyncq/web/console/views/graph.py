@@ -61,3 +61,12 @@ def moments(found: JobGraph) -> list[tuple[int, str, str]]:
             detail = f"{group.done} done, {group.dead} dead of {group.members}"
             found_moments.append((group.completed_at, f"{role} {group.name} completed", detail))
     return found_moments
+
+
+def waiting_for(found: JobGraph) -> str:
+    """What a waiting job waits for, in words (its timeline's last moment)."""
+    if found.callback_of is not None:
+        group = found.callback_of
+        return f"for group {group.name} to complete ({group.running} of {group.members} members running)"
+    unmet = [each.id for each in found.waits.unmet] if found.waits else []
+    return "for " + (", ".join(unmet) if unmet else "its dependencies")

@@ -47,7 +47,7 @@ async def values(ctx: Ctx) -> dict[str, Any]:
     story = await ctx.console.story(job_id)
     found = await graph.of_job(ctx, story.job)
     previews = await _actions(ctx, story.job)
-    events = timeline(story, ctx.console.queue.now())
+    events = timeline(story, ctx.console.queue.now(), graph.waiting_for(found))
     events += [Event(at, "group", title, detail) for at, title, detail in graph.moments(found)]
     events.sort(key=lambda event: (event.kind == "now", event.at_ms))  # where it stands now: last
     return {
@@ -72,8 +72,9 @@ async def _actions(ctx: Ctx, job: Job | None) -> list[Preview]:
     return found
 
 
-def timeline(story: JobStory, now_ms: int) -> list[Event]:
-    """The job's moments oldest first: failed attempts, audit rows, and where it stands now."""
+def timeline(story: JobStory, now_ms: int, waiting_for: str = "") -> list[Event]:
+    """The job's moments oldest first: failed attempts, audit rows, and where it stands now (a waiting job: what
+    it waits for, ``waiting_for``)."""
     events = [
         Event(error.at_ms, "failed", f"attempt {error.attempt} failed", f"{error.type}: {error.message}", error=error)
         for error in (story.job.errors if story.job else ())
@@ -83,12 +84,12 @@ def timeline(story: JobStory, now_ms: int) -> list[Event]:
         title = entry.action.replace("_", " ")
         events.append(Event(entry.at_ms, entry.action, title, entry.note, audit=entry, operation=operation))
     if story.job is not None:
-        events.append(_now(story.job, now_ms))
+        events.append(_now(story.job, now_ms, waiting_for))
     events.sort(key=lambda event: (event.at_ms, event.kind == "now"))
     return events
 
 
-def _now(job: Job, now_ms: int) -> Event:
+def _now(job: Job, now_ms: int, waiting_for: str) -> Event:
     if job.status == PENDING:
         due = "ready" if job.available_at <= now_ms else "due"
         return Event(job.available_at, "now", f"pending: {due}", f"attempt {job.attempts + 1} of {job.max_attempts}")
@@ -98,7 +99,7 @@ def _now(job: Job, now_ms: int) -> Event:
     if job.status == DONE:
         return Event(job.available_at, "now", "done", f"after {job.attempts} attempt(s)")
     if job.status == WAITING:
-        return Event(now_ms, "now", "waiting", f"for {job.waits} edge(s) not met (a callback: for its group)")
+        return Event(now_ms, "now", "waiting", waiting_for)
     assert job.status == DEAD
     at = job.available_at if job.reason in ("permanent", "cancelled") else min(job.deadline, now_ms)
     return Event(at, "now", f"dead: {job.reason}", f"after {job.attempts} attempt(s)")

@@ -15,8 +15,10 @@ from asyncq.web.console.http import Response
 if TYPE_CHECKING:
     from asyncq.web.console.app import Ctx
 
-#: The skipped and missed ticks listed under the table (one schedule's events: this many of every kind).
+#: One schedule's events listed (of every kind: its moves too).
 EVENTS_LISTED = 50
+#: The newest ticks that did not run, of every schedule, listed under the table.
+SKIPPED_LISTED = 20
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ async def values(ctx: Ctx) -> dict[str, Any]:
     if name is not None:
         events = await queue.schedule_events(name, limit=EVENTS_LISTED)
     else:
-        events = await queue.schedule_events(limit=EVENTS_LISTED, skipped_only=True)
+        events = await queue.schedule_events(limit=SKIPPED_LISTED, skipped_only=True)
     return {
         "rows": rows,
         "events": events,
