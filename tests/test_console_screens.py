@@ -147,6 +147,7 @@ async def test_the_groups_screen_and_a_groups_page_show_progress_and_members(cli
     assert rows((await client.get("/groups?open=1")).text, "group") == ["import-7"]
     group = await client.get("/groups/import-7")
     assert rows(group.text, "job") == ["row-0", "row-1", "row-2", "row-3"] and 'id="group-facts"' in group.text
+    assert "<code>ValueError</code>: bad row" in group.text  # each member with its newest error
     assert rows((await client.get("/groups/import-7?status=pending")).text, "job") == ["row-2", "row-3"]
     assert (await client.get("/groups/import-7?status=bogus")).status == 400
     assert (await client.get("/groups/nothing-here")).status == 404

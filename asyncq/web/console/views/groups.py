@@ -11,6 +11,7 @@ from asyncq.core.groups import Group, check_group_name
 from asyncq.core.jobs import Job
 from asyncq.core.lifecycle import STATUSES
 from asyncq.core.operations import JOB_ACTIONS
+from asyncq.core.search import JobQuery, Order
 from asyncq.core.values import check_choice
 from asyncq.web.console import forms
 from asyncq.web.console.http import Response
@@ -68,6 +69,7 @@ async def group_values(ctx: Ctx) -> dict[str, Any]:
         start = 0 if after is None else forms.whole(after, "after")
         group = await queue.group(name)
         members = await queue.group_members(name, status=status, after=start, limit=PAGE + 1) if group else []
+        members = await _with_errors(ctx, members)
     except ValueError as refused:
         error = str(refused)
     return {
@@ -80,6 +82,15 @@ async def group_values(ctx: Ctx) -> dict[str, Any]:
         "next_url": _next_url(ctx, name, status, members),
         "bulk_actions": [action for action in JOB_ACTIONS if ctx.identity.may(action)],
     }
+
+
+async def _with_errors(ctx: Ctx, members: list[Job]) -> list[Job]:
+    """The members as a search shows them: each with its newest error (read by their ids, in ``seq`` order)."""
+    if not members:
+        return members
+    ids = tuple(job.id for job in members)
+    found = await ctx.console.search(JobQuery(ids=ids), order=Order.OLDEST, page=len(ids), scan=len(ids))
+    return found.jobs
 
 
 def _next_url(ctx: Ctx, name: str, status: str | None, members: list[Job]) -> str | None:
