@@ -226,8 +226,9 @@ def test_an_hour_of_samples_is_charted_and_every_screen_shows_it(busy: str, tmp_
         assert operator.all('#retention-rules tr[data-rule="mail/"]')
         screenshots = shots(busy)
         for name, path in (("overview", "/"), ("jobs", "/jobs?queue=orders"), ("dead", "/dead"),
-                           ("schedules", "/schedules"), ("groups", "/groups"), ("group", "/groups/import-2026-12-05?status=dead"),
-                           ("graph", "/jobs/merge-report"), ("workers", "/workers"), ("audit", "/audit")):  # fmt: skip
+                           ("schedules", "/schedules"), ("groups", "/groups"),
+                           ("group", "/groups/import-2026-12-05?status=dead"), ("graph", "/jobs/merge-report"),
+                           ("workers", "/workers"), ("audit", "/audit")):  # fmt: skip
             operator.go(path)
             if screenshots:
                 operator.shoot(name)
