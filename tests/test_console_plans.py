@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from asyncq.core.search import JobQuery, Order, plan_search
+from asyncq.core.search import JobQuery, Order, SearchPlan, plan_search
 from asyncq.core.search import Path as SearchPath
 from asyncq.queue import Queue
 from asyncq.store.postgres.connection import parse_url
@@ -46,12 +46,12 @@ QUERIES = [
 ]
 
 
-def _plans() -> list[tuple[object, ...]]:
+def _plans() -> list[SearchPlan]:
     found = []
     for query, order in QUERIES:
         plan = plan_search(query, order)
         assert plan.path is (SearchPath.WAITING if query.status == "waiting" else SearchPath.TASK)
-        found.append((plan, query))
+        found.append(plan)
     return found
 
 
@@ -65,14 +65,14 @@ async def test_the_sqlite_task_and_waiting_pages_walk_their_indexes(tmp_path: Pa
         con.execute(f"INSERT INTO asyncq_jobs {_COLUMNS} " + _ROWS.format(series=series), (DEPTH,))
         con.execute("ANALYZE")
         plans = []
-        for plan, _query in _plans():
-            statement = "EXPLAIN QUERY PLAN " + page_statement(plan)  # type: ignore[arg-type]
-            plans.append((plan, [row[3] for row in con.execute(statement, parameters(plan, None, 10_000, 51))]))  # type: ignore[arg-type]
+        for plan in _plans():
+            statement = "EXPLAIN QUERY PLAN " + page_statement(plan)
+            plans.append((plan, [row[3] for row in con.execute(statement, parameters(plan, None, 10_000, 51))]))
     finally:
         con.close()
     for plan, lines in plans:
         assert not [line for line in lines if line.startswith("SCAN asyncq_jobs") and "INDEX" not in line], lines
-        if plan.path is SearchPath.TASK:  # type: ignore[attr-defined]
+        if plan.path is SearchPath.TASK:
             assert any("INDEX asyncq_jobs_task (task=? AND seq" in line for line in lines), lines
             assert not [line for line in lines if "TEMP B-TREE" in line], lines
         else:
@@ -90,14 +90,14 @@ async def test_the_postgresql_task_and_waiting_pages_walk_their_indexes(postgres
         await conn.execute(f"INSERT INTO {target.schema}.jobs {_COLUMNS} {rows}", DEPTH)
         await conn.execute(f"ANALYZE {target.schema}.jobs")
         plans = []
-        for plan, _query in _plans():
-            text, values = numbered(pg_page(plan, target.schema), pg_parameters(plan, None, 10_000, 51))  # type: ignore[arg-type]
+        for plan in _plans():
+            text, values = numbered(pg_page(plan, target.schema), pg_parameters(plan, None, 10_000, 51))
             found = await conn.fetch("EXPLAIN (COSTS OFF) " + text, *values)
             plans.append((plan, "\n".join(row[0] for row in found)))
     finally:
         await conn.close()
     for plan, text in plans:
-        walked = "jobs_task" if plan.path is SearchPath.TASK else "jobs_waits"  # type: ignore[attr-defined]
+        walked = "jobs_task" if plan.path is SearchPath.TASK else "jobs_waits"
         walk = re.search(rf"Index (Only )?Scan (Backward )?using {walked} on jobs\b", text)
         assert walk is not None, text  # walked in its order (no bitmap of the whole range, no sort of it)
         jobs = text.split("SubPlan", 1)[0]  # the subplan counts a shown job's redrives in its audit rows
