@@ -10,21 +10,13 @@ Skipped with the reason when Chromium, chromedriver or selenium is missing (a fa
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import select
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from console_support import TOKENS, an_hour_of_work, seed
-from postgres_support import fresh_schema
+from console_browser_support import Operator, run, seeded, shots, started
+from console_support import an_hour_of_work, seed
 from rabbit_support import headless_chromium
 from waiting import eventually_sync
 
@@ -33,71 +25,13 @@ from asyncq.queue import Queue
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[1]
-SCREENS = ("overview", "jobs", "job", "dead", "workers", "audit", "preview")
-
-
-def run(target: str, make: Any) -> Any:
-    """``make(queue)`` on the target's queue, in this thread (the browser test is synchronous)."""
-
-    async def main() -> Any:
-        async with await Queue.open(target) as queue:
-            return await make(queue)
-
-    return asyncio.run(main())
+SCREENS = ("overview", "jobs", "job", "dead", "schedules", "groups", "group", "graph", "workers", "audit", "preview")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A queue in every state, in a SQLite file or a PostgreSQL schema of its own."""
-    if request.param == "sqlite":
-        found = str(tmp_path / "queue.db")
-        run(found, seed)
-        yield found
-        return
-    request.getfixturevalue("postgres_database")  # this run's database (skips, or fails under CI, without a server)
-    schema = fresh_schema()  # entered and left on two event loops: it holds no connection between them
-    url, _name = asyncio.run(schema.__aenter__())
-    try:
-        run(url, seed)
-        yield url
-    finally:
-        asyncio.run(schema.__aexit__(None, None, None))
-
-
-def read_banner(process: subprocess.Popen[bytes], timeout: float = 20) -> dict[str, str]:
-    assert process.stdout is not None
-    fd, data, deadline = process.stdout.fileno(), b"", time.monotonic() + timeout
-    while data.count(b"\n") < 2:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            pytest.fail(f"the console printed only {data!r} in {timeout} s")
-        if select.select([fd], [], [], remaining)[0]:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                pytest.fail(f"the console exited with {process.wait()} after printing {data!r}")
-            data += chunk
-    return dict(line.split(": ", 1) for line in data.decode().splitlines()[:2])
-
-
-@contextlib.contextmanager
-def started(target: str, folder: Path, sample_seconds: float = 0.2) -> Iterator[str]:
-    """A console child on ``target`` (admin, operator and read-only tokens): its URL; SIGTERM ends it with 0."""
-    env = {**os.environ, **{f"ASYNCQ_CONSOLE_{role.upper()}_TOKEN": token for role, token in TOKENS.items()}}
-    command = [sys.executable, "-m", "asyncq", "dashboard", "--db", target, "--sample-seconds", str(sample_seconds)]
-    with (folder / "console.err").open("wb") as errors:
-        process = subprocess.Popen(
-            [*command, "--refresh-seconds", "0.2"], cwd=folder, stdout=subprocess.PIPE, stderr=errors, env=env
-        )
-    try:
-        yield read_banner(process)["dashboard"].rstrip("/")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            assert process.wait(timeout=15) == 0
-        finally:
-            process.kill()
-            process.wait()
+    yield from seeded(request, request.param, tmp_path / "queue.db", seed)
 
 
 @pytest.fixture
@@ -107,94 +41,10 @@ def console(target: str, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-class Operator:
-    """One operator's browser: signs in, opens screens, fills forms, and reads the page's console log."""
-
-    def __init__(self, driver: Any, base: str) -> None:
-        self.driver = driver
-        self.base = base
-
-    def by(self) -> Any:
-        from selenium.webdriver.common.by import By
-
-        return By
-
-    def go(self, path: str) -> None:
-        self.driver.get(self.base + path)
-        eventually_sync(lambda: self.driver.execute_script("return document.body.dataset.ready") == "yes", path)
-
-    def find(self, css: str) -> Any:
-        return self.driver.find_element(self.by().CSS_SELECTOR, css)
-
-    def fresh(self, use: Any) -> Any:
-        """``use()`` again while the element it found was replaced by a live update in the meantime."""
-        from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
-
-        for _ in range(50):
-            try:
-                return use()
-            except StaleElementReferenceException:
-                continue
-            except WebDriverException as error:  # the node went between finding and reading it: as stale
-                if "does not belong to the document" not in str(error):
-                    raise
-        return use()
-
-    def all(self, css: str) -> list[Any]:
-        return list(self.driver.find_elements(self.by().CSS_SELECTOR, css))
-
-    def text(self, css: str) -> str:
-        return str(self.fresh(lambda: self.find(css).text))
-
-    def click(self, css: str) -> None:
-        self.fresh(lambda: self.find(css).click())
-
-    def attribute(self, css: str, name: str) -> str | None:
-        found = self.fresh(lambda: self.find(css).get_attribute(name))
-        return None if found is None else str(found)
-
-    def sign_in(self, role: str, name: str) -> None:
-        self.go("/login")
-        self.find("#login-name").send_keys(name)
-        self.find("#login-token").send_keys(TOKENS[role])
-        self.find("#login-go").click()
-        eventually_sync(lambda: self.all("#role") and self.text("#role") == role, f"signed in as {role}")
-
-    def rows(self, table: str) -> list[str]:
-        return self.fresh(lambda: [str(row.get_attribute("data-job")) for row in self.all(f"#{table} tbody tr")])
-
-    def errors(self, allowed: tuple[str, ...] = ()) -> list[str]:
-        """The console's errors since the last look (``allowed``: texts of expected ones, as a refusal's status)."""
-        logged = self.driver.get_log("browser")
-        return [
-            entry["message"]
-            for entry in logged
-            if entry["level"] in ("SEVERE", "ERROR") and not any(text in entry["message"] for text in allowed)
-        ]
-
-    def confirm(self, note: str, count: int | None = None) -> None:
-        """On a preview: the note, the count typed, confirm."""
-        shown = int(self.find("#confirm input[name=count]").get_attribute("value"))
-        self.find("#note").send_keys(note)
-        self.find("#confirm-count").send_keys(str(shown if count is None else count))
-        self.find("#do-it").click()
-
-    def shoot(self, name: str) -> None:
-        if os.environ.get("ASYNCQ_UPDATE_SCREENSHOT") == "1":
-            height = self.driver.execute_script("return document.documentElement.scrollHeight")
-            self.driver.set_window_size(1280, min(max(int(height) + 40, 700), 2200))
-            self.driver.save_screenshot(str(ROOT / "docs" / f"console-{name}.png"))
-            self.driver.set_window_size(1280, 1000)
-
-
 @pytest.fixture
 def operator(console: str, tmp_path: Path) -> Iterator[Operator]:
     with headless_chromium(tmp_path / "profile", "--window-size=1280,1000") as driver:
         yield Operator(driver, console)
-
-
-def shots(target: str) -> bool:
-    return not target.startswith("postgres")
 
 
 def test_the_overview_goes_live_and_keeps_what_is_typed(operator: Operator, target: str) -> None:
@@ -353,29 +203,12 @@ def test_a_read_only_role_and_a_missing_csrf_token_are_refused(operator: Operato
 @pytest.fixture
 def busy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A store that worked for the last hour, sampled each minute (``an_hour_of_work``)."""
-    start = int(time.time() * 1000) - 60 * 60_000
-    clock = [start]
+    clock = [int(time.time() * 1000) - 60 * 60_000]
 
     async def work(queue: Queue) -> None:
         await an_hour_of_work(queue, clock)
 
-    async def open_at(target: str) -> None:
-        async with await Queue.open(target, clock=lambda: clock[0]) as queue:
-            await work(queue)
-
-    if request.param == "sqlite":
-        found = str(tmp_path / "busy.db")
-        asyncio.run(open_at(found))
-        yield found
-        return
-    request.getfixturevalue("postgres_database")
-    schema = fresh_schema()
-    url, _name = asyncio.run(schema.__aenter__())
-    try:
-        asyncio.run(open_at(url))
-        yield url
-    finally:
-        asyncio.run(schema.__aexit__(None, None, None))
+    yield from seeded(request, request.param, tmp_path / "busy.db", work, clock)
 
 
 @pytest.mark.parametrize("busy", ["sqlite", "postgresql"], indirect=True)
@@ -390,12 +223,19 @@ def test_an_hour_of_samples_is_charted_and_every_screen_shows_it(busy: str, tmp_
             points = operator.attribute(f'polyline[data-series="{series}"]', "points") or ""
             assert len(points.split()) >= 50, series  # a point a minute over the hour
         assert operator.all('#queues tr.paused[data-queue="billing"]')
+        assert operator.all('#retention-rules tr[data-rule="mail/"]')
         screenshots = shots(busy)
         for name, path in (("overview", "/"), ("jobs", "/jobs?queue=orders"), ("dead", "/dead"),
+                           ("schedules", "/schedules"), ("groups", "/groups"),
+                           ("group", "/groups/import-2026-12-05?status=dead"), ("graph", "/jobs/merge-report"),
                            ("workers", "/workers"), ("audit", "/audit")):  # fmt: skip
             operator.go(path)
             if screenshots:
                 operator.shoot(name)
+        operator.go("/schedules")
+        assert operator.all('#schedules tr.paused[data-schedule="rollup"]') and operator.all("#schedule-events tr")
+        operator.go("/groups/import-2026-12-05")
+        assert len(operator.rows("members")) == 50 and operator.all("#next-page")
         operator.go("/dead")
         dead = operator.rows("dead")
         assert dead and operator.all("#groups tbody tr")

@@ -9,6 +9,12 @@ finds the set again inside the action's own transaction and refuses (``SetChange
 has the same count and digest. Every member is then moved by the lifecycle's own rule (a redrive, a cancel decided
 by ``core.lifecycle.decide_cancel``), fenced by its status in the same transaction, each with its job audit row,
 and one operator audit row names the actor, their role, the note, the filter, the count and the ids.
+
+Graphs (``docs/dependencies.md``) are kept whole: a delete leaves out every job a graph still needs (``SPARES_GRAPHS``:
+a dependency of a job that has not ended, a member of a group whose callback has not ended, a callback of a group
+not complete), and its preview names them (``Selection.spared``); a cancel ends a waiting job and settles its
+dependants and group as every cancel does; a waiting job's new priority is the one it runs with once released.
+Schedules (``docs/schedules.md``) are paused, resumed and run now the same way: a previewed set of named schedules.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncq.core.lifecycle import DEAD, DONE, LEASED, PENDING
+from asyncq.core.jobs import Job
+from asyncq.core.lifecycle import DEAD, DONE, LEASED, PENDING, WAITING
 from asyncq.core.limits import DEFAULT_TTL_MS, MAX_TTL_MS
+from asyncq.core.schedules import Schedule, move_refused
 from asyncq.core.search import MAX_IDS, JobQuery, Order, SearchPlan, plan_search
 from asyncq.core.values import check_choice, check_identifier, check_int, check_note, check_priority, check_text
 from asyncq.errors import SetChanged
@@ -31,19 +39,32 @@ DELETE = "delete"
 PRIORITY = "priority"
 PAUSE = "pause"
 RESUME = "resume"
+PAUSE_SCHEDULE = "pause_schedule"
+RESUME_SCHEDULE = "resume_schedule"
+RUN_SCHEDULE = "run_schedule"
 
-#: The statuses each action on jobs applies to: a redrive takes dead jobs; a cancel pending and leased ones (a live
-#: lease gets a request its holder carries out); a delete anything not leased (a job a worker holds cannot vanish
-#: under it: cancel it first); a new priority only a pending job (the claim reads it).
+#: The statuses each action on jobs applies to: a redrive takes dead jobs; a cancel pending, waiting and leased ones
+#: (a live lease gets a request its holder carries out; a waiting job ends at once, its dependants and group settled
+#: with it); a delete pending, done and dead ones (a job a worker holds cannot vanish under it, nor can a waiting one
+#: leave its graph: cancel it first), never one a graph still needs (``SPARES_GRAPHS``); a new priority a pending
+#: job (the claim reads it) or a waiting one (it keeps it when released).
 JOB_ACTIONS: dict[str, tuple[str, ...]] = {
     REDRIVE: (DEAD,),
-    CANCEL: (PENDING, LEASED),
+    CANCEL: (PENDING, WAITING, LEASED),
     DELETE: (PENDING, DONE, DEAD),
-    PRIORITY: (PENDING,),
+    PRIORITY: (PENDING, WAITING),
 }
+#: The actions that leave out of their set every job a graph still needs (each store's ``NEEDED_BY_GRAPH``, the rule
+#: that keeps such a job from prune and retention): the set's preview lists them apart.
+SPARES_GRAPHS = frozenset({DELETE})
+#: In a bulk cancel's outcome: the members that an earlier member's cancel ended in the same transaction (dependants
+#: whose edge's policy is ``dead``): not a set that changed.
+ENDED_BY_GRAPH = "ended by its graph"
 #: The actions on queues: a pause takes running queues, a resume paused ones.
 QUEUE_ACTIONS = (PAUSE, RESUME)
-ACTIONS = (*JOB_ACTIONS, *QUEUE_ACTIONS)
+#: The actions on schedules: a pause takes running ones, a resume paused ones, a run now any one not retired.
+SCHEDULE_ACTIONS = (PAUSE_SCHEDULE, RESUME_SCHEDULE, RUN_SCHEDULE)
+ACTIONS = (*JOB_ACTIONS, *QUEUE_ACTIONS, *SCHEDULE_ACTIONS)
 
 #: The console's roles, weakest first: each may do what the ones before it may.
 READ_ONLY, OPERATOR, ADMIN = "read_only", "operator", "admin"
@@ -55,6 +76,9 @@ ACTION_ROLES: dict[str, str] = {
     PRIORITY: OPERATOR,
     PAUSE: OPERATOR,
     RESUME: OPERATOR,
+    PAUSE_SCHEDULE: OPERATOR,
+    RESUME_SCHEDULE: OPERATOR,
+    RUN_SCHEDULE: OPERATOR,
     DELETE: ADMIN,
 }
 
@@ -76,7 +100,8 @@ def may(role: str | None, action: str) -> bool:
 
 def set_digest(action: str, members: Iterable[tuple[Any, ...]]) -> str:
     """The digest of a set as found: the action and each member's identity and state (a job's ``seq``, id, status
-    and token; a queue's name and ``paused_at``), in order. Any change to a member's state changes it."""
+    and token; a queue's or a schedule's name and ``paused_at``), in order. Any change to a member's state changes
+    it."""
     hashed = hashlib.sha256(action.encode())
     for member in members:
         hashed.update(("\n" + "\t".join("" if part is None else str(part) for part in member)).encode())
@@ -87,6 +112,17 @@ def selection_plan(action: str, query: JobQuery) -> SearchPlan:
     """How a job action's set is found, by its preview and again by the action itself: the query's jobs in the
     action's statuses, oldest first."""
     return plan_search(query, Order.OLDEST, JOB_ACTIONS[action])
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A job action's set as a store finds it: its members (``jobs``, oldest first, without bodies), whether a limit
+    cut it short (``capped``), and the jobs the query found that the action leaves out because a graph still needs
+    them (``spared``: a delete's; ``SPARES_GRAPHS``)."""
+
+    jobs: list[Job]
+    capped: bool
+    spared: list[Job] = field(default_factory=list)
 
 
 def check_same_set(action: str, count: int, digest: str, members: list[tuple[Any, ...]]) -> None:
@@ -112,6 +148,7 @@ class Operation:
     queues: tuple[str, ...] = ()
     priority: int | None = None
     ttl_ms: int = DEFAULT_TTL_MS
+    schedules: tuple[str, ...] = ()
 
     def checked(self) -> Operation:
         """This operation if every field is valid (``ValueError``/``TypeError`` otherwise)."""
@@ -128,7 +165,11 @@ class Operation:
         if self.action in QUEUE_ACTIONS:
             check_queue_names(self.queues)
         elif self.queues:
-            raise ValueError(f"{self.action} acts on jobs, not queues")
+            raise ValueError(f"{self.action} does not act on queues")
+        if self.action in SCHEDULE_ACTIONS:
+            check_schedule_names(self.schedules)
+        elif self.schedules:
+            raise ValueError(f"{self.action} does not act on schedules")
         if self.action == PRIORITY:
             check_priority(self.priority)
         elif self.priority is not None:
@@ -142,13 +183,18 @@ class Operation:
         return JOB_ACTIONS[self.action]
 
 
-def check_queue_names(queues: object) -> tuple[str, ...]:
-    """1-``MAX_IDS`` distinct queue names."""
+def check_queue_names(queues: object, name: str = "queues") -> tuple[str, ...]:
+    """1-``MAX_IDS`` distinct queue (or schedule) names."""
     if type(queues) is not tuple or not 1 <= len(queues) <= MAX_IDS or len(set(queues)) != len(queues):
-        raise ValueError(f"queues must be a tuple of 1-{MAX_IDS} distinct queue names")
+        raise ValueError(f"{name} must be a tuple of 1-{MAX_IDS} distinct names")
     for queue in queues:
-        check_identifier(queue, "queues")
+        check_identifier(queue, name)
     return queues
+
+
+def check_schedule_names(schedules: object) -> tuple[str, ...]:
+    """1-``MAX_IDS`` distinct schedule names."""
+    return check_queue_names(schedules, "schedules")
 
 
 def queue_set(action: str, settings: dict[str, int | None]) -> list[tuple[str, int | None]]:
@@ -156,6 +202,18 @@ def queue_set(action: str, settings: dict[str, int | None]) -> list[tuple[str, i
     ``paused_at``, ``None`` while it runs), those a pause would pause or a resume resume."""
     wanted_paused = action == RESUME
     return [(queue, at) for queue, at in sorted(settings.items()) if (at is not None) == wanted_paused]
+
+
+def schedule_set(action: str, schedules: dict[str, Schedule | None]) -> list[tuple[str, int | None]]:
+    """The members of a schedule action's set, in name order: of the named schedules (``None``: no such schedule),
+    those the action moves (``core.schedules.move_refused`` finds nothing against it: a pause the running ones, a
+    resume the paused ones, a run now every one not retired), each as its name and ``paused_at``."""
+    pausing = {PAUSE_SCHEDULE: True, RESUME_SCHEDULE: False}.get(action)
+    return [
+        (name, schedule.paused_at)
+        for name, schedule in sorted(schedules.items())
+        if schedule is not None and move_refused(name, schedule, pausing=pausing) is None
+    ]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ The paths (each driver turns a path into its statements, ``asyncq.store.*.search
 - ``error``: the jobs that failed an attempt with one error type, by ``seq``, from the errors' ``(type, job_seq)``
   index;
 - ``dead`` and ``leased``: those statuses' partial indexes, by ``seq``;
+- ``waiting``: the jobs with edges not met (the waiting ones among them: ``docs/dependencies.md``), by ``seq``;
+- ``task``: one task's jobs (the ``task`` column an enqueue sets from a task's body), by ``seq``;
 - ``seq``: every job by ``seq`` (the primary key).
 """
 
@@ -24,13 +26,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from asyncq.core.lifecycle import DEAD, DEAD_REASONS, LEASED, PENDING, STATUSES
+from asyncq.core.lifecycle import DEAD, DEAD_REASONS, LEASED, PENDING, STATUSES, WAITING
 from asyncq.core.values import (
     TIME_MAX_MS,
     check_choice,
     check_identifier,
     check_int,
     check_priority,
+    check_task_name,
     check_text,
 )
 
@@ -67,6 +70,8 @@ class Path(StrEnum):
     ERROR = "error"
     DEAD = "dead"
     LEASED = "leased"
+    WAITING = "waiting"
+    TASK = "task"
     SEQ = "seq"
 
 
@@ -93,10 +98,12 @@ class BodyMatch:
 class JobQuery:
     """Which jobs a search finds (``None``: any). ``since_ms``/``until_ms`` bound ``available_at`` (when a pending
     job is due, when an ended job ended), ``[since, until)``; ``error_type`` matches a job that failed any attempt
-    with that exception type; ``ids`` names the jobs (an operator's selection)."""
+    with that exception type; ``task`` the task its body names (``Job.task``); ``ids`` names the jobs (an
+    operator's selection)."""
 
     status: str | None = None
     queue: str | None = None
+    task: str | None = None
     priority: int | None = None
     reason: str | None = None
     error_type: str | None = None
@@ -111,6 +118,8 @@ class JobQuery:
             check_choice(self.status, "status", STATUSES)
         if self.queue is not None:
             check_identifier(self.queue, "queue")
+        if self.task is not None:
+            check_task_name(self.task)
         if self.priority is not None:
             check_priority(self.priority)
         if self.reason is not None:
@@ -132,7 +141,7 @@ class JobQuery:
     def as_dict(self) -> dict[str, Any]:
         """The filters given, as JSON values (an audit entry keeps them)."""
         found: dict[str, Any] = {}
-        for name in ("status", "queue", "priority", "reason", "error_type", "since_ms", "until_ms"):
+        for name in ("status", "queue", "task", "priority", "reason", "error_type", "since_ms", "until_ms"):
             if getattr(self, name) is not None:
                 found[name] = getattr(self, name)
         if self.body is not None:
@@ -147,6 +156,7 @@ class JobQuery:
         checks = (
             (self.status, job.status),
             (self.queue, job.queue),
+            (self.task, job.task),
             (self.priority, job.priority),
             (self.reason, job.reason),
         )
@@ -242,13 +252,16 @@ _SERVED = {
     Path.ERROR: ("error_type",),
     Path.DEAD: ("status",),
     Path.LEASED: ("status",),
+    Path.WAITING: ("status",),
+    Path.TASK: ("task",),
     Path.SEQ: (),
 }
 
 
 def plan_search(query: JobQuery, order: Order = Order.NEWEST, statuses: tuple[str, ...] | None = None) -> SearchPlan:
     """The one rule that picks a search's index: the named ids, then one queue's pending jobs by when they are due,
-    then an error type's index, then the dead or leased jobs' index, else the primary key. ``statuses`` narrows
+    then an error type's index, then the dead, leased or waiting jobs' index (a status is most often the
+    narrower), then a task's index, else the primary key. ``statuses`` narrows
     the query to those statuses (a bulk action's: a redrive keeps the dead). ``ValueError`` for ``due`` on anything
     but one queue's pending jobs."""
     kept = _statuses(query.status, statuses)
@@ -264,6 +277,10 @@ def plan_search(query: JobQuery, order: Order = Order.NEWEST, statuses: tuple[st
         path = Path.DEAD
     elif kept == (LEASED,):
         path = Path.LEASED
+    elif kept == (WAITING,):
+        path = Path.WAITING
+    elif query.task is not None:
+        path = Path.TASK
     else:
         path = Path.SEQ
     given = [name for name, value in query.as_dict().items() if value is not None]

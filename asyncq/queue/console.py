@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asyncq.core.dependencies import DependencyState
 from asyncq.core.jobs import AuditEntry, Job
 from asyncq.core.operations import (
+    CANCEL,
     JOB_ACTIONS,
     QUEUE_ACTIONS,
     SAMPLE_SIZE,
+    SCHEDULE_ACTIONS,
     AuditQuery,
     Operation,
     OperationEntry,
     check_queue_names,
+    check_schedule_names,
     queue_set,
-    selection_plan,
+    schedule_set,
     set_digest,
 )
 from asyncq.core.samples import (
@@ -48,8 +52,10 @@ from asyncq.store.port.console import ConsoleStore
 @dataclass(frozen=True)
 class Preview:
     """A bulk action's set as found now: its ``count`` members (at most ``MAX_IDS``), a ``sample`` of the jobs (or
-    the ``queues`` named), the ``digest`` the action must find again, and whether a limit cut the set short
-    (``capped``: it is the first ``count`` matches; act, then preview again for the rest)."""
+    the ``queues`` or ``schedules`` named), the ``digest`` the action must find again, and whether a limit cut the
+    set short (``capped``: it is the first ``count`` matches; act, then preview again for the rest). ``spared``: the
+    jobs the filter found that the action leaves out because a graph still needs them (a delete's), at most
+    ``SAMPLE_SIZE`` of them, and how many there are (``spared_count``)."""
 
     action: str
     count: int
@@ -58,6 +64,9 @@ class Preview:
     query: JobQuery = field(default_factory=JobQuery)
     sample: list[Job] = field(default_factory=list)
     queues: tuple[str, ...] = ()
+    schedules: tuple[str, ...] = ()
+    spared: list[Job] = field(default_factory=list)
+    spared_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,24 +153,56 @@ class OperatorConsole:
 
     # -- actions ----------------------------------------------------------------------------------------------
 
-    async def preview(self, action: str, query: JobQuery | None = None, queues: tuple[str, ...] = ()) -> Preview:
-        """The set ``action`` would act on now: ``query``'s jobs in the action's statuses, or the named ``queues``
-        a pause (resume) would change."""
-        check_choice(action, "action", (*JOB_ACTIONS, *QUEUE_ACTIONS))
+    async def preview(
+        self,
+        action: str,
+        query: JobQuery | None = None,
+        queues: tuple[str, ...] = (),
+        schedules: tuple[str, ...] = (),
+    ) -> Preview:
+        """The set ``action`` would act on now: ``query``'s jobs in the action's statuses (a delete's without those a
+        graph still needs), the named ``queues`` a pause (resume) would change, or the named ``schedules`` a pause,
+        resume or run now would."""
+        check_choice(action, "action", (*JOB_ACTIONS, *QUEUE_ACTIONS, *SCHEDULE_ACTIONS))
         if action in QUEUE_ACTIONS:
-            states = await self.store.queue_states(check_queue_names(queues))
-            held = queue_set(action, states)
+            held = queue_set(action, await self.store.queue_states(check_queue_names(queues)))
             names = tuple(queue for queue, _at in held)
             return Preview(action, len(held), set_digest(action, held), False, queues=names)
+        if action in SCHEDULE_ACTIONS:
+            named = check_schedule_names(schedules)
+            stored = {schedule.name: schedule for schedule in await self.queue.schedules()}
+            moved = schedule_set(action, {name: stored.get(name) for name in named})
+            found = tuple(name for name, _at in moved)
+            return Preview(action, len(moved), set_digest(action, moved), False, schedules=found)
         checked = (query or JobQuery()).checked()
-        jobs, capped = await self.store.select(selection_plan(action, checked), self.queue.now())
+        found_set = await self.store.select(action, checked, self.queue.now())
+        jobs = found_set.jobs
         members = [(job.seq, job.id, job.status, job.token) for job in jobs]
-        return Preview(action, len(jobs), set_digest(action, members), capped, checked, jobs[:SAMPLE_SIZE])
+        return Preview(
+            action, len(jobs), set_digest(action, members), found_set.capped, checked, jobs[:SAMPLE_SIZE],
+            spared=found_set.spared[:SAMPLE_SIZE], spared_count=len(found_set.spared),
+        )  # fmt: skip
 
     async def operate(self, operation: Operation) -> OperationEntry:
         """Carry out ``operation`` on the set its preview showed: ``SetChanged`` (nothing changed) if the set is
-        not that one any more; ``UniqueConflict`` (nothing changed) if a redriven job's key is held."""
-        return await self.store.operate(operation.checked(), self.queue.now())
+        not that one any more; ``UniqueConflict`` (nothing changed) if a redriven job's key is held; ``ValueError``
+        (nothing changed) if a redriven dependant's dependency is still dead under policy ``dead``. A cancel that
+        stored requests wakes this process's pools holding those jobs, a schedule action its schedule keepers,
+        as ``Queue.cancel`` and the schedule calls do."""
+        entry = await self.store.operate(operation.checked(), self.queue.now())
+        if operation.action == CANCEL and entry.outcome.get("requested"):
+            self.queue._cancel_requested()
+        if operation.action in SCHEDULE_ACTIONS:
+            self.queue._schedules_changed()
+        return entry
+
+    async def dependants(self, job_id: str, limit: int = 100) -> tuple[list[DependencyState], bool]:
+        """The jobs that depend on ``job_id`` (at most ``limit``, oldest first), each as its edge stands, and
+        whether there are more."""
+        check_identifier(job_id, "job_id")
+        check_int(limit, "limit", 1, 1000)
+        found = await self.store.dependants(job_id, limit + 1)
+        return found[:limit], len(found) > limit
 
     # -- sampling -----------------------------------------------------------------------------------------------
 

@@ -61,11 +61,15 @@ class OperatorCalls(StoreFacade[QueueStore]):
         check_identifier(job_id, "job_id")
         check_note(note)
         outcome = await self.store.cancel(job_id, self.now(), note)
-        if outcome.state is CancelState.REQUESTED:  # a pool of this process holding the job looks at once
-            requested, self._cancels = self._cancels, asyncio.Event()
-            requested.set()
+        if outcome.state is CancelState.REQUESTED:
+            self._cancel_requested()
         log.info("job %s: cancel %s (%s)", job_id, outcome.state, note)
         return outcome
+
+    def _cancel_requested(self) -> None:
+        """A cancel in this process stored a request: a pool of this process holding the job looks at once."""
+        requested, self._cancels = self._cancels, asyncio.Event()
+        requested.set()
 
     async def wait_for_cancel_request(self, timeout: float) -> bool:
         """Wait until a cancel in this process asks a running job to stop (``True``), or ``timeout`` seconds

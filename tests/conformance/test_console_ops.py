@@ -17,7 +17,6 @@ from asyncq.core.operations import (
     Operation,
     OperationEntry,
     queue_set,
-    selection_plan,
     set_digest,
 )
 from asyncq.core.search import JobQuery
@@ -31,7 +30,7 @@ pytestmark = pytest.mark.timeout(30)
 
 async def preview(store: QueueStore, action: str, query: JobQuery) -> tuple[int, str, list[str]]:
     """What the console's preview finds: the count, the digest and the ids."""
-    jobs, _capped = await store.console().select(selection_plan(action, query), T0)
+    jobs = (await store.console().select(action, query, T0)).jobs
     members = [(job.seq, job.id, job.status, job.token) for job in jobs]
     return len(jobs), set_digest(action, members), [job.id for job in jobs]
 

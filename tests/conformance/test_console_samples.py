@@ -52,6 +52,21 @@ async def test_what_ended_and_failed_between_two_samples_is_counted_per_queue(st
     assert (third.queues[0].done, third.queues[0].dead, third.queues[0].failed) == (0, 0, 0)  # counted once
 
 
+async def test_what_ended_is_counted_over_every_task_of_a_queue_and_none(store: QueueStore) -> None:
+    console = store.console()
+    bodies = [{"task": "send", "args": {}}, {"task": "report", "args": {}}, {"plain": True}]
+    await enqueue(store, *(new(f"t{n}", queue="mail", body=bodies[n % 3], max_attempts=1) for n in range(9)))
+    await enqueue(store, new("other", queue="web", body=bodies[0]))
+    assert await console.write_sample(await console.read_figures(T0 + 1), [], 1_000, 60_000)
+    tickets = await claim(store, "w1", T0 + 2, queue="mail", n=9)
+    web = await claim(store, "w1", T0 + 2, queue="web")
+    kinds = ["ok", "permanent", "ok", "ok", "ok", "permanent", "permanent", "ok", "ok"]
+    await store.finish([outcome(t, kind) for t, kind in zip(tickets, kinds, strict=True)] + [outcome(web[0], "ok")],
+                       T0 + 3)  # fmt: skip
+    figures = await console.read_figures(T0 + 1_001)
+    assert [(q.queue, q.done, q.dead) for q in figures.queues] == [("mail", 6, 3), ("web", 1, 0)]
+
+
 async def test_samples_and_workers_older_than_the_keep_are_forgotten(store: QueueStore) -> None:
     console = store.console()
     await enqueue(store, new("a"), new("b"))

@@ -5,10 +5,12 @@ cap on rows scanned and the page size, walking every page from the start finds e
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
 from asyncq.core.jobs import Job
+from asyncq.core.operations import Selection
 from asyncq.core.search import BodyMatch, JobQuery, Order, Path, SearchPlan, decode_cursor, plan_search
 from asyncq.store.port.queue import JobFilter, QueueStore
 
@@ -18,14 +20,22 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def varied(store: QueueStore) -> dict[str, frozenset[str]]:
-    """Jobs in two queues, every status, three priorities, failures of two types, bodies with a path; returns each
-    job's error types."""
+    """Jobs in two queues, every status, three priorities, failures of two types, bodies with a path, a fifth of them
+    tasks' (``send`` or ``report``); jobs waiting for a pending one (two of them tasks'); returns each job's error
+    types."""
     rows = []
     for n in range(24):
         queue = ("mail", "web")[n % 2]
-        body = {"customer": {"id": n % 3, "tier": ("gold", "free")[n % 2]}, "tags": ["a", n]}
+        body: dict[str, Any] = {"customer": {"id": n % 3, "tier": ("gold", "free")[n % 2]}, "tags": ["a", n]}
+        if n % 5 == 0:
+            body = {"task": ("send", "report")[n % 2], "args": body}
         rows.append(new(f"j{n:02}", T0 + n, queue=queue, body=body, priority=(n % 3) - 1, delay_ms=(n % 4) * 1000))
     await enqueue(store, *rows)
+    waiting = [new("later", T0, queue="ops")]  # never claimed: its dependants wait
+    for n in range(4):
+        body = {"task": "send", "args": {"n": n}} if n % 2 else {"n": n}
+        waiting.append(new(f"w{n}", T0 + n, queue=("mail", "ops")[n % 2], body=body, after=["later"]))
+    await enqueue(store, *waiting)
     now = T0 + 10_000
     for queue in ("mail", "web"):
         tickets = await claim(store, "w1", now, queue=queue, n=8)
@@ -89,6 +99,12 @@ QUERIES = [
     JobQuery(body=BodyMatch(("tags", 1), 7)),
     JobQuery(body=BodyMatch(("tags", 0), "a"), queue="mail"),
     JobQuery(ids=("j03", "j05", "j07", "nope")),
+    JobQuery(task="send"),
+    JobQuery(task="report", status="done"),
+    JobQuery(task="send", queue="mail", status="pending"),
+    JobQuery(task="nobody"),
+    JobQuery(status="waiting"),
+    JobQuery(status="waiting", queue="ops", task="send"),
 ]
 
 
@@ -98,6 +114,10 @@ async def test_every_page_of_a_search_finds_exactly_what_the_query_defines(store
     jobs = await store.list_jobs(JobFilter(limit=ALL))
     for order in (Order.NEWEST, Order.OLDEST):
         plan = plan_search(query, order)
+        if query.task is not None and query.status is None:
+            assert plan.path is Path.TASK and plan.served == ("task",)
+        if query.status == "waiting":
+            assert plan.path is Path.WAITING
         wanted = expected(jobs, types, plan)
         for page, scan in ((100, 10_000), (3, 3), (2, 5), (1, 1)):
             assert await walk_all(store, plan, page, scan) == wanted, (order, page, scan, plan.path)
@@ -126,12 +146,12 @@ async def test_one_queues_pending_jobs_list_by_when_they_are_due(store: QueueSto
 async def test_a_bulk_selection_is_its_statuses_oldest_first(store: QueueStore) -> None:
     types = await varied(store)
     jobs = await store.list_jobs(JobFilter(limit=ALL))
-    plan = plan_search(JobQuery(queue="mail"), Order.OLDEST, ("pending", "leased"))
-    found, capped = await store.console().select(plan, T0)
-    assert [job.id for job in found] == expected(jobs, types, plan) and not capped
-    assert all(job.body is None for job in found)
-    nothing = plan_search(JobQuery(status="done"), Order.OLDEST, ("dead",))
-    assert nothing.empty and await store.console().select(nothing, T0) == ([], False)
+    plan = plan_search(JobQuery(queue="mail"), Order.OLDEST, ("pending", "waiting", "leased"))
+    found = await store.console().select("cancel", JobQuery(queue="mail"), T0)
+    assert [job.id for job in found.jobs] == expected(jobs, types, plan) and not found.capped and not found.spared
+    assert all(job.body is None for job in found.jobs)
+    assert plan_search(JobQuery(status="done"), Order.OLDEST, ("dead",)).empty
+    assert await store.console().select("redrive", JobQuery(status="done"), T0) == Selection([], False)
 
 
 async def test_dead_jobs_group_by_queue_reason_and_newest_error_type(store: QueueStore) -> None:

@@ -10,7 +10,14 @@ What every store guarantees (``tests/conformance/test_console_*.py`` checks each
 - **The previewed set or nothing.** ``operate`` finds the action's set again in its own transaction, exactly as
   ``select`` did, and raises ``SetChanged`` (nothing changed) unless the count and digest are the preview's.
   Every member then moves by the lifecycle's rule, fenced by its status in that transaction; any member that
-  cannot (a unique key held, a job that moved) rolls the whole action back.
+  cannot (a unique key held, a job that moved) rolls the whole action back. A member that ended in that same
+  transaction because an earlier member's cancel settled its graph counts as ended by its graph, not as moved.
+- **Graphs kept whole.** A delete's set leaves out every job a graph still needs (``core.operations.SPARES_GRAPHS``;
+  the store's ``NEEDED_BY_GRAPH``, as prune's) and removes the edges of what it deletes; a cancel settles the
+  cancelled jobs' dependants and groups as ``QueueStore.cancel`` does, and wakes this process's idle workers for
+  the jobs that released (a NOTIFY wakes the other hosts').
+- **Schedules** are paused, resumed and run now as their own calls do (``ScheduleStore``), each with its schedule
+  event under the operator's name, on the set of named schedules the preview found (by name and ``paused_at``).
 - **Audited.** Each member's move writes its job audit row (``redrive``, ``cancel``, ``cancel_request``,
   ``delete``, ``priority``) or queue audit row (``pause``, ``resume``), and the action one operator audit row
   (``OperationEntry``) that the job audit rows name; all in the action's transaction.
@@ -23,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from asyncq.core.jobs import Job
-from asyncq.core.operations import AuditQuery, Operation, OperationEntry
+from asyncq.core.dependencies import DependencyState
+from asyncq.core.operations import AuditQuery, Operation, OperationEntry, Selection
 from asyncq.core.samples import Figures, Sample, Totals, WorkerLook, WorkerSeen
-from asyncq.core.search import DeadGroup, JobPage, Position, SearchPlan
+from asyncq.core.search import DeadGroup, JobPage, JobQuery, Position, SearchPlan
 
 
 class ConsoleStore(Protocol):
@@ -38,9 +45,10 @@ class ConsoleStore(Protocol):
         beyond what the page shows."""
         ...
 
-    async def select(self, plan: SearchPlan, now_ms: int) -> tuple[list[Job], bool]:
-        """A bulk action's set: the first ``MAX_IDS`` of ``plan``'s jobs, oldest first, among at most
-        ``BULK_SCAN`` rows of its path, and whether either limit was reached."""
+    async def select(self, action: str, query: JobQuery, now_ms: int) -> Selection:
+        """A job action's set: the first ``MAX_IDS`` of ``core.operations.selection_plan(action, query)``'s jobs,
+        oldest first, among at most ``BULK_SCAN`` rows of its path, whether either limit was reached, and (for an
+        action in ``SPARES_GRAPHS``) those of them a graph still needs, left out of the set."""
         ...
 
     async def queue_states(self, queues: Sequence[str]) -> dict[str, int | None]:
@@ -63,6 +71,11 @@ class ConsoleStore(Protocol):
     async def dead_groups(self, queue: str | None, scan: int) -> tuple[list[DeadGroup], int]:
         """The newest ``scan`` dead jobs (of ``queue`` if named) grouped by ``(queue, reason, last error type)``
         with their counts, most first; and how many dead jobs were looked at."""
+        ...
+
+    async def dependants(self, job_id: str, limit: int) -> list[DependencyState]:
+        """The jobs that depend on ``job_id`` (at most ``limit``, oldest first), each as its edge stands: the
+        dependant's id and status, the edge's policy and state."""
         ...
 
     async def totals(self, now_ms: int) -> Totals:

@@ -7,16 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from asyncq.core.jobs import Job
-from asyncq.core.operations import BULK_SCAN, REDRIVE, RESUME, AuditQuery, Operation, OperationEntry
+from asyncq.core.dependencies import DependencyState, Ripple
+from asyncq.core.operations import REDRIVE, RESUME, RUN_SCHEDULE, AuditQuery, Operation, OperationEntry, Selection
 from asyncq.core.samples import Figures, Sample, Totals, WorkerLook, WorkerSeen
-from asyncq.core.search import MAX_IDS, DeadGroup, JobPage, Position, SearchPlan
-from asyncq.store.postgres import operations, samples, search
+from asyncq.core.search import DeadGroup, JobPage, JobQuery, Position, SearchPlan
+from asyncq.store.postgres import graph_reads, operations, samples, search
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.statements import NOTIFY
 
 if TYPE_CHECKING:
     from asyncq.store.postgres.queue_store import PostgresQueueStore
+
+#: The actions that make jobs ready (a cancel does when its graphs released some: ``Ripple``; those NOTIFY in their
+#: transaction as every settle does).
+WAKES = (REDRIVE, RESUME, RUN_SCHEDULE)
 
 
 class PostgresConsoleStore:
@@ -28,24 +32,24 @@ class PostgresConsoleStore:
     async def search(self, plan: SearchPlan, after: Position | None, page: int, scan: int) -> JobPage:
         return await self._store._read(search.search, plan, after, page, scan)
 
-    async def select(self, plan: SearchPlan, now_ms: int) -> tuple[list[Job], bool]:
-        page = await self._store._read(search.search, plan, None, MAX_IDS, BULK_SCAN, False)
-        return page.jobs, page.next is not None
+    async def select(self, action: str, query: JobQuery, now_ms: int) -> Selection:
+        return await self._store._read(operations.find_set, action, query)
 
     async def queue_states(self, queues: Sequence[str]) -> dict[str, int | None]:
         return await self._store._read(operations.queue_states, list(queues))
 
     async def operate(self, operation: Operation, now_ms: int) -> OperationEntry:
-        wakes = operation.action in (REDRIVE, RESUME)
+        wakes = operation.action in WAKES and operation.action != RUN_SCHEDULE  # a run now NOTIFYs by itself
+        ripple = Ripple()
 
         async def step(conn: Connection, schema: str) -> OperationEntry:
-            entry = await operations.operate(conn, schema, operation, now_ms)
+            entry = await operations.operate(conn, schema, operation, now_ms, ripple)
             if wakes:  # jobs ready again: waiting workers on every host look
                 await conn.execute(NOTIFY, self._store.wakeups.channel)
             return entry
 
         entry = await self._store._write(step)
-        if wakes:
+        if operation.action in WAKES or ripple.released:
             self._store.wakeups.notify()
         return entry
 
@@ -57,6 +61,9 @@ class PostgresConsoleStore:
 
     async def dead_groups(self, queue: str | None, scan: int) -> tuple[list[DeadGroup], int]:
         return await self._store._read(samples.dead_groups, queue, scan)
+
+    async def dependants(self, job_id: str, limit: int) -> list[DependencyState]:
+        return await self._store._read(graph_reads.dependants, job_id, limit)
 
     async def totals(self, now_ms: int) -> Totals:
         return await self._store._read(samples.totals, now_ms)

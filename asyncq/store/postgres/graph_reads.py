@@ -25,6 +25,9 @@ ORDER BY seq LIMIT $4"""
 EDGES_OF = """SELECT j.id, d.id, d.status, e.policy, e.state FROM {schema}.jobs j
 JOIN {schema}.edges e ON e.dependant = j.seq JOIN {schema}.jobs d ON d.seq = e.dependency
 WHERE j.id = ANY($1::text[]) ORDER BY j.id, e.dependency"""
+DEPENDANTS_OF = """SELECT d.id, d.status, e.policy, e.state FROM {schema}.jobs j
+JOIN {schema}.edges e ON e.dependency = j.seq JOIN {schema}.jobs d ON d.seq = e.dependant
+WHERE j.id = $1 ORDER BY e.dependant LIMIT $2"""
 CALLBACKS_OF = """SELECT j.id, g.name FROM {schema}.jobs j JOIN {schema}.groups g ON g.callback_seq = j.seq
 WHERE j.id = ANY($1::text[])"""
 EXISTING = "SELECT id FROM {schema}.jobs WHERE id = ANY($1::text[])"
@@ -71,3 +74,8 @@ async def waits_for(conn: Connection, schema: str, job_ids: Sequence[str]) -> di
     for job_id, dependency, status, policy, state in edges:
         found[job_id].append(DependencyState(dependency, status, policy, state))
     return {job_id: WaitsFor(job_id, tuple(each), callbacks.get(job_id)) for job_id, each in found.items()}
+
+
+async def dependants(conn: Connection, schema: str, job_id: str, limit: int) -> list[DependencyState]:
+    """The jobs that depend on ``job_id`` (at most ``limit``, oldest first), each as its edge stands."""
+    return [DependencyState(*row) for row in await conn.fetch(q(DEPENDANTS_OF, schema), job_id, limit)]

@@ -41,12 +41,32 @@ SELECT count(*), count(*) FILTER (WHERE available_at <= $2), min(available_at) F
 FROM (SELECT available_at FROM {schema}.jobs WHERE status = 'pending' AND queue = $1 ORDER BY available_at LIMIT $3) p
 """
 LEASED = "SELECT count(*) FROM {schema}.jobs WHERE status = 'leased' AND queue = $1"
-ENDED = """
-SELECT count(*) FROM {{schema}}.jobs WHERE status IN ('done', 'dead') AND queue = $1 AND {cell}
-  AND available_at > $2 AND available_at <= $3
-"""
-DONE = ENDED.format(cell="status = 'done' AND reason IS NULL")
-DEAD = ENDED.format(cell="status = 'dead' AND reason IN ('deadline', 'exhausted', 'permanent', 'cancelled')")
+# Jobs that ended since the previous sample: one seek of each cell per task of the queue in the ended jobs' index, and
+# of the jobs without a task (the SQLite driver's ``ENDED_UNTASKED``, ``ENDED_TASKED``). The queue's tasks are found
+# by skipping through that index with the row comparison alone as each step's start (``TASKS_OF``): a step that also
+# says ``queue = $1`` starts at the queue's first entry and walks every entry before the next task (measured at a
+# million jobs: 14 ms a step, against 0.01 ms), and the first entry of another queue ends the walk.
+TASKS_OF = """WITH RECURSIVE found(task) AS (
+  SELECT (SELECT CASE WHEN queue = $1 THEN task END FROM {schema}.jobs WHERE status IN ('done', 'dead')
+          AND (queue, task) > ($1, '') ORDER BY queue, task LIMIT 1)
+  UNION ALL
+  SELECT (SELECT CASE WHEN queue = $1 THEN task END FROM {schema}.jobs WHERE status IN ('done', 'dead')
+          AND (queue, task) > ($1, found.task) ORDER BY queue, task LIMIT 1)
+  FROM found WHERE found.task IS NOT NULL
+)
+SELECT task FROM found WHERE task IS NOT NULL"""
+_ENDED = """(SELECT count(*) FROM {{schema}}.jobs WHERE status IN ('done', 'dead') AND queue = $1 AND task {task}
+  AND {cell} AND available_at > $2 AND available_at <= $3)"""
+_DONE = "status = 'done' AND reason IS NULL"
+_DEAD = "status = 'dead' AND reason IN ('deadline', 'exhausted', 'permanent', 'cancelled')"
+ENDED_UNTASKED = "SELECT " + ", ".join(_ENDED.format(task="IS NULL", cell=cell) for cell in (_DONE, _DEAD))
+ENDED_TASKED = (
+    "SELECT coalesce(sum(done), 0), coalesce(sum(dead), 0) FROM (SELECT "
+    + ", ".join(
+        _ENDED.format(task="= f.task", cell=cell) + f" AS {name}" for name, cell in (("done", _DONE), ("dead", _DEAD))
+    )
+    + f" FROM ({TASKS_OF}) f) c"
+)
 FAILED = """
 SELECT j.queue, count(*) FROM (SELECT job_seq FROM {schema}.errors WHERE seq > $1 ORDER BY seq LIMIT $2) e
 JOIN {schema}.jobs j ON j.seq = e.job_seq GROUP BY j.queue
@@ -130,8 +150,10 @@ async def _queue_figures(
     leased = int(await conn.fetchval(q(LEASED, schema), queue))
     done = dead = 0
     if since is not None:
-        done = int(await conn.fetchval(q(DONE, schema), queue, since, now_ms))
-        dead = int(await conn.fetchval(q(DEAD, schema), queue, since, now_ms))
+        for statement in (ENDED_UNTASKED, ENDED_TASKED):
+            found = await conn.fetchrow(q(statement, schema), queue, since, now_ms)
+            assert found is not None
+            done, dead = done + int(found[0]), dead + int(found[1])
     return QueueFigures(queue, pending, ready, leased, oldest, done, dead, failed, pending >= DEPTH_CAP)
 
 

@@ -96,6 +96,7 @@ LIVE = _EVALUATED + "WHERE s.retired_at IS NULL ORDER BY s.name"
 ONE = _EVALUATED + "WHERE s.name = $1"
 LOCK_ONE = f"SELECT {_COLUMNS} FROM {{schema}}.schedules s WHERE s.name = $1 FOR UPDATE"
 ALL = f"SELECT {_COLUMNS} FROM {{schema}}.schedules s ORDER BY s.name"
+LOCK_NAMED = f"SELECT {_COLUMNS} FROM {{schema}}.schedules s WHERE s.name = ANY($1::text[]) ORDER BY s.name FOR UPDATE"
 LOCK_ALL = ALL + " FOR UPDATE"
 _DEFINITION_PARAMS = ", ".join(f"${n}" for n in range(1, len(_DEFINITION) + 1))
 INSERT = f"""
@@ -280,3 +281,11 @@ async def run_now(
     await conn.execute(NOTIFY, channel)
     await conn.execute(RAN_NOW.format(schema=schema), name, job_id)
     return await _event(conn, schema, name, now_ms, RUN_NOW, job_id=job_id, actor=actor, note=note)
+
+
+async def named(conn: Connection, schema: str, names: Sequence[str]) -> dict[str, Schedule | None]:
+    """The schedules of these names, their rows locked (in name order) until the caller's transaction ends
+    (``None``: no such schedule)."""
+    rows = await conn.fetch(LOCK_NAMED.format(schema=schema), list(names))
+    found = {row[0]: Schedule.from_row(row) for row in rows}
+    return {name: found.get(name) for name in names}

@@ -28,6 +28,14 @@ _WALKS = {
     " ORDER BY seq {dir} LIMIT :scan",
     Path.LEASED: "SELECT seq FROM {schema}.jobs WHERE status = 'leased' AND seq {cmp} :after"
     " ORDER BY seq {dir} LIMIT :scan",
+    # jobs_waits (seq) WHERE waits > 0: the jobs with edges not met, the waiting ones among them.
+    Path.WAITING: "SELECT seq FROM {schema}.jobs WHERE waits > 0 AND status = 'waiting' AND seq {cmp} :after"
+    " ORDER BY seq {dir} LIMIT :scan",
+    # jobs_task (task, seq) WHERE task IS NOT NULL: one task's jobs, as the range of that index between two row
+    # values (not ``task = …``: the planner would drop the task from the order, and walk the primary key instead,
+    # filtering, wherever the task looked common; a task whose jobs all lie far back then read the whole table).
+    Path.TASK: "SELECT task, seq FROM {schema}.jobs WHERE task IS NOT NULL AND (task, seq) {cmp} (:task, :after)"
+    " AND (task, seq) {back} (:task, :edge) ORDER BY task {dir}, seq {dir} LIMIT :scan",
     Path.ERROR: "SELECT DISTINCT job_seq AS seq FROM {schema}.errors WHERE type = :error_type AND job_seq {cmp} :after"
     " ORDER BY job_seq {dir} LIMIT :scan",
     Path.IDS: "SELECT seq FROM {schema}.jobs WHERE id = ANY(:ids::text[]) AND seq {cmp} :after"
@@ -60,8 +68,9 @@ def walk(plan: SearchPlan, schema: str) -> str:
     newest = plan.order is Order.NEWEST
     priority = "AND priority = :priority" if plan.query.priority is not None else ""
     return _WALKS[plan.path].format(
-        schema=schema, cmp="<" if newest else ">", dir="DESC" if newest else "ASC", priority=priority
-    )
+        schema=schema, cmp="<" if newest else ">", back=">" if newest else "<", dir="DESC" if newest else "ASC",
+        priority=priority,
+    )  # fmt: skip
 
 
 def unserved(plan: SearchPlan, schema: str) -> str:
@@ -72,6 +81,7 @@ def unserved(plan: SearchPlan, schema: str) -> str:
         terms.append("j.status IN (" + ", ".join(f"'{status}'" for status in plan.statuses) + ")")
     for name, term in (
         ("queue", "j.queue = :queue"),
+        ("task", "j.task = :task"),
         ("priority", "j.priority = :priority"),
         ("reason", "j.reason = :reason"),
         ("since_ms", "j.available_at >= :since"),
@@ -90,7 +100,8 @@ def parameters(plan: SearchPlan, after: Position | None, scan: int, page: int) -
     start = (-1, -1) if plan.path is Path.DUE else (_FAR if newest else 0,)
     where = start if after is None else after
     params: dict[str, Any] = {"after": where[-1], "due_at": where[0], "scan": scan, "page": page}
-    params |= {"queue": query.queue, "priority": query.priority, "reason": query.reason}
+    params["edge"] = -1 if newest else _FAR  # the other end of a task's range
+    params |= {"queue": query.queue, "task": query.task, "priority": query.priority, "reason": query.reason}
     params |= {"error_type": query.error_type, "ids": list(query.ids)}
     params |= {"since": query.since_ms or 0, "until": _FAR if query.until_ms is None else query.until_ms}
     body = query.body
@@ -100,6 +111,18 @@ def parameters(plan: SearchPlan, after: Position | None, scan: int, page: int) -
     return params
 
 
+def page_statement(plan: SearchPlan, schema: str) -> str:
+    """A page's statement: the walk, each row's job by its key (the unserved filters checked), up to ``:page``."""
+    way = "DESC" if plan.order is Order.NEWEST else ""
+    # The walk's own order, which the outer query keeps without sorting (a task's: its index's columns, both).
+    order = {Path.DUE: "s.available_at, s.seq", Path.TASK: f"s.task {way}, s.seq {way}"}.get(plan.path, f"s.seq {way}")
+    return (
+        f"SELECT {_COLUMNS.format(schema=schema)} FROM ({walk(plan, schema)}) s CROSS JOIN LATERAL"
+        f" (SELECT j.* FROM {schema}.jobs j WHERE j.seq = s.seq AND {unserved(plan, schema)} LIMIT 1) j"
+        f" ORDER BY {order} LIMIT :page"
+    )
+
+
 async def search(
     conn: Connection, schema: str, plan: SearchPlan, after: Position | None, page: int, scan: int, body: bool = True
 ) -> JobPage:
@@ -107,16 +130,8 @@ async def search(
     if plan.empty:
         return JobPage([], 0, False, None, plan)
     scanned = walk(plan, schema)
-    order = (
-        "s.available_at, s.seq" if plan.path is Path.DUE else f"s.seq {'DESC' if plan.order is Order.NEWEST else ''}"
-    )
-    statement = (
-        f"SELECT {_COLUMNS.format(schema=schema)} FROM ({scanned}) s CROSS JOIN LATERAL"
-        f" (SELECT j.* FROM {schema}.jobs j WHERE j.seq = s.seq AND {unserved(plan, schema)} LIMIT 1) j"
-        f" ORDER BY {order} LIMIT :page"
-    )
     params = parameters(plan, after, scan, page + 1)
-    jobs = [Job.from_row(tuple(row)) for row in await conn.fetch(*_args(statement, params))]
+    jobs = [Job.from_row(tuple(row)) for row in await conn.fetch(*_args(page_statement(plan, schema), params))]
     more = len(jobs) > page
     jobs = jobs[:page]
     errors = await _last_errors(conn, schema, [job.seq for job in jobs]) if jobs else {}

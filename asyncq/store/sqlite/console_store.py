@@ -4,23 +4,25 @@ writers (``asyncq.store.sqlite.aio``)."""
 
 from __future__ import annotations
 
-import functools
 import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from asyncq.core.jobs import Job
-from asyncq.core.operations import BULK_SCAN, REDRIVE, RESUME, AuditQuery, Operation, OperationEntry
+from asyncq.core.dependencies import DependencyState, Ripple
+from asyncq.core.operations import REDRIVE, RESUME, RUN_SCHEDULE, AuditQuery, Operation, OperationEntry, Selection
 from asyncq.core.samples import Figures, Sample, Totals, WorkerLook, WorkerSeen
-from asyncq.core.search import MAX_IDS, DeadGroup, JobPage, Position, SearchPlan
+from asyncq.core.search import DeadGroup, JobPage, JobQuery, Position, SearchPlan
 from asyncq.core.stats import Stats
-from asyncq.store.sqlite import operations, samples, search
+from asyncq.store.sqlite import graph_reads, operations, samples, search
 from asyncq.store.sqlite.admin import snapshot
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
 
 if TYPE_CHECKING:
     from asyncq.store.sqlite.queue_store import SqliteQueueStore
+
+#: The actions that make jobs ready (a cancel does when its graphs released some: ``Ripple``).
+WAKES = (REDRIVE, RESUME, RUN_SCHEDULE)
 
 
 class SqliteConsoleStore:
@@ -33,10 +35,13 @@ class SqliteConsoleStore:
         found: JobPage = await self._store._file.run(search.search, plan, after, page, scan)
         return found
 
-    async def select(self, plan: SearchPlan, now_ms: int) -> tuple[list[Job], bool]:
-        find = functools.partial(search.search, body=False)
-        page: JobPage = await self._store._file.run(find, plan, None, MAX_IDS, BULK_SCAN)
-        return page.jobs, page.next is not None
+    async def select(self, action: str, query: JobQuery, now_ms: int) -> Selection:
+        def find(con: sqlite3.Connection) -> Selection:
+            with snapshot(con):
+                return operations.find_set(con, action, query)
+
+        found: Selection = await self._store._file.run(find)
+        return found
 
     async def queue_states(self, queues: Sequence[str]) -> dict[str, int | None]:
         def read(con: sqlite3.Connection) -> dict[str, int | None]:
@@ -47,9 +52,10 @@ class SqliteConsoleStore:
         return found
 
     async def operate(self, operation: Operation, now_ms: int) -> OperationEntry:
-        entry: OperationEntry = await self._store._write(operations.operate, operation, now_ms)
-        if operation.action in (REDRIVE, RESUME):
-            self._store._file.notify()  # jobs ready again: this process's waiting workers look at once
+        ripple = Ripple()
+        entry: OperationEntry = await self._store._write(operations.operate, operation, now_ms, ripple)
+        if operation.action in WAKES or ripple.released:
+            self._store._file.notify()  # jobs ready (again): this process's waiting workers look at once
         return entry
 
     async def operations(self, query: AuditQuery) -> tuple[list[OperationEntry], int | None]:
@@ -62,6 +68,10 @@ class SqliteConsoleStore:
 
     async def dead_groups(self, queue: str | None, scan: int) -> tuple[list[DeadGroup], int]:
         found: tuple[list[DeadGroup], int] = await self._store._file.run(samples.dead_groups, queue, scan)
+        return found
+
+    async def dependants(self, job_id: str, limit: int) -> list[DependencyState]:
+        found: list[DependencyState] = await self._store._file.run(graph_reads.dependants, job_id, limit)
         return found
 
     async def totals(self, now_ms: int) -> Totals:

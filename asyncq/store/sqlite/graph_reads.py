@@ -26,6 +26,9 @@ _IDS = "(SELECT value FROM json_each(:ids))"
 EDGES_OF = f"""SELECT j.id, d.id, d.status, e.policy, e.state FROM asyncq_jobs j
 JOIN asyncq_edges e ON e.dependant = j.seq JOIN asyncq_jobs d ON d.seq = e.dependency
 WHERE j.id IN {_IDS} ORDER BY j.id, e.dependency"""
+DEPENDANTS_OF = """SELECT d.id, d.status, e.policy, e.state FROM asyncq_jobs j
+JOIN asyncq_edges e ON e.dependency = j.seq JOIN asyncq_jobs d ON d.seq = e.dependant
+WHERE j.id = :id ORDER BY e.dependant LIMIT :limit"""
 CALLBACKS_OF = (
     f"SELECT j.id, g.name FROM asyncq_jobs j JOIN asyncq_groups g ON g.callback_seq = j.seq WHERE j.id IN {_IDS}"
 )
@@ -72,3 +75,10 @@ def waits_for(con: sqlite3.Connection, job_ids: Sequence[str]) -> dict[str, Wait
     for job_id, dependency, status, policy, state in edges:
         found[job_id].append(DependencyState(dependency, status, policy, state))
     return {job_id: WaitsFor(job_id, tuple(each), callbacks.get(job_id)) for job_id, each in found.items()}
+
+
+def dependants(con: sqlite3.Connection, job_id: str, limit: int) -> list[DependencyState]:
+    """The jobs that depend on ``job_id`` (at most ``limit``, oldest first), each as its edge stands."""
+    with snapshot(con):
+        rows = con.execute(DEPENDANTS_OF, {"id": job_id, "limit": limit}).fetchall()
+    return [DependencyState(*row) for row in rows]

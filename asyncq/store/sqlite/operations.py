@@ -1,7 +1,9 @@
 """An operator's console actions on SQLite, each one write transaction: the set found again and checked against the
 preview (``core.operations.check_same_set``), every member moved by the engine's own statements (a redrive, a cancel
-decided by ``decide_cancel``) or fenced by its status (a delete, a new priority), each with its job audit row, then
-one operator audit row (``asyncq_operations``) that those rows name. Also the operator audit's reads."""
+decided by ``decide_cancel``, its graph settled) or fenced by its status (a delete, a new priority), each with its
+job audit row, then one operator audit row (``asyncq_operations``) that those rows name. A delete's set leaves out
+what a graph still needs (``graph_schema.NEEDED_BY_GRAPH``); schedules move by ``schedules``' own steps. Also the
+operator audit's reads."""
 
 from __future__ import annotations
 
@@ -9,28 +11,37 @@ import json
 import sqlite3
 from typing import Any
 
+from asyncq.core.dependencies import Ripple
 from asyncq.core.jobs import Job
 from asyncq.core.lifecycle import CancelState
 from asyncq.core.operations import (
     BULK_SCAN,
     CANCEL,
     DELETE,
+    ENDED_BY_GRAPH,
     PAUSE,
+    PAUSE_SCHEDULE,
     PRIORITY,
     QUEUE_ACTIONS,
     REDRIVE,
+    RUN_SCHEDULE,
+    SCHEDULE_ACTIONS,
+    SPARES_GRAPHS,
     AuditQuery,
     Operation,
     OperationEntry,
+    Selection,
     check_same_set,
     queue_set,
+    schedule_set,
     selection_plan,
 )
-from asyncq.core.search import MAX_IDS
+from asyncq.core.search import MAX_IDS, JobQuery
 from asyncq.errors import SetChanged
-from asyncq.store.sqlite import engine, flow
+from asyncq.store.sqlite import engine, flow, schedules
 from asyncq.store.sqlite.admin import last_audit_of
 from asyncq.store.sqlite.connection import write_transaction
+from asyncq.store.sqlite.graph_schema import NEEDED_BY_GRAPH, REMOVE_EDGES
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.search import search_in_transaction
 
@@ -49,7 +60,8 @@ DELETE_ROWS = (
     f"DELETE FROM {PRODUCT.results} WHERE job_seq IN {_SEQS}",
     f"DELETE FROM {_JOBS} WHERE seq IN {_SEQS} AND status IN ('pending', 'done', 'dead')",
 )
-SET_PRIORITY = f"UPDATE {_JOBS} SET priority = :priority WHERE seq IN {_SEQS} AND status = 'pending'"
+SET_PRIORITY = f"UPDATE {_JOBS} SET priority = :priority WHERE seq IN {_SEQS} AND status IN ('pending', 'waiting')"
+NEEDED = f"SELECT j.seq FROM {_JOBS} j WHERE j.seq IN {_SEQS} AND {NEEDED_BY_GRAPH}"
 AUDIT_MOVE = f"""
 INSERT INTO {_AUDIT} (id, job_seq, token, at_ms, note, action, reason) VALUES (:id, :seq, :token, :now, :note, :action,
   NULL) RETURNING seq
@@ -78,16 +90,20 @@ def entry_of(row: Any) -> OperationEntry:
     )  # fmt: skip
 
 
-def operate(con: sqlite3.Connection, operation: Operation, now_ms: int) -> OperationEntry:
-    """Carry out ``operation`` in one write transaction (the module's docstring); its operator audit entry."""
+def operate(con: sqlite3.Connection, operation: Operation, now_ms: int, ripple: Ripple) -> OperationEntry:
+    """Carry out ``operation`` in one write transaction (the module's docstring); its operator audit entry. ``ripple``
+    counts the jobs a cancel's settled graphs released."""
     with write_transaction(con):
+        audited: list[int] = []
         if operation.action in QUEUE_ACTIONS:
-            ids, audited, outcome = _on_queues(con, operation, now_ms)
-            filter_ = {"queues": list(operation.queues)}
+            ids, outcome = _on_queues(con, operation, now_ms)
+            filter_: dict[str, Any] = {"queues": list(operation.queues)}
+        elif operation.action in SCHEDULE_ACTIONS:
+            ids, outcome, filter_ = _on_schedules(con, operation, now_ms)
         else:
             jobs = _found_again(con, operation)
             ids = [job.id for job in jobs]
-            audited, outcome = _ACTS[operation.action](con, operation, jobs, now_ms)
+            audited, outcome = _ACTS[operation.action](con, operation, jobs, now_ms, ripple)
             filter_ = operation.query.as_dict()
         params = {"now": now_ms, "actor": operation.actor, "role": operation.role, "action": operation.action}
         params |= {"note": operation.note, "filter": json.dumps(filter_), "count": len(ids)}
@@ -97,11 +113,22 @@ def operate(con: sqlite3.Connection, operation: Operation, now_ms: int) -> Opera
         return entry
 
 
+def find_set(con: sqlite3.Connection, action: str, query: JobQuery) -> Selection:
+    """A job action's set, as its preview and the action itself find it (``ConsoleStore.select``), in the caller's
+    transaction: a delete's leaves out what a graph still needs."""
+    page = search_in_transaction(con, selection_plan(action, query), None, MAX_IDS, BULK_SCAN, body=False)
+    capped = page.next is not None
+    if action not in SPARES_GRAPHS or not page.jobs:
+        return Selection(page.jobs, capped)
+    needed = {seq for (seq,) in con.execute(NEEDED, {"seqs": json.dumps([job.seq for job in page.jobs])})}
+    kept = [job for job in page.jobs if job.seq not in needed]
+    return Selection(kept, capped, [job for job in page.jobs if job.seq in needed])
+
+
 def _found_again(con: sqlite3.Connection, operation: Operation) -> list[Job]:
-    plan = selection_plan(operation.action, operation.query)
-    page = search_in_transaction(con, plan, None, MAX_IDS, BULK_SCAN, body=False)
-    check_same_set(operation.action, operation.count, operation.digest, [_member(job) for job in page.jobs])
-    return page.jobs
+    jobs = find_set(con, operation.action, operation.query).jobs
+    check_same_set(operation.action, operation.count, operation.digest, [_member(job) for job in jobs])
+    return jobs
 
 
 def _member(job: Job) -> tuple[int, str, str, int]:
@@ -109,38 +136,42 @@ def _member(job: Job) -> tuple[int, str, str, int]:
     return (job.seq, job.id, job.status, job.token)
 
 
-def _redrive(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int) -> tuple[list[int], dict[str, int]]:
+Acted = tuple[list[int], dict[str, int]]
+
+
+def _redrive(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int, _ripple: Ripple) -> Acted:
     audited = []
-    for job in jobs:  # a key held by another active job is UniqueConflict: the whole action rolls back
+    for job in jobs:  # a key held (UniqueConflict) or a dependency still dead (ValueError): all rolls back
         engine.redrive_in_transaction(con, PRODUCT, job.id, now_ms, now_ms + op.ttl_ms, op.note)
         audited.append(last_audit_of(con, job.id).seq)
     return audited, {"redriven": len(jobs)}
 
 
-def _cancel(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int) -> tuple[list[int], dict[str, int]]:
+def _cancel(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int, ripple: Ripple) -> Acted:
     audited: list[int] = []
     outcome = {"cancelled": 0, "requested": 0, "requested before": 0}
     for job in jobs:
-        decided, wrote, _status = engine.cancel_in_transaction(con, PRODUCT, job.id, now_ms, op.note)
-        if decided is CancelState.TOO_LATE:  # it ended since it was found (cannot happen under the write lock)
-            raise SetChanged(op.count, op.count - 1)
+        decided, wrote, _status = engine.cancel_in_transaction(con, PRODUCT, job.id, now_ms, op.note, ripple)
+        if decided is CancelState.TOO_LATE:  # under the write lock only an earlier member's graph ended it
+            outcome[ENDED_BY_GRAPH] = outcome.get(ENDED_BY_GRAPH, 0) + 1
+            continue
         outcome[decided.value if wrote else "requested before"] += 1
         if wrote:
             audited.append(last_audit_of(con, job.id).seq)
     return audited, outcome
 
 
-def _delete(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int) -> tuple[list[int], dict[str, int]]:
+def _delete(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int, _ripple: Ripple) -> Acted:
     audited = _audit_moves(con, op, jobs, DELETE, now_ms)
     seqs = json.dumps([job.seq for job in jobs])
-    for statement in DELETE_ROWS[:-1]:
+    for statement in (*DELETE_ROWS[:-1], *REMOVE_EDGES):
         con.execute(statement, {"seqs": seqs})
     if con.execute(DELETE_ROWS[-1], {"seqs": seqs}).rowcount != len(jobs):
         raise SetChanged(op.count, len(jobs) - 1)
     return audited, {"deleted": len(jobs)}
 
 
-def _priority(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int) -> tuple[list[int], dict[str, int]]:
+def _priority(con: sqlite3.Connection, op: Operation, jobs: list[Job], now_ms: int, _ripple: Ripple) -> Acted:
     audited = _audit_moves(con, op, jobs, PRIORITY, now_ms)
     changed = con.execute(SET_PRIORITY, {"seqs": json.dumps([job.seq for job in jobs]), "priority": op.priority})
     if changed.rowcount != len(jobs):
@@ -160,14 +191,32 @@ def _audit_moves(con: sqlite3.Connection, op: Operation, jobs: list[Job], action
     ]  # fmt: skip
 
 
-def _on_queues(con: sqlite3.Connection, op: Operation, now_ms: int) -> tuple[list[str], list[int], dict[str, int]]:
+def _on_queues(con: sqlite3.Connection, op: Operation, now_ms: int) -> tuple[list[str], dict[str, int]]:
     """A pause or resume of the named queues that are running (paused), each with its queue audit row."""
     states = {queue: queue_state(con, queue) for queue in op.queues}
     members = queue_set(op.action, states)
     check_same_set(op.action, op.count, op.digest, list(members))
     for queue, _at in members:
         flow.set_paused_in_transaction(con, queue, op.action == PAUSE, now_ms, op.note, op.actor)
-    return [queue for queue, _at in members], [], {"paused" if op.action == PAUSE else "resumed": len(members)}
+    return [queue for queue, _at in members], {"paused" if op.action == PAUSE else "resumed": len(members)}
+
+
+def _on_schedules(
+    con: sqlite3.Connection, op: Operation, now_ms: int
+) -> tuple[list[str], dict[str, int], dict[str, Any]]:
+    """A pause, resume or run now of the named schedules it applies to, each with its schedule event (who, why);
+    the names, the outcome, and the filter (with the jobs a run now enqueued)."""
+    members = schedule_set(op.action, schedules.named(con, op.schedules))
+    check_same_set(op.action, op.count, op.digest, list(members))
+    names = [name for name, _at in members]
+    filter_: dict[str, Any] = {"schedules": list(op.schedules)}
+    if op.action == RUN_SCHEDULE:
+        events = [schedules.run_now_in_transaction(con, name, now_ms, op.note, op.actor) for name in names]
+        return names, {"enqueued": len(names)}, filter_ | {"jobs": [event.job_id for event in events]}
+    pausing = op.action == PAUSE_SCHEDULE
+    for name in names:
+        schedules.set_paused_in_transaction(con, name, pausing, now_ms, op.note, op.actor)
+    return names, {"paused" if pausing else "resumed": len(names)}, filter_
 
 
 def queue_state(con: sqlite3.Connection, queue: str) -> int | None:

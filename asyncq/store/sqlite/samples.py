@@ -27,6 +27,7 @@ from asyncq.core.samples import (
 from asyncq.core.search import DeadGroup
 from asyncq.store.sqlite.admin import snapshot
 from asyncq.store.sqlite.connection import write_transaction
+from asyncq.store.sqlite.retention import TASKS_ENDED
 from asyncq.store.sqlite.schema import PRODUCT
 
 _JOBS, _ERRORS = PRODUCT.jobs, PRODUCT.errors
@@ -48,13 +49,22 @@ SELECT count(*), ifnull(sum(available_at <= :now), 0), min(CASE WHEN available_a
 FROM (SELECT available_at FROM {_JOBS} WHERE status = 'pending' AND queue = :queue ORDER BY available_at LIMIT :cap)
 """
 LEASED = f"SELECT count(*) FROM {_JOBS} WHERE status = 'leased' AND queue = :queue"
-# Jobs that ended since the previous sample, by the ended jobs' index (finish and cancel stamp ``available_at``).
-ENDED = f"""
-SELECT count(*) FROM {_JOBS} WHERE status IN ('done', 'dead') AND queue = :queue AND {{cell}}
-  AND available_at > :since AND available_at <= :now
-"""
-DONE = ENDED.format(cell="status = 'done' AND reason IS NULL")
-DEAD = ENDED.format(cell="status = 'dead' AND reason IN ('deadline', 'exhausted', 'permanent', 'cancelled')")
+# Jobs that ended since the previous sample, by the ended jobs' index ``(queue, task, status, reason, available_at)``
+# (finish and cancel stamp ``available_at``): one seek of each cell per task of the queue (the tasks found by skipping
+# through the same index, ``retention.TASKS_ENDED``), and of the jobs without a task. A count over the queue alone
+# would read every ended job of it: the task sits between the queue and the status in that index.
+_ENDED = f"""(SELECT count(*) FROM {_JOBS} WHERE status IN ('done', 'dead') AND queue = :queue AND task {{task}}
+  AND {{cell}} AND available_at > :since AND available_at <= :now)"""
+_DONE = "status = 'done' AND reason IS NULL"
+_DEAD = "status = 'dead' AND reason IN ('deadline', 'exhausted', 'permanent', 'cancelled')"
+ENDED_UNTASKED = "SELECT " + ", ".join(_ENDED.format(task="IS NULL", cell=cell) for cell in (_DONE, _DEAD))
+ENDED_TASKED = (
+    "SELECT ifnull(sum(done), 0), ifnull(sum(dead), 0) FROM (SELECT "
+    + ", ".join(
+        _ENDED.format(task="= f.task", cell=cell) + f" AS {name}" for name, cell in (("done", _DONE), ("dead", _DEAD))
+    )
+    + f" FROM ({TASKS_ENDED}) f)"
+)
 FAILED = f"""
 SELECT j.queue, count(*) FROM (SELECT job_seq FROM {_ERRORS} WHERE seq > :errors_seq ORDER BY seq LIMIT :cap) e
 JOIN {_JOBS} j ON j.seq = e.job_seq GROUP BY j.queue
@@ -116,8 +126,8 @@ def _queue_figures(con: sqlite3.Connection, queue: str, now_ms: int, since: int 
     leased = int(con.execute(LEASED, params).fetchone()[0])
     done = dead = 0
     if since is not None:
-        done = int(con.execute(DONE, params).fetchone()[0])
-        dead = int(con.execute(DEAD, params).fetchone()[0])
+        untasked, tasked = (con.execute(statement, params).fetchone() for statement in (ENDED_UNTASKED, ENDED_TASKED))
+        done, dead = int(untasked[0]) + int(tasked[0]), int(untasked[1]) + int(tasked[1])
     capped = pending >= DEPTH_CAP
     return QueueFigures(queue, pending, int(ready), leased, oldest, done, dead, failed, capped)
 

@@ -6,6 +6,7 @@ neither (``docs/schedules.md``)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,6 +69,7 @@ LEFT JOIN asyncq_jobs j ON j.id = s.last_job LEFT JOIN asyncq_queues q ON q.queu
 LIVE = _EVALUATED + "WHERE s.retired_at IS NULL ORDER BY s.name"
 ONE = _EVALUATED + "WHERE s.name = :name"
 ALL = f"SELECT {_COLUMNS} FROM asyncq_schedules s ORDER BY s.name"
+NAMED = f"SELECT {_COLUMNS} FROM asyncq_schedules s WHERE s.name IN (SELECT value FROM json_each(:names))"
 INSERT = f"""
 INSERT INTO asyncq_schedules ({", ".join(_DEFINITION)}, declared_at, revision, next_tick)
 VALUES ({", ".join(":" + name for name in _DEFINITION)}, :declared_at, 1, :next_tick)
@@ -208,32 +210,50 @@ def set_paused(con: sqlite3.Connection, name: str, paused: bool, now_ms: int, no
     """Pause or resume ``name`` with its event; ``ValueError`` (nothing changes) if there is no such schedule, it is
     retired, or already in that state. A resume first writes the ticks that came due while paused as ``paused``."""
     with write_transaction(con):
-        found = con.execute(ONE, {"name": name}).fetchone()
-        seen = None if found is None else _evaluated(found)
-        refused = move_refused(name, None if seen is None else seen.schedule, pausing=paused)
-        if refused is not None:
-            raise ValueError(refused)
-        assert seen is not None
-        if not paused:
-            plan = plan_step(seen, now_ms)
-            if plan.changes:
-                _apply(con, seen.schedule, plan, now_ms)
-        state = (now_ms, actor, note) if paused else (None, None, None)
-        con.execute(SET_PAUSED, dict(zip(("paused_at", "actor", "note"), state, strict=True)) | {"name": name})
-        return _event(con, name, now_ms, PAUSE if paused else RESUME, actor=actor, note=note)
+        return set_paused_in_transaction(con, name, paused, now_ms, note, actor)
+
+
+def set_paused_in_transaction(
+    con: sqlite3.Connection, name: str, paused: bool, now_ms: int, note: str, actor: str
+) -> ScheduleEvent:
+    """``set_paused`` inside the caller's write transaction (a console's action on several schedules)."""
+    found = con.execute(ONE, {"name": name}).fetchone()
+    seen = None if found is None else _evaluated(found)
+    refused = move_refused(name, None if seen is None else seen.schedule, pausing=paused)
+    if refused is not None:
+        raise ValueError(refused)
+    assert seen is not None
+    if not paused:
+        plan = plan_step(seen, now_ms)
+        if plan.changes:
+            _apply(con, seen.schedule, plan, now_ms)
+    state = (now_ms, actor, note) if paused else (None, None, None)
+    con.execute(SET_PAUSED, dict(zip(("paused_at", "actor", "note"), state, strict=True)) | {"name": name})
+    return _event(con, name, now_ms, PAUSE if paused else RESUME, actor=actor, note=note)
 
 
 def run_now(con: sqlite3.Connection, name: str, now_ms: int, note: str, actor: str) -> ScheduleEvent:
     """A job of ``name`` now (its stored tick unmoved), recorded as its newest run, with a ``run_now`` event naming
     it; ``ValueError`` if there is no such schedule or it is retired."""
     with write_transaction(con):
-        found = con.execute(ONE, {"name": name}).fetchone()
-        schedule = None if found is None else _evaluated(found).schedule
-        refused = move_refused(name, schedule)
-        if refused is not None:
-            raise ValueError(refused)
-        assert schedule is not None
-        job_id = run_now_job_id(name, now_ms)
-        enqueue_rows_in_transaction(con, PRODUCT, [schedule_job(schedule.definition, job_id, now_ms)])
-        con.execute(RAN_NOW, {"name": name, "job": job_id})
-        return _event(con, name, now_ms, RUN_NOW, job_id=job_id, actor=actor, note=note)
+        return run_now_in_transaction(con, name, now_ms, note, actor)
+
+
+def run_now_in_transaction(con: sqlite3.Connection, name: str, now_ms: int, note: str, actor: str) -> ScheduleEvent:
+    """``run_now`` inside the caller's write transaction."""
+    found = con.execute(ONE, {"name": name}).fetchone()
+    schedule = None if found is None else _evaluated(found).schedule
+    refused = move_refused(name, schedule)
+    if refused is not None:
+        raise ValueError(refused)
+    assert schedule is not None
+    job_id = run_now_job_id(name, now_ms)
+    enqueue_rows_in_transaction(con, PRODUCT, [schedule_job(schedule.definition, job_id, now_ms)])
+    con.execute(RAN_NOW, {"name": name, "job": job_id})
+    return _event(con, name, now_ms, RUN_NOW, job_id=job_id, actor=actor, note=note)
+
+
+def named(con: sqlite3.Connection, names: Sequence[str]) -> dict[str, Schedule | None]:
+    """The schedules of these names as stored (``None``: no such schedule)."""
+    found = {row[0]: Schedule.from_row(row) for row in con.execute(NAMED, {"names": json.dumps(list(names))})}
+    return {name: found.get(name) for name in names}

@@ -32,6 +32,13 @@ _WALKS = {
     " ORDER BY seq {dir} LIMIT :scan",
     Path.LEASED: "SELECT seq FROM {jobs} INDEXED BY {jobs}_leased WHERE status = 'leased' AND seq {cmp} :after"
     " ORDER BY seq {dir} LIMIT :scan",
+    # The jobs with edges not met (graph_schema's index on ``waits``, its WHERE repeated): that index is in ``waits``
+    # order, so a page sorts those jobs (O(jobs with edges not met), never the table).
+    Path.WAITING: "SELECT seq FROM {jobs} INDEXED BY {jobs}_waits WHERE waits > 0 AND status = 'waiting'"
+    " AND seq {cmp} :after ORDER BY seq {dir} LIMIT :scan",
+    # One task's jobs, from the index an enqueue fills from a task's body: (task, seq), in its order.
+    Path.TASK: "SELECT seq FROM {jobs} INDEXED BY {jobs}_task WHERE task = :task AND task IS NOT NULL"
+    " AND seq {cmp} :after ORDER BY seq {dir} LIMIT :scan",
     Path.ERROR: "SELECT DISTINCT job_seq AS seq FROM {errors} INDEXED BY {errors}_type"
     " WHERE type = :error_type AND job_seq {cmp} :after ORDER BY job_seq {dir} LIMIT :scan",
     Path.IDS: "SELECT seq FROM {jobs} WHERE id IN (SELECT value FROM json_each(:ids)) AND seq {cmp} :after"
@@ -62,6 +69,7 @@ def unserved(plan: SearchPlan) -> str:
         terms.append("j.status IN (" + ", ".join(f"'{status}'" for status in plan.statuses) + ")")
     for name, term in (
         ("queue", "j.queue = :queue"),
+        ("task", "j.task = :task"),
         ("priority", "j.priority = :priority"),
         ("reason", "j.reason = :reason"),
         ("since_ms", "j.available_at >= :since"),
@@ -80,7 +88,7 @@ def parameters(plan: SearchPlan, after: Position | None, scan: int, page: int) -
     start = (-1, -1) if plan.path is Path.DUE else (_FAR if newest else 0,)
     where = start if after is None else after
     params: dict[str, Any] = {"after": where[-1], "due_at": where[0], "scan": scan, "page": page}
-    params |= {"queue": query.queue, "priority": query.priority, "reason": query.reason}
+    params |= {"queue": query.queue, "task": query.task, "priority": query.priority, "reason": query.reason}
     params |= {"error_type": query.error_type, "ids": json.dumps(list(query.ids))}
     params |= {"since": query.since_ms or 0, "until": _FAR if query.until_ms is None else query.until_ms}
     body = query.body
@@ -89,6 +97,12 @@ def parameters(plan: SearchPlan, after: Position | None, scan: int, page: int) -
         params |= {"body_path": "$" + "".join(f"[{key}]" if isinstance(key, int) else f'."{key}"' for key in body.path)}
         params["body_value"] = body.value_json()
     return params
+
+
+def page_statement(plan: SearchPlan) -> str:
+    """A page's statement: the walk, each row's job by its rowid, the unserved filters, up to ``:page`` jobs."""
+    joined = f"({walk(plan)}) s CROSS JOIN {_JOBS} j ON j.seq = s.seq"
+    return f"SELECT {_COLUMNS} FROM {joined} WHERE {unserved(plan)} LIMIT :page"
 
 
 def search(
@@ -107,10 +121,7 @@ def search_in_transaction(
         return JobPage([], 0, False, None, plan)
     scanned = walk(plan)
     params = parameters(plan, after, scan, page + 1)
-    statement = (
-        f"SELECT {_COLUMNS} FROM ({scanned}) s CROSS JOIN {_JOBS} j ON j.seq = s.seq WHERE {unserved(plan)} LIMIT :page"
-    )
-    jobs = [Job.from_row(tuple(row)) for row in con.execute(statement, params)]
+    jobs = [Job.from_row(tuple(row)) for row in con.execute(page_statement(plan), params)]
     more = len(jobs) > page
     jobs = jobs[:page]
     errors = last_errors(con, [job.seq for job in jobs]) if jobs else {}

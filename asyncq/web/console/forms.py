@@ -12,7 +12,7 @@ from asyncq.core.operations import AuditQuery
 from asyncq.core.search import MAX_IDS, JobQuery, Order, parse_body_match
 
 #: The query fields a job filter has, as the forms name them.
-FILTER_FIELDS = ("status", "queue", "priority", "reason", "error_type", "since", "until", "body", "ids")
+FILTER_FIELDS = ("status", "queue", "task", "priority", "reason", "error_type", "since", "until", "body", "ids")
 
 
 def job_query(get: Callable[[str], str | None]) -> JobQuery:
@@ -22,6 +22,7 @@ def job_query(get: Callable[[str], str | None]) -> JobQuery:
     query = JobQuery(
         status=get("status"),
         queue=get("queue"),
+        task=get("task"),
         priority=None if priority is None else _integer(priority, "priority"),
         reason=get("reason"),
         error_type=get("error_type"),
@@ -38,7 +39,7 @@ def job_query(get: Callable[[str], str | None]) -> JobQuery:
 def filter_fields(query: JobQuery) -> dict[str, str]:
     """``query`` as the form fields ``job_query`` reads back."""
     found: dict[str, str] = {}
-    for name in ("status", "queue", "reason", "error_type"):
+    for name in ("status", "queue", "task", "reason", "error_type"):
         if getattr(query, name) is not None:
             found[name] = str(getattr(query, name))
     if query.priority is not None:
@@ -91,6 +92,11 @@ def _time(text: str | None, name: str) -> int | None:
         except ValueError:
             continue
     raise ValueError(f"{name} must be a UTC time like 2024-05-01T12:30 (or epoch milliseconds)")
+
+
+def whole(text: str, name: str) -> int:
+    """A whole number from a query value (``ValueError`` naming ``name`` otherwise)."""
+    return _integer(text, name)
 
 
 def _integer(text: str, name: str) -> int:

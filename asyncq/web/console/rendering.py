@@ -26,6 +26,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(utc=utc, ago=ago, span=span, compact=compact, pretty=pretty, thousands=thousands, qs=qs, qsd=qsd)
+    env.filters["label"] = label
     return env
 
 
@@ -91,6 +92,15 @@ def qs(values: Mapping[str, list[str]], *drop: str) -> str:
 def qsd(values: Mapping[str, Any]) -> str:
     """A mapping of single values as a query string."""
     return urlencode(sorted((name, str(value)) for name, value in values.items()))
+
+
+#: How an action reads on a page where its name does not (``pause_schedule``: "pause schedule").
+LABELS = {"run_schedule": "run now"}
+
+
+def label(action: str) -> str:
+    """An action's name as a page says it."""
+    return LABELS.get(action, action.replace("_", " "))
 
 
 def thousands(value: int | None) -> str:

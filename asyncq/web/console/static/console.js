@@ -57,10 +57,10 @@
     }
   }
 
-  // A bulk form previews the ticked jobs (or queues) when asked to, else everything its filter finds.
+  // A bulk form previews the ticked jobs (queues, schedules) when asked to, else everything its filter finds.
   function wireBulk(form) {
     form.addEventListener("submit", function (event) {
-      var target = form.querySelector("[name=ids], [name=queues]");
+      var target = form.querySelector("[name=ids], [name=queues], [name=schedules]");
       var scope = form.querySelector("input[name=scope]:checked");
       if (!target || (scope && scope.value !== "picked")) { return; }
       var picked = Object.keys(ticked(document));

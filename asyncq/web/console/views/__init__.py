@@ -1,9 +1,9 @@
 """The console's screens and routes: one module per screen (its page, and the live region that server-sent events and
 polling refresh), the actions (preview, act), the live streams, and sign-in.
 
-``SCREENS`` is the navigation. A screen that another part of asyncq adds (schedules, groups and the jobs waiting on
-others, the rate and concurrency limits) is a module here with its page, a template, an entry in ``SCREENS`` and its
-routes in ``ROUTES``; its live region joins ``live.VIEWS``.
+``SCREENS`` is the navigation. A screen is a module here with its page, a template, an entry in ``SCREENS`` and its
+routes in ``ROUTES``; its live region joins ``live.VIEWS``. A job's graph (what it waits for, what waits for it, its
+group) is ``graph``'s, shown on its page.
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from typing import TYPE_CHECKING
 
 from asyncq.web.console.auth import TokenRoles
 from asyncq.web.console.http import Response, Route, redirect, route
-from asyncq.web.console.views import actions, audit, dead, job, jobs, live, misc, overview, workers
+from asyncq.web.console.views import actions, audit, dead, groups, job, jobs, live, misc, overview, schedules, workers
 
 if TYPE_CHECKING:
     from asyncq.web.console.app import Ctx
 
-#: The navigation: (key, path, label). Slots for what lands next: ("schedules", "/schedules", "Schedules") and
-#: ("groups", "/groups", "Groups") go after "dead".
+#: The navigation: (key, path, label).
 SCREENS = (
     ("overview", "/", "Overview"),
     ("jobs", "/jobs", "Jobs"),
     ("dead", "/dead", "Dead"),
+    ("schedules", "/schedules", "Schedules"),
+    ("groups", "/groups", "Groups"),
     ("workers", "/workers", "Workers"),
     ("audit", "/audit", "Audit"),
 )
@@ -33,6 +34,9 @@ ROUTES: list[Route] = [
     route("GET", "/jobs", jobs.page),
     route("GET", f"/jobs/{_ID}", job.page),
     route("GET", "/dead", dead.page),
+    route("GET", "/schedules", schedules.page),
+    route("GET", "/groups", groups.page),
+    route("GET", r"/groups/(?P<name>[A-Za-z0-9_-]{1,58})", groups.group_page),
     route("GET", "/workers", workers.page),
     route("GET", "/audit", audit.page),
     route("GET", r"/audit/(?P<seq>[0-9]{1,18})", audit.entry_page),

@@ -11,7 +11,17 @@ import logging
 from typing import TYPE_CHECKING
 
 from asyncq.core.limits import MAX_TTL_MS
-from asyncq.core.operations import ACTION_ROLES, ACTIONS, PRIORITY, QUEUE_ACTIONS, Operation, check_queue_names
+from asyncq.core.operations import (
+    ACTION_ROLES,
+    ACTIONS,
+    JOB_ACTIONS,
+    PRIORITY,
+    QUEUE_ACTIONS,
+    SCHEDULE_ACTIONS,
+    Operation,
+    check_queue_names,
+    check_schedule_names,
+)
 from asyncq.core.search import JobQuery
 from asyncq.core.values import check_choice, check_priority, duration_ms
 from asyncq.errors import SetChanged, UniqueConflict
@@ -28,9 +38,17 @@ def _action(ctx: Ctx) -> str:
     return check_choice(ctx.request.field("action"), "action", ACTIONS)
 
 
+def _names(ctx: Ctx, field: str) -> tuple[str, ...]:
+    """The names a form lists in ``field`` (spaces or commas between them), each once."""
+    return tuple(dict.fromkeys(name for value in ctx.request.fields(field) for name in value.replace(",", " ").split()))
+
+
 def _queues(ctx: Ctx) -> tuple[str, ...]:
-    names = [name for value in ctx.request.fields("queues") for name in value.replace(",", " ").split()]
-    return check_queue_names(tuple(dict.fromkeys(names)))
+    return check_queue_names(_names(ctx, "queues"))
+
+
+def _schedules(ctx: Ctx) -> tuple[str, ...]:
+    return check_schedule_names(_names(ctx, "schedules"))
 
 
 def _priority(ctx: Ctx, action: str) -> int | None:
@@ -61,6 +79,8 @@ async def preview(ctx: Ctx) -> Response:
         priority = _priority(ctx, action)
         if action in QUEUE_ACTIONS:
             found = await ctx.console.preview(action, queues=_queues(ctx))
+        elif action in SCHEDULE_ACTIONS:
+            found = await ctx.console.preview(action, schedules=_schedules(ctx))
         else:
             found = await ctx.console.preview(action, forms.job_query(ctx.request.field))
     except ValueError as error:
@@ -101,10 +121,11 @@ def _operation(ctx: Ctx, action: str) -> Operation:
     if note is None:
         raise ValueError("a note is needed: say why")
     queues = _queues(ctx) if action in QUEUE_ACTIONS else ()
-    query = JobQuery() if action in QUEUE_ACTIONS else forms.job_query(field)
+    schedules = _schedules(ctx) if action in SCHEDULE_ACTIONS else ()
+    query = forms.job_query(field) if action in JOB_ACTIONS else JobQuery()
     ttl = field("ttl_hours")
     ttl_ms = duration_ms(float(ttl) * 3600, "ttl", 0, 1, MAX_TTL_MS) if ttl else 86_400_000
     return Operation(
         action, count, field("digest") or "", ctx.identity.actor, ctx.identity.role or "", note, query, queues,
-        _priority(ctx, action), ttl_ms,
+        _priority(ctx, action), ttl_ms, schedules,
     ).checked()  # fmt: skip

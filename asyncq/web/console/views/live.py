@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncq.errors import StoreError
 from asyncq.web.console.http import Response
-from asyncq.web.console.views import audit, dead, job, jobs, overview, workers
+from asyncq.web.console.views import audit, dead, groups, job, jobs, overview, schedules, workers
 
 if TYPE_CHECKING:
     from asyncq.web.console.app import Ctx
@@ -27,6 +27,9 @@ VIEWS: dict[str, tuple[str, Values]] = {
     "jobs": ("jobs.html", jobs.values),
     "job": ("job.html", job.values),
     "dead": ("dead.html", dead.values),
+    "schedules": ("schedules.html", schedules.values),
+    "groups": ("groups.html", groups.values),
+    "group": ("group.html", groups.group_values),
     "workers": ("workers.html", workers.values),
     "audit": ("audit.html", audit.values),
 }

@@ -1,14 +1,16 @@
 """The Overview: jobs by status now, throughput and failures and depth over a window (charts from the samples kept in
 the store), and every queue: its depth, ready and leased jobs, its oldest ready job's wait, its recent rates,
-whether it is paused (since, by whom, why), with pause and resume. The limits in force show here too once the store
-keeps them (``limits`` stays empty until then)."""
+whether it is paused (since, by whom, why), with pause and resume, and the retention rule that applies to it
+(``core.retention.rule_for``: its own, else the default), beside the list of every retention rule. The limits in
+force show here too once the store keeps them (``limits`` stays empty until then)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from asyncq.core.flow import QueueSettings
+from asyncq.core.retention import RetentionRule, Windows, rule_for
 from asyncq.core.samples import QueueFigures, Sample
 from asyncq.web.console import charts
 from asyncq.web.console.http import Response
@@ -27,6 +29,9 @@ class QueueRow:
     done_per_min: float | None
     failed_per_min: float | None
     spark: str
+    retention: Windows | None = None  # the rule its jobs without a task rule follow (None: kept for ever)
+    retention_from: str = ""  # "queue" (its own rule) or "default"; its tasks' own rules: ``task_rules``
+    task_rules: int = 0
 
     @property
     def paused(self) -> bool:
@@ -48,7 +53,8 @@ async def values(ctx: Ctx) -> dict[str, Any]:
     stats = await ctx.console.totals()
     samples = await ctx.console.samples(start)
     settings = {each.queue: each for each in await queue.queue_settings()}
-    rows = queue_rows(samples, settings, start, now)
+    rules = await queue.retention_rules()
+    rows = [kept_by(row, rules) for row in queue_rows(samples, settings, start, now)]
     return {
         "window": window,
         "windows": list(charts.WINDOWS),
@@ -57,6 +63,7 @@ async def values(ctx: Ctx) -> dict[str, Any]:
         "charts": [charts.rates(samples, start, now), charts.depth(samples, start, now)],
         "last_sample": samples[-1] if samples else None,
         "sampling": ctx.app.settings.sample_seconds,
+        "rules": rules,
         "limits": [],  # h-limits: the rate and concurrency limits in force and the slots they use, per queue
     }
 
@@ -75,3 +82,13 @@ def queue_rows(samples: list[Sample], settings: dict[str, QueueSettings], start:
         spark = charts.sparkline(samples, name, start, now)
         rows.append(QueueRow(name, found, settings.get(name), done, failed, spark))
     return rows
+
+
+def kept_by(row: QueueRow, rules: list[RetentionRule]) -> QueueRow:
+    """``row`` with the retention rule that applies to its queue (``rule_for``), where it comes from, and how many of
+    its tasks have rules of their own."""
+    own = any(rule.queue == row.name and rule.task is None for rule in rules)
+    windows = rule_for(rules, row.name, None)
+    source = "queue" if own else ("default" if windows is not None else "")
+    tasks = sum(rule.queue == row.name and rule.task is not None for rule in rules)
+    return replace(row, retention=windows, retention_from=source, task_rules=tasks)
