@@ -190,7 +190,8 @@ async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> 
     queue's) moves a minute a step and ends at its start plus ``minutes``. Schedules evaluated each minute (a
     heartbeat that runs, a rollup whose run waits so its ticks are skipped, then paused through the console, an
     export paused, one retired); two import groups (one complete, one under way) and a report waiting for its
-    fetches. Then: billing paused, the mail queue's retention set, a burst of mail waiting, a few leases held."""
+    fetches. Then: billing paused, the mail queue's retention and a concurrency limit set, a burst of mail waiting, a
+    few leases held."""
     from asyncq.queue.working import Attempt
 
     console = OperatorConsole(queue)
@@ -238,6 +239,7 @@ async def an_hour_of_work(queue: Queue, clock: list[int], minutes: int = 60) -> 
     await queue.enqueue("merge-report", task("reports.merge", day="2026-12-05"), queue="reports",
                         after=["fetch-eu", Dependency("fetch-us", "run")])  # fmt: skip
     await queue.set_retention("mail", done=7 * 86400, cancelled=86400, by="ops")
+    await queue.set_limits("mail", concurrency=8, by="ops")
     await queue.claim("worker-7f3a", queue="mail", limit=3, lease=1800)
     waiting = await queue.list_jobs(status="pending", queue="mail", limit=1)
     await queue.cancel(waiting[0].id, "customer left")

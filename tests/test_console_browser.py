@@ -224,6 +224,7 @@ def test_an_hour_of_samples_is_charted_and_every_screen_shows_it(busy: str, tmp_
             assert len(points.split()) >= 50, series  # a point a minute over the hour
         assert operator.all('#queues tr.paused[data-queue="billing"]')
         assert operator.all('#retention-rules tr[data-rule="mail/"]')
+        assert "3 of 8" in operator.text('#limits tr[data-limits="mail"]')  # the leases held, against the limit
         screenshots = shots(busy)
         for name, path in (("overview", "/"), ("jobs", "/jobs?queue=orders"), ("dead", "/dead"),
                            ("schedules", "/schedules"), ("groups", "/groups"),

@@ -18,6 +18,7 @@ from console_support import T0, TOKENS, XSS, Client, seed_graphs, serving
 from postgres_support import fresh_schema
 
 from asyncq.core.dependencies import Dependency
+from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
 from asyncq.web.console import ConsoleSettings, TokenRoles
 
@@ -243,3 +244,25 @@ async def test_the_overview_shows_the_retention_that_applies_to_each_queue_and_e
     kept = re.search(r'<td class="small" id="kept-fetch">.*?</td>', page.text, re.S)
     assert kept is not None and "7.0 d / forever / forever" in kept.group(0) and "the default" in kept.group(0)
     assert rows(page.text, "rule") == ["*/", "import/", "import/import.row"]
+
+
+async def test_the_overview_shows_the_limits_in_force_and_the_slots_they_use_now(
+    queue: Queue, clock: list[int]
+) -> None:
+    async with serving(queue) as (base, _console), Client(base) as client:
+        empty = await client.get("/")
+        assert 'id="limits-empty"' in empty.text and rows(empty.text, "limits") == []
+        await queue.set_limits("mail", concurrency=3, per_key_concurrency=1, rate=10, per=60.0, burst=2, by="ops")
+        await queue.enqueue_many(
+            [JobSpec(f"mail-{n}", {"n": n}, "mail", limit_key="tenant-a") for n in range(2)]
+            + [JobSpec("mail-b", {}, "mail", limit_key="tenant-b")]
+        )
+        held = await queue.claim("w1", queue="mail", limit=3)  # one of a key: two slots, both keys at their limit
+        page = await client.get("/")
+    assert len(held) == 2 and rows(page.text, "limits") == ["mail"]
+    row = re.search(r'<tr data-limits="mail">.*?</tr>', page.text, re.S)
+    assert row is not None
+    cells = [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row.group(0), re.S)]
+    assert cells[:2] == ["mail", "concurrency 3, per key 1, rate 10 per 60 s (burst 2)"]
+    assert cells[2:4] == ["2 of 3", "2 of 2 busy keys full"]
+    assert cells[4].startswith("in ")  # the burst of two spent: the rate lets the next start 6 s on

@@ -1,8 +1,9 @@
 """The Overview: jobs by status now, throughput and failures and depth over a window (charts from the samples kept in
 the store), and every queue: its depth, ready and leased jobs, its oldest ready job's wait, its recent rates,
 whether it is paused (since, by whom, why), with pause and resume, and the retention rule that applies to it
-(``core.retention.rule_for``: its own, else the default), beside the list of every retention rule. The limits in
-force show here too once the store keeps them (``limits`` stays empty until then)."""
+(``core.retention.rule_for``: its own, else the default), beside the list of every retention rule, and the limits
+in force with what they hold now (``Queue.limits``: slots used across every process and host, keys at their limit,
+when the rate lets the next job start)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from asyncq.core.flow import QueueSettings
+from asyncq.core.flow_limits import LimitUsage, limits_text
 from asyncq.core.retention import RetentionRule, Windows, rule_for
 from asyncq.core.samples import QueueFigures, Sample
 from asyncq.web.console import charts
@@ -64,8 +66,27 @@ async def values(ctx: Ctx) -> dict[str, Any]:
         "last_sample": samples[-1] if samples else None,
         "sampling": ctx.app.settings.sample_seconds,
         "rules": rules,
-        "limits": [],  # h-limits: the rate and concurrency limits in force and the slots they use, per queue
+        "limits": [limit_row(usage) for usage in await queue.limits()],
     }
+
+
+@dataclass(frozen=True)
+class LimitRow:
+    """One limited queue as the overview lists it."""
+
+    queue: str
+    text: str  # every limit in force, one line
+    used: str  # the live leases against the concurrency (or alone)
+    keys: str  # keys holding a lease, and how many are at the per-key limit ("" without one)
+    rate_next_ms: int | None  # when the rate lets the next job start (None: no rate)
+
+
+def limit_row(usage: LimitUsage) -> LimitRow:
+    """``usage`` in the overview's words."""
+    limits = usage.limits
+    used = str(usage.slots_used) if limits.concurrency is None else f"{usage.slots_used} of {limits.concurrency}"
+    keys = "" if limits.per_key_concurrency is None else f"{usage.keys_full} of {usage.keys_busy} busy keys full"
+    return LimitRow(usage.queue, limits_text(limits), used, keys, usage.rate_next_ms)
 
 
 def queue_rows(samples: list[Sample], settings: dict[str, QueueSettings], start: int, now: int) -> list[QueueRow]:
