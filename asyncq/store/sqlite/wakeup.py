@@ -143,6 +143,7 @@ class Watcher:
         self._listeners: set[Listener] = set()
         self._write_lock: _WriteLock | None = None  # inotify: is a reported write still in flight?
         self._watch: inotify.DirectoryWatch | None = None
+        self._reading = False  # the loop reads the watch's events (only while a file waits)
         base = os.path.basename(self.path)
         self._names = frozenset((base, f"{base}-wal", f"{base}-journal"))
         self._order: tuple[str, ...] = ()
@@ -155,7 +156,10 @@ class Watcher:
 
     def add(self, listener: Listener) -> None:
         """Tell ``listener`` of the next change (at once if another connection committed since it last looked)."""
+        first = not self._listeners
         self._listeners.add(listener)
+        if first and self._watch is not None and not self._listen():
+            return  # the watch failed and the next source took over (it has checked already)
         if self.source != POLL:
             self._check()
 
@@ -163,6 +167,7 @@ class Watcher:
         self._listeners.discard(listener)
         if not self._listeners:
             self._cancel_timer()
+            self._unlisten()
 
     @property
     def waiting(self) -> int:
@@ -200,12 +205,14 @@ class Watcher:
         if name == INOTIFY:
             self._write_lock = _WriteLock(self.path)
             self._watch = inotify.DirectoryWatch(os.path.dirname(self.path))
-            self._loop.add_reader(self._watch.fileno(), self._on_events)
+            if self._listeners:
+                self._loop.add_reader(self._watch.fileno(), self._on_events)
+                self._reading = True
 
     def _stop_source(self) -> None:
         self._cancel_timer()
         if self._watch is not None:
-            self._loop.remove_reader(self._watch.fileno())
+            self._unlisten()
             self._watch.close()
             self._watch = None
         if self._write_lock is not None:
@@ -242,21 +249,42 @@ class Watcher:
 
     # -- reading the versions -----------------------------------------------------------------------------
 
+    def _listen(self) -> bool:
+        """Read the watch's events while a file waits (``False`` if the watch failed meanwhile). Nobody reads them
+        while no file waits: a busy pool's own writes cost no turn of its loop (~3 a job in one-at-a-time
+        enqueues beside it; docs/benchmarks.md, "singles"). The kernel keeps what came meanwhile, read here."""
+        if self._watch is None or self._reading:
+            return True
+        self._loop.add_reader(self._watch.fileno(), self._on_events)
+        self._reading = True
+        return self._read_events() is not None
+
+    def _unlisten(self) -> None:
+        if self._watch is not None and self._reading:
+            self._loop.remove_reader(self._watch.fileno())
+            self._reading = False
+
     def _on_events(self) -> None:
+        if self._read_events() and self._listeners:
+            self._check()
+
+    def _read_events(self) -> bool | None:
+        """Whether the events queued now report a write to the file (noted for the checks); ``None`` if the watch
+        failed (the next source took over)."""
         if self._watch is None:
-            return
+            return None
         try:
             events = self._watch.read()
         except Exception as error:
             self._fail_over(error)
-            return
+            return None
         if any(mask & inotify.IN_IGNORED for mask, _ in events):
             self._fail_over(OSError(f"the watch on {os.path.dirname(self.path)} was removed"))
-            return
+            return None
         if any(name in self._names or mask & inotify.IN_Q_OVERFLOW for mask, name in events):
             self._last_write = time.monotonic()
-            if self._listeners:
-                self._check()
+            return True
+        return False
 
     def _check(self) -> None:
         """Ask every waiting file whether another connection committed (waking its tasks if so); schedule the
