@@ -35,14 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from asyncq.store.sqlite import inotify
+from asyncq.store.sqlite import inotify, timerfd
 from asyncq.store.sqlite.busy import BUSY_CODES, try_begin
 
 log = logging.getLogger("asyncq.store.sqlite.wakeup")
 
 INOTIFY, DATA_VERSION, POLL = "inotify", "data_version", "poll"
 SOURCES = (INOTIFY, DATA_VERSION, POLL)
-RECHECK_MIN_S = 0.001  # a re-read after a write waits at least this long ...
+RECHECK_MIN_S = 0.001  # a re-read after a write waits at least this long (asyncio's timers: whole milliseconds) ...
+PRECISE_RECHECK_MIN_S = 0.0001  # ... or this long on a timerfd (a WAL commit's fsync: a few tenths of a ms) ...
 RECHECK_MAX_S = 0.05  # ... and at most this long: an eighth of the time since the write, in between
 RECHECK_FRACTION = 8
 WINDOW_S = 2.0  # how long after a write the version is still re-read (a slow disk's fsync)
@@ -148,6 +149,7 @@ class Watcher:
         self._names = frozenset((base, f"{base}-wal", f"{base}-journal"))
         self._order: tuple[str, ...] = ()
         self._timer: Timer | None = None
+        self._precise: timerfd.PreciseTimer | None = None  # inotify's re-checks, where timerfd works
         self._last_write: float | None = None  # when the last write was reported; None once none is in flight
         self._after_call = False  # a file could not tell (its connection in use): ask it when its call ends
         self._tick = DATA_VERSION_TICKS_S[0]
@@ -208,9 +210,17 @@ class Watcher:
             if self._listeners:
                 self._loop.add_reader(self._watch.fileno(), self._on_events)
                 self._reading = True
+            if timerfd.available():
+                try:
+                    self._precise = timerfd.PreciseTimer(self._loop, self._check)
+                except OSError as error:  # not a failure of the source: its re-checks wait whole milliseconds
+                    log.debug("no timerfd for %s (%r): re-checks by the loop's timers", self.path, error)
 
     def _stop_source(self) -> None:
         self._cancel_timer()
+        if self._precise is not None:
+            self._precise.close()
+            self._precise = None
         if self._watch is not None:
             self._unlisten()
             self._watch.close()
@@ -303,7 +313,20 @@ class Watcher:
             self._last_write = None
         delay = self._next_check()
         if delay is not None and self._listeners:
-            self._timer = self._loop.call_later(delay, self._check)
+            self._timer = self._schedule(delay)
+
+    def _schedule(self, delay: float) -> Timer:
+        """The next check ``delay`` seconds from now: on the timerfd if there is one (to a tenth of a millisecond),
+        else on the loop's timers."""
+        if self._precise is not None and self.source == INOTIFY:
+            try:
+                self._precise.start(delay)
+                return self._precise
+            except OSError as error:
+                log.debug("timerfd failed for %s (%r): re-checks by the loop's timers", self.path, error)
+                self._precise.close()
+                self._precise = None
+        return self._loop.call_later(max(delay, RECHECK_MIN_S), self._check)
 
     def _tell_listeners(self) -> bool:
         """Wake the files another connection committed to; whether one could not tell (its connection busy)."""
@@ -327,7 +350,8 @@ class Watcher:
         if since > WINDOW_S:  # a writer holding the lock this long: its commit's own write will be reported
             self._last_write = None
             return None
-        return min(max(since / RECHECK_FRACTION, RECHECK_MIN_S), RECHECK_MAX_S)
+        floor = RECHECK_MIN_S if self._precise is None else PRECISE_RECHECK_MIN_S
+        return min(max(since / RECHECK_FRACTION, floor), RECHECK_MAX_S)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
