@@ -27,7 +27,7 @@ import aiosqlite
 import anyio
 
 from asyncq.store.sqlite import wakeup
-from asyncq.store.sqlite.busy import as_busy, is_busy, try_begin
+from asyncq.store.sqlite.busy import as_busy, begin_immediate, is_busy, try_begin
 from asyncq.store.sqlite.effects import effect_transaction
 
 T = TypeVar("T")
@@ -312,7 +312,7 @@ class AsyncFile:
         async with self._locked():
             self._holder = asyncio.current_task()
             try:
-                await self.conn.execute("BEGIN IMMEDIATE")
+                await run_sync(self.conn, begin_immediate)
                 tx._open = True
                 yield tx
                 tx._open = False
