@@ -119,6 +119,8 @@ class AsyncFile:
         #: may): asked before waking them, so that commits to other tables wake nobody.
         self.may_have_work: Callable[[sqlite3.Connection], bool] | None = None
         self._closed = False
+        #: Whether the last ``run_held`` found the write lock held by another connection (its BEGIN waited).
+        self.begin_waited = False
 
     @staticmethod
     async def connect(
@@ -189,7 +191,8 @@ class AsyncFile:
         async with self._locked():
             con: sqlite3.Connection = self.conn._conn
             try:
-                if not self._begin_without_waiting(con):
+                self.begin_waited = not self._begin_without_waiting(con)
+                if self.begin_waited:
                     await self._begin_in_turn(con)
                 result = fn(con, *args)
                 with anyio.CancelScope(shield=True):

@@ -6,6 +6,7 @@ pool's group commit runs on the loop's thread once ``BEGIN IMMEDIATE`` holds the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -29,6 +30,13 @@ from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
 from asyncq.store.sqlite.migrations import migrate_in_transaction, prepare_new_file
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
+
+# After a group commit that met the write lock held by another connection and claimed fewer jobs than it asked (it
+# drained the queue), the next group commit waits this long after it. A writer elsewhere that enqueues one job at
+# a time holds the lock most of the time; a pool that claimed again at once took the lock for a commit of a few
+# jobs every 1-3 ms, and each of those commits held the writer up (one-at-a-time enqueues from another process:
+# docs/benchmarks.md, "singles"). A claim that came back full (a backlog, pools taking turns) is never spaced.
+CONTENDED_CLAIM_SPACING_S = 0.010
 
 
 def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
@@ -85,6 +93,7 @@ class SqliteQueueStore:
     def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
         self._file = file
         file.may_have_work = _may_have_work
+        self._claim_not_before = 0.0  # the loop's time before which a group commit waits (after a contended one)
         self.location = file.path
         self.level = level
         self.capabilities = Capabilities(
@@ -161,6 +170,9 @@ class SqliteQueueStore:
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
+        loop = asyncio.get_running_loop()
+        if self._claim_not_before > loop.time():
+            await asyncio.sleep(self._claim_not_before - loop.time())
         statuses, claimed, counted, activated = await self._file.run_held(
             engine.settle_and_claim_in_transaction,
             PRODUCT,
@@ -175,6 +187,9 @@ class SqliteQueueStore:
             resend,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
+        asked = sum(n for _queue, n in wants) if total is None else min(total, sum(n for _queue, n in wants))
+        if self._file.begin_waited and len(claimed) < asked:
+            self._claim_not_before = loop.time() + CONTENDED_CLAIM_SPACING_S
         self._notify_if_pending(statuses)
         return Settled(statuses, tickets, activated)
 
