@@ -1,6 +1,8 @@
 """The SQLite driver's connection: a cancelled task never leaves a lock or a transaction behind (the call runs to
 its end in the connection's thread), and the pool's group commit runs its statements on the loop's thread between
-a ``BEGIN IMMEDIATE`` and a ``COMMIT`` sent to that thread. Moved from ``tests/test_queue.py``.
+a ``BEGIN IMMEDIATE`` and a ``COMMIT`` sent to that thread. A write that finds the lock held elsewhere waits in short
+sleeps up to the busy timeout; a group commit that met another connection's lock and drained the queue spaces the
+next one. Moved from ``tests/test_queue.py``.
 """
 
 from __future__ import annotations
@@ -344,3 +346,57 @@ async def test_an_enqueue_waits_for_another_connections_commit_and_lands(queue: 
     assert not raw_connection(queue).in_transaction
     assert busy_timeout_ms(queue) == 5000
     assert job_row(path, "job")["status"] == "pending"
+
+
+# --- a group commit that met another connection's lock and drained the queue spaces the next one ------------
+
+
+async def claim_while_another_connection_commits(queue: Queue, path: Path, wants: int) -> list[str]:
+    """A group commit whose BEGIN finds the lock held by another connection, which then commits."""
+    blocker = connected(path, 1)
+    blocker.execute("BEGIN IMMEDIATE")
+    claiming = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", wants)]))
+    try:
+        await eventually(lambda: "_begin_in_turn" in awaiting(claiming), "the claim to wait for the lock in turn")
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    async with asyncio.timeout(5):
+        _, tickets = await claiming
+    return [ticket.id for ticket in tickets]
+
+
+async def test_after_a_contended_group_commit_that_drained_the_queue_the_next_one_waits_its_spacing(
+    queue: Queue, path: Path
+) -> None:
+    await queue.enqueue("first", {})
+    assert await claim_while_another_connection_commits(queue, path, wants=5) == ["first"]  # short: drained
+    await queue.enqueue("second", {})
+    spaced = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 5)]))
+    await eventually(
+        lambda: awaiting(spaced)[-2:] == ["settle_and_claim", "sleep"], "the next group commit to wait out its spacing"
+    )
+    async with asyncio.timeout(5):
+        _, [ticket] = await spaced
+    assert ticket.id == "second"
+    assert not raw_connection(queue).in_transaction
+
+
+@pytest.mark.parametrize("contended", [False, True])
+async def test_a_group_commit_that_claimed_all_it_asked_or_met_no_lock_spaces_nothing(
+    queue: Queue, path: Path, contended: bool
+) -> None:
+    for n in range(3):
+        await queue.enqueue(f"job-{n}", {})
+    if contended:  # a backlog: the claim came back full although another connection held the lock
+        assert await claim_while_another_connection_commits(queue, path, wants=2) == ["job-0", "job-1"]
+    else:  # the queue drained, but nobody else held the lock
+        _, tickets = await queue.settle_and_claim([], "w1", [("default", 5)])
+        assert len(tickets) == 3
+    await queue.enqueue("next", {})
+    at_once = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 5)]))
+    async with asyncio.timeout(5):
+        while not at_once.done():
+            assert "sleep" not in awaiting(at_once)
+            await asyncio.sleep(0)
+    assert "next" in [ticket.id for ticket in at_once.result().tickets]
