@@ -8,11 +8,13 @@ which changes when any other connection commits and never for its own commits; ~
 so a pool is not woken by its own commits. When to ask comes from the first source that starts, in order:
 
 - ``inotify`` (Linux): the file's directory is watched; a write to the file, its ``-wal`` or its ``-journal``
-  makes the loop ask at once, and again (after an eighth of the time since the write, 1-50 ms) while the write
-  lock is still held (``BEGIN IMMEDIATE`` tried without waiting on a connection of the watcher's own, and rolled
-  back): a WAL commit is visible only after its fsync, which follows the write the kernel reports. No write,
-  no work: an idle pool costs nothing. In DELETE mode the same events come from the ``-journal``'s life (its
-  deletion is the commit) and the file's own writes.
+  makes the loop ask at once, and again (after an eighth of the time since the write, 0.1-50 ms on a timerfd,
+  ``asyncq.store.sqlite.timerfd``; 1-50 ms on the loop's timers where there is none) while the write lock is
+  still held (``BEGIN IMMEDIATE`` tried without waiting on a connection of the watcher's own, and rolled back):
+  a WAL commit is visible only after its fsync, which follows the write the kernel reports. No write, no work:
+  an idle pool costs nothing; and the events are read only while a file waits, so a busy pool's own writes
+  never turn its loop. In DELETE mode the same events come from the ``-journal``'s life (its deletion is the
+  commit) and the file's own writes.
 - ``data_version``: the files asked on a timer while a task waits, 2 ms after a change and slowing to every
   50 ms while nothing changes (where there is no inotify, or it failed; each tick wakes the loop, which costs
   25-150 µs of CPU by how busy the machine is: at 20 ms a busy machine's idle pool spent 1.5 % of a core).
