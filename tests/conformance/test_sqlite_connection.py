@@ -374,7 +374,7 @@ async def test_after_a_contended_group_commit_that_drained_the_queue_the_next_on
     await queue.enqueue("second", {})
     spaced = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 5)]))
     await eventually(
-        lambda: awaiting(spaced)[-2:] == ["settle_and_claim", "sleep"], "the next group commit to wait out its spacing"
+        lambda: awaiting(spaced)[-2:] == ["run_held", "sleep"], "the next group commit to wait out its spacing"
     )
     async with asyncio.timeout(5):
         _, [ticket] = await spaced

@@ -121,6 +121,7 @@ class AsyncFile:
         self._closed = False
         #: Whether the last ``run_held`` found the write lock held by another connection (its BEGIN waited).
         self.begin_waited = False
+        self._held_not_before = 0.0  # the loop's time before which the next ``run_held`` waits (``space_next_held``)
 
     @staticmethod
     async def connect(
@@ -188,6 +189,9 @@ class AsyncFile:
         it is tried again in turn (``_begin_in_turn``); ``COMMIT`` (the disk's wait) always runs in the
         connection's thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
         transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
+        spaced = self._held_not_before - asyncio.get_running_loop().time()
+        if spaced > 0:
+            await asyncio.sleep(spaced)
         async with self._locked():
             con: sqlite3.Connection = self.conn._conn
             try:
@@ -202,6 +206,11 @@ class AsyncFile:
                     await run_sync(self.conn, _rollback_if_open)
                 raise
             return result
+
+    def space_next_held(self, seconds: float) -> None:
+        """The next ``run_held`` waits until ``seconds`` from now before it takes the lock (its caller's policy:
+        ``queue_store.CONTENDED_CLAIM_SPACING_S``)."""
+        self._held_not_before = asyncio.get_running_loop().time() + seconds
 
     def _begin_without_waiting(self, con: sqlite3.Connection, *, last: bool = False) -> bool:
         """``BEGIN IMMEDIATE`` if the write lock is free now; ``False`` (nothing open) if another connection

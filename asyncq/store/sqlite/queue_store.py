@@ -6,7 +6,6 @@ pool's group commit runs on the loop's thread once ``BEGIN IMMEDIATE`` holds the
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -93,7 +92,6 @@ class SqliteQueueStore:
     def __init__(self, file: AsyncFile, level: Durability, read_only: bool) -> None:
         self._file = file
         file.may_have_work = _may_have_work
-        self._claim_not_before = 0.0  # the loop's time before which a group commit waits (after a contended one)
         self.location = file.path
         self.level = level
         self.capabilities = Capabilities(
@@ -170,9 +168,6 @@ class SqliteQueueStore:
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
-        loop = asyncio.get_running_loop()
-        if self._claim_not_before > loop.time():
-            await asyncio.sleep(self._claim_not_before - loop.time())
         statuses, claimed, counted, activated = await self._file.run_held(
             engine.settle_and_claim_in_transaction,
             PRODUCT,
@@ -189,7 +184,7 @@ class SqliteQueueStore:
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
         asked = sum(n for _queue, n in wants) if total is None else min(total, sum(n for _queue, n in wants))
         if self._file.begin_waited and len(claimed) < asked:
-            self._claim_not_before = loop.time() + CONTENDED_CLAIM_SPACING_S
+            self._file.space_next_held(CONTENDED_CLAIM_SPACING_S)
         self._notify_if_pending(statuses)
         return Settled(statuses, tickets, activated)
 
