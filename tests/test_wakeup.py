@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from waiting import eventually
 
 from asyncq.queue import Queue
-from asyncq.store.sqlite import inotify, wakeup
+from asyncq.store.sqlite import inotify, timerfd, wakeup
 from asyncq.worker.pool import JobContext, Pool
 
 pytestmark = pytest.mark.timeout(60)
@@ -242,3 +243,92 @@ async def test_only_other_connections_commits_that_leave_pending_jobs_wake_a_fil
         await queue.enqueue("own", {"from": "here"})
         assert file.committed_elsewhere() is False  # its own commits never (the in-process event wakes for those)
         assert await queue.get("own") is not None
+
+
+def read_by_the_loop(fd: int) -> bool:
+    """Whether the running loop watches ``fd`` for reading (asyncio's selector map)."""
+    return fd in asyncio.get_running_loop()._selector.get_map()  # type: ignore[attr-defined]
+
+
+@needs_inotify
+async def test_the_watch_is_read_only_while_a_file_waits_and_a_commit_made_meanwhile_is_seen_at_once(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "queue.db"
+    async with await Queue.open(path) as queue:
+        await queue.wait_for_rows(0.001)  # starts the watcher
+        watcher = wakeup.watching(str(path), asyncio.get_running_loop())
+        assert watcher is not None and watcher.source == "inotify" and watcher._watch is not None
+        fd = watcher._watch.fileno()
+        assert not read_by_the_loop(fd)  # nobody waits: the file's writes do not turn the loop
+        for n in range(20):
+            await queue.enqueue(f"own-{n}", {})  # this process's writes, reported to nobody
+        assert not read_by_the_loop(fd)
+        await enqueue_from_child(path, "from-child")  # another process's commit while nobody waits
+        wakeups = wakeup.COUNTERS.wakeups
+        async with asyncio.timeout(SOON):  # far below the wait's own minute: the watcher saw it on the first look
+            await queue.wait_for_rows(LONG_POLL)
+        assert wakeup.COUNTERS.wakeups == wakeups + 1
+        assert not read_by_the_loop(fd)  # the wait ended: unwatched again
+        waiting = asyncio.create_task(queue.wait_for_rows(LONG_POLL))
+        await eventually(lambda: read_by_the_loop(fd), "the waiting file's watch to be read by the loop")
+        await enqueue_from_child(path, "from-child-2")  # and a commit during a wait wakes it
+        async with asyncio.timeout(SOON):
+            await waiting
+        assert not read_by_the_loop(fd)
+
+
+@pytest.mark.skipif(not timerfd.available(), reason="timerfd is Linux's")
+async def test_a_precise_timer_fires_once_a_new_start_replaces_the_last_and_cancel_disarms_it() -> None:
+    loop = asyncio.get_running_loop()
+    fired: list[str] = []
+    events = {name: asyncio.Event() for name in ("first", "control")}
+
+    def on(name: str) -> Callable[[], None]:
+        def fire() -> None:
+            fired.append(name)
+            events[name].set()
+
+        return fire
+
+    first, control = timerfd.PreciseTimer(loop, on("first")), timerfd.PreciseTimer(loop, on("control"))
+    try:
+        first.start(60.0)
+        first.start(0.0002)  # replaces the minute
+        async with asyncio.timeout(SOON):
+            await events["first"].wait()
+        first.start(0.001)
+        first.cancel()  # disarmed: it never fires, though the control timer, set later, does
+        control.start(0.05)
+        async with asyncio.timeout(SOON):
+            await events["control"].wait()
+        assert fired == ["first", "control"]
+    finally:
+        first.close()
+        control.close()
+
+
+@pytest.mark.skipif(not (inotify.available() and timerfd.available()), reason="inotify and timerfd are Linux's")
+async def test_inotifys_rechecks_run_on_a_timerfd_released_with_the_watcher(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    descriptors = timer_descriptors()
+    async with await Queue.open(path) as queue:
+        await queue.wait_for_rows(0.001)
+        watcher = wakeup.watching(str(path), asyncio.get_running_loop())
+        assert watcher is not None and watcher._precise is not None
+        assert timer_descriptors() == descriptors + 1
+        watcher._last_write = time.monotonic()  # a write just reported: re-checked within a tenth of a millisecond
+        assert watcher._next_check() == wakeup.PRECISE_RECHECK_MIN_S
+    assert watcher.closed and watcher._precise is None
+    assert timer_descriptors() == descriptors
+
+
+def timer_descriptors() -> int:
+    """This process's open timerfd descriptors."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[timerfd]"
+        except FileNotFoundError:
+            continue
+    return count

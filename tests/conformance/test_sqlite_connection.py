@@ -1,12 +1,15 @@
 """The SQLite driver's connection: a cancelled task never leaves a lock or a transaction behind (the call runs to
 its end in the connection's thread), and the pool's group commit runs its statements on the loop's thread between
-a ``BEGIN IMMEDIATE`` and a ``COMMIT`` sent to that thread. Moved from ``tests/test_queue.py``.
+a ``BEGIN IMMEDIATE`` and a ``COMMIT`` sent to that thread. A write that finds the lock held elsewhere waits in short
+sleeps up to the busy timeout; a group commit that met another connection's lock and drained the queue spaces the
+next one. Moved from ``tests/test_queue.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ from waiting import eventually
 
 from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
+from asyncq.store.sqlite.busy import RETRY_MAX_S, RETRY_MIN_S, begin_immediate
 
 from .sqlite_files import job_row, read, snapshot
 
@@ -256,3 +260,143 @@ async def test_a_failing_statement_in_the_group_commit_rolls_the_whole_cycle_bac
         await queue.settle_and_claim([(ticket, "ok", 0)], "w2", [("default", 1)])
     assert snapshot(path) == before  # the finish of "a" rolled back with the refused claim of "b"
     assert not raw_connection(queue).in_transaction
+
+
+# --- a write that finds the lock held elsewhere waits in short sleeps, up to the busy timeout ---------------
+
+
+def connected(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    con = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    return con
+
+
+def test_a_write_waits_for_a_lock_held_elsewhere_in_short_sleeps_then_begins(path: Path) -> None:
+    blocker, writer = connected(path, 1), connected(path, 5)
+    blocker.execute("BEGIN IMMEDIATE")  # another process's commit in progress
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+        if len(sleeps) == 20:
+            blocker.execute("COMMIT")  # the commit lands while the writer waits
+
+    try:
+        begin_immediate(writer, sleep)
+        assert writer.in_transaction
+        writer.execute("COMMIT")
+    finally:
+        blocker.close()
+        writer.close()
+    assert len(sleeps) == 20  # it began at its first try after the lock was free
+    assert sleeps[0] == RETRY_MIN_S  # not SQLite's busy handler, whose first sleep is a millisecond
+    assert sleeps == sorted(sleeps) and max(sleeps) <= RETRY_MAX_S  # an eighth of the time waited, growing
+
+
+def test_a_write_past_the_busy_timeout_raises_sqlites_busy_error_and_leaves_the_connection_as_it_was(
+    path: Path,
+) -> None:
+    blocker, writer = connected(path, 1), connected(path, 0.05)
+    blocker.execute("BEGIN IMMEDIATE")
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="database is locked") as raised:
+            begin_immediate(writer, sleep)
+        assert raised.value.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+        assert not writer.in_transaction
+        assert writer.execute("PRAGMA busy_timeout").fetchone() == (50,)  # put back
+        assert sleeps and max(sleeps) <= RETRY_MAX_S and sum(sleeps) <= 0.05  # the tries fit in the timeout
+        tried = len(sleeps)
+        writer.execute("PRAGMA busy_timeout = 0")
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            begin_immediate(writer, sleep)  # no busy timeout: the busy error at once
+        assert len(sleeps) == tried and not writer.in_transaction
+    finally:
+        blocker.close()
+        writer.close()
+
+
+def waiting_in(function: str) -> bool:
+    """Whether some thread of this process is inside ``function`` now."""
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return True
+            frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+async def test_an_enqueue_waits_for_another_connections_commit_and_lands(queue: Queue, path: Path) -> None:
+    blocker = connected(path, 1)
+    blocker.execute("BEGIN IMMEDIATE")
+    enqueueing = asyncio.create_task(queue.enqueue("job", {}))
+    try:
+        await eventually(lambda: waiting_in("begin_immediate"), "the enqueue to wait for the lock in its thread")
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    async with asyncio.timeout(5):
+        assert await enqueueing is True
+    assert not raw_connection(queue).in_transaction
+    assert busy_timeout_ms(queue) == 5000
+    assert job_row(path, "job")["status"] == "pending"
+
+
+# --- a group commit that met another connection's lock and drained the queue spaces the next one ------------
+
+
+async def claim_while_another_connection_commits(queue: Queue, path: Path, wants: int) -> list[str]:
+    """A group commit whose BEGIN finds the lock held by another connection, which then commits."""
+    blocker = connected(path, 1)
+    blocker.execute("BEGIN IMMEDIATE")
+    claiming = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", wants)]))
+    try:
+        await eventually(lambda: "_begin_in_turn" in awaiting(claiming), "the claim to wait for the lock in turn")
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    async with asyncio.timeout(5):
+        _, tickets = await claiming
+    return [ticket.id for ticket in tickets]
+
+
+async def test_after_a_contended_group_commit_that_drained_the_queue_the_next_one_waits_its_spacing(
+    queue: Queue, path: Path
+) -> None:
+    await queue.enqueue("first", {})
+    assert await claim_while_another_connection_commits(queue, path, wants=5) == ["first"]  # short: drained
+    await queue.enqueue("second", {})
+    spaced = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 5)]))
+    await eventually(
+        lambda: awaiting(spaced)[-2:] == ["run_held", "sleep"], "the next group commit to wait out its spacing"
+    )
+    async with asyncio.timeout(5):
+        _, [ticket] = await spaced
+    assert ticket.id == "second"
+    assert not raw_connection(queue).in_transaction
+
+
+@pytest.mark.parametrize("contended", [False, True])
+async def test_a_group_commit_that_claimed_all_it_asked_or_met_no_lock_spaces_nothing(
+    queue: Queue, path: Path, contended: bool
+) -> None:
+    for n in range(3):
+        await queue.enqueue(f"job-{n}", {})
+    if contended:  # a backlog: the claim came back full although another connection held the lock
+        assert await claim_while_another_connection_commits(queue, path, wants=2) == ["job-0", "job-1"]
+    else:  # the queue drained, but nobody else held the lock
+        _, tickets = await queue.settle_and_claim([], "w1", [("default", 5)])
+        assert len(tickets) == 3
+    await queue.enqueue("next", {})
+    at_once = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 5)]))
+    async with asyncio.timeout(5):
+        while not at_once.done():
+            assert "sleep" not in awaiting(at_once)
+            await asyncio.sleep(0)
+    assert "next" in [ticket.id for ticket in at_once.result().tickets]

@@ -27,7 +27,7 @@ import aiosqlite
 import anyio
 
 from asyncq.store.sqlite import wakeup
-from asyncq.store.sqlite.busy import as_busy, is_busy, try_begin
+from asyncq.store.sqlite.busy import as_busy, begin_immediate, is_busy, try_begin
 from asyncq.store.sqlite.effects import effect_transaction
 
 T = TypeVar("T")
@@ -119,6 +119,9 @@ class AsyncFile:
         #: may): asked before waking them, so that commits to other tables wake nobody.
         self.may_have_work: Callable[[sqlite3.Connection], bool] | None = None
         self._closed = False
+        #: Whether the last ``run_held`` found the write lock held by another connection (its BEGIN waited).
+        self.begin_waited = False
+        self._held_not_before = 0.0  # the loop's time before which the next ``run_held`` waits (``space_next_held``)
 
     @staticmethod
     async def connect(
@@ -186,10 +189,14 @@ class AsyncFile:
         it is tried again in turn (``_begin_in_turn``); ``COMMIT`` (the disk's wait) always runs in the
         connection's thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
         transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
+        spaced = self._held_not_before - asyncio.get_running_loop().time()
+        if spaced > 0:
+            await asyncio.sleep(spaced)
         async with self._locked():
             con: sqlite3.Connection = self.conn._conn
             try:
-                if not self._begin_without_waiting(con):
+                self.begin_waited = not self._begin_without_waiting(con)
+                if self.begin_waited:
                     await self._begin_in_turn(con)
                 result = fn(con, *args)
                 with anyio.CancelScope(shield=True):
@@ -199,6 +206,11 @@ class AsyncFile:
                     await run_sync(self.conn, _rollback_if_open)
                 raise
             return result
+
+    def space_next_held(self, seconds: float) -> None:
+        """The next ``run_held`` waits until ``seconds`` from now before it takes the lock (its caller's policy:
+        ``queue_store.CONTENDED_CLAIM_SPACING_S``)."""
+        self._held_not_before = asyncio.get_running_loop().time() + seconds
 
     def _begin_without_waiting(self, con: sqlite3.Connection, *, last: bool = False) -> bool:
         """``BEGIN IMMEDIATE`` if the write lock is free now; ``False`` (nothing open) if another connection
@@ -312,7 +324,7 @@ class AsyncFile:
         async with self._locked():
             self._holder = asyncio.current_task()
             try:
-                await self.conn.execute("BEGIN IMMEDIATE")
+                await run_sync(self.conn, begin_immediate)
                 tx._open = True
                 yield tx
                 tx._open = False

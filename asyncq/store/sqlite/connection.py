@@ -12,6 +12,8 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+from asyncq.store.sqlite.busy import begin_immediate
+
 Hook = Callable[[str], object] | None
 
 JOURNAL_MODES = ("DELETE", "WAL")
@@ -77,8 +79,9 @@ def configure(con: sqlite3.Connection, journal_mode: str, synchronous: str) -> N
 @contextmanager
 def write_transaction(con: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE`` … ``COMMIT``; any exception (a fault hook's included) rolls everything back
-    and propagates unchanged. A failed COMMIT is rolled back too, so no transaction is ever left open."""
-    con.execute("BEGIN IMMEDIATE")
+    and propagates unchanged. A failed COMMIT is rolled back too, so no transaction is ever left open. A lock
+    held elsewhere is waited for in short sleeps up to the busy timeout (``busy.begin_immediate``)."""
+    begin_immediate(con)
     try:
         yield con
         con.execute("COMMIT")

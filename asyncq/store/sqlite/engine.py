@@ -79,17 +79,15 @@ def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]
     if len({job.id for job in jobs}) != len(jobs):
         return [added for job in jobs for added in _insert_rows(con, layout, [job])]
     inserted: set[str] = set()
-    (after,) = con.execute(sql(layout, "LAST_SEQ")).fetchone()  # every row a statement inserts has a greater seq
     for start in range(0, len(jobs), INSERT_ROWS_MAX):
         part = jobs[start : start + INSERT_ROWS_MAX]
         chunk = padded(list(part))
         cursor = con.execute(insert_rows(layout, len(chunk)), _insert_values(layout, chunk))
         if cursor.rowcount == len(part):  # none was known: every id is new
             inserted.update(job.id for job in part)
-        elif cursor.rowcount > 0:  # some were: the rows inserted now are those past ``after``
-            inserted.update(job_id for (job_id,) in con.execute(sql(layout, "SELECT_INSERTED"), {"after": after}))
-        if cursor.rowcount > 0:
-            after = cursor.lastrowid
+        elif cursor.rowcount > 0:  # some were: the rows inserted now have the greatest seqs up to the last one
+            now = {"last": cursor.lastrowid, "inserted": cursor.rowcount}
+            inserted.update(job_id for (job_id,) in con.execute(sql(layout, "SELECT_INSERTED"), now))
     if len(inserted) == len(jobs):
         return [True] * len(jobs)
     known = [job for job in jobs if job.id not in inserted]

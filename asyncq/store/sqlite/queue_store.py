@@ -35,6 +35,13 @@ from asyncq.store.sqlite.schedules_store import SqliteSchedules
 from asyncq.store.sqlite.schema import PRODUCT
 from asyncq.store.sqlite.stats import read_stats
 
+# After a group commit that met the write lock held by another connection and claimed fewer jobs than it asked (it
+# drained the queue), the next group commit waits this long after it. A writer elsewhere that enqueues one job at
+# a time holds the lock most of the time; a pool that claimed again at once took the lock for a commit of a few
+# jobs every 1-3 ms, and each of those commits held the writer up (one-at-a-time enqueues from another process:
+# docs/benchmarks.md, "singles"). A claim that came back full (a backlog, pools taking turns) is never spaced.
+CONTENDED_CLAIM_SPACING_S = 0.010
+
 
 def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
     prepare_new_file(con)
@@ -184,6 +191,9 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
             ripple,
         )
         tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
+        asked = sum(n for _queue, n in wants) if total is None else min(total, sum(n for _queue, n in wants))
+        if self._file.begin_waited and len(claimed) < asked:
+            self._file.space_next_held(CONTENDED_CLAIM_SPACING_S)
         self._notify_if_pending(statuses, ripple)
         return Settled(statuses, tickets, activated, holds)
 

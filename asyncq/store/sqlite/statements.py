@@ -121,8 +121,9 @@ FROM {jobs} WHERE id IN ({ids})
 # job of the queue holds (``asyncq_jobs_unique``; ``ON CONFLICT`` without a target covers every unique index): the
 # caller reads who holds it (``SELECT_KEY_HOLDERS``). No RETURNING (0.4 µs a job): the
 # cursor's ``rowcount`` says whether every row was inserted, and only when some id was known does
-# ``SELECT_INSERTED`` read the ids of the rows inserted (their seqs pass the greatest before, ``LAST_SEQ``: the write
-# lock is held, and a new row's seq is greater than any row's). Not "consecutive seqs": a known id can use one up.
+# ``SELECT_INSERTED`` read the ids of the rows inserted: the ``rowcount`` greatest seqs up to the cursor's
+# ``lastrowid`` (the write lock is held, and a new row's seq is greater than any row's, so those are exactly the
+# rows this statement inserted). Not "consecutive seqs": a known id can use one up.
 INSERT_ROWS = """
 INSERT INTO {jobs} (id, {payload}, status, attempts, max_attempts, token, available_at, deadline)
 VALUES {rows}
@@ -139,11 +140,7 @@ WHERE j.queue = k.column1 AND j.unique_key = k.column2 AND j.unique_key IS NOT N
 """
 
 SELECT_INSERTED = """
-SELECT id FROM {jobs} WHERE seq > :after
-"""
-
-LAST_SEQ = """
-SELECT coalesce(max(seq), 0) FROM {jobs}
+SELECT id FROM {jobs} WHERE seq <= :last ORDER BY seq DESC LIMIT :inserted
 """
 
 # The renewal returns, fenced like itself, whether a cancel was requested (``{cancel_requested}``: the product's
@@ -176,7 +173,6 @@ NAMES = {
     "AUDIT": AUDIT,
     "REDRIVE": REDRIVE,
     "SELECT_INSERTED": SELECT_INSERTED,
-    "LAST_SEQ": LAST_SEQ,
 }
 
 

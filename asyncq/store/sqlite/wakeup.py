@@ -8,11 +8,13 @@ which changes when any other connection commits and never for its own commits; ~
 so a pool is not woken by its own commits. When to ask comes from the first source that starts, in order:
 
 - ``inotify`` (Linux): the file's directory is watched; a write to the file, its ``-wal`` or its ``-journal``
-  makes the loop ask at once, and again (after an eighth of the time since the write, 1-50 ms) while the write
-  lock is still held (``BEGIN IMMEDIATE`` tried without waiting on a connection of the watcher's own, and rolled
-  back): a WAL commit is visible only after its fsync, which follows the write the kernel reports. No write,
-  no work: an idle pool costs nothing. In DELETE mode the same events come from the ``-journal``'s life (its
-  deletion is the commit) and the file's own writes.
+  makes the loop ask at once, and again (after an eighth of the time since the write, 0.1-50 ms on a timerfd,
+  ``asyncq.store.sqlite.timerfd``; 1-50 ms on the loop's timers where there is none) while the write lock is
+  still held (``BEGIN IMMEDIATE`` tried without waiting on a connection of the watcher's own, and rolled back):
+  a WAL commit is visible only after its fsync, which follows the write the kernel reports. No write, no work:
+  an idle pool costs nothing; and the events are read only while a file waits, so a busy pool's own writes
+  never turn its loop. In DELETE mode the same events come from the ``-journal``'s life (its deletion is the
+  commit) and the file's own writes.
 - ``data_version``: the files asked on a timer while a task waits, 2 ms after a change and slowing to every
   50 ms while nothing changes (where there is no inotify, or it failed; each tick wakes the loop, which costs
   25-150 µs of CPU by how busy the machine is: at 20 ms a busy machine's idle pool spent 1.5 % of a core).
@@ -35,14 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from asyncq.store.sqlite import inotify
+from asyncq.store.sqlite import inotify, timerfd
 from asyncq.store.sqlite.busy import BUSY_CODES, try_begin
 
 log = logging.getLogger("asyncq.store.sqlite.wakeup")
 
 INOTIFY, DATA_VERSION, POLL = "inotify", "data_version", "poll"
 SOURCES = (INOTIFY, DATA_VERSION, POLL)
-RECHECK_MIN_S = 0.001  # a re-read after a write waits at least this long ...
+RECHECK_MIN_S = 0.001  # a re-read after a write waits at least this long (asyncio's timers: whole milliseconds) ...
+PRECISE_RECHECK_MIN_S = 0.0001  # ... or this long on a timerfd (a WAL commit's fsync: a few tenths of a ms) ...
 RECHECK_MAX_S = 0.05  # ... and at most this long: an eighth of the time since the write, in between
 RECHECK_FRACTION = 8
 WINDOW_S = 2.0  # how long after a write the version is still re-read (a slow disk's fsync)
@@ -143,10 +146,12 @@ class Watcher:
         self._listeners: set[Listener] = set()
         self._write_lock: _WriteLock | None = None  # inotify: is a reported write still in flight?
         self._watch: inotify.DirectoryWatch | None = None
+        self._reading = False  # the loop reads the watch's events (only while a file waits)
         base = os.path.basename(self.path)
         self._names = frozenset((base, f"{base}-wal", f"{base}-journal"))
         self._order: tuple[str, ...] = ()
         self._timer: Timer | None = None
+        self._precise: timerfd.PreciseTimer | None = None  # inotify's re-checks, where timerfd works
         self._last_write: float | None = None  # when the last write was reported; None once none is in flight
         self._after_call = False  # a file could not tell (its connection in use): ask it when its call ends
         self._tick = DATA_VERSION_TICKS_S[0]
@@ -155,7 +160,10 @@ class Watcher:
 
     def add(self, listener: Listener) -> None:
         """Tell ``listener`` of the next change (at once if another connection committed since it last looked)."""
+        first = not self._listeners
         self._listeners.add(listener)
+        if first and self._watch is not None and not self._listen():
+            return  # the watch failed and the next source took over (it has checked already)
         if self.source != POLL:
             self._check()
 
@@ -163,6 +171,7 @@ class Watcher:
         self._listeners.discard(listener)
         if not self._listeners:
             self._cancel_timer()
+            self._unlisten()
 
     @property
     def waiting(self) -> int:
@@ -200,12 +209,22 @@ class Watcher:
         if name == INOTIFY:
             self._write_lock = _WriteLock(self.path)
             self._watch = inotify.DirectoryWatch(os.path.dirname(self.path))
-            self._loop.add_reader(self._watch.fileno(), self._on_events)
+            if self._listeners:
+                self._loop.add_reader(self._watch.fileno(), self._on_events)
+                self._reading = True
+            if timerfd.available():
+                try:
+                    self._precise = timerfd.PreciseTimer(self._loop, self._check)
+                except OSError as error:  # not a failure of the source: its re-checks wait whole milliseconds
+                    log.debug("no timerfd for %s (%r): re-checks by the loop's timers", self.path, error)
 
     def _stop_source(self) -> None:
         self._cancel_timer()
+        if self._precise is not None:
+            self._precise.close()
+            self._precise = None
         if self._watch is not None:
-            self._loop.remove_reader(self._watch.fileno())
+            self._unlisten()
             self._watch.close()
             self._watch = None
         if self._write_lock is not None:
@@ -242,21 +261,42 @@ class Watcher:
 
     # -- reading the versions -----------------------------------------------------------------------------
 
+    def _listen(self) -> bool:
+        """Read the watch's events while a file waits (``False`` if the watch failed meanwhile). Nobody reads them
+        while no file waits: a busy pool's own writes cost no turn of its loop (~3 a job in one-at-a-time
+        enqueues beside it; docs/benchmarks.md, "singles"). The kernel keeps what came meanwhile, read here."""
+        if self._watch is None or self._reading:
+            return True
+        self._loop.add_reader(self._watch.fileno(), self._on_events)
+        self._reading = True
+        return self._read_events() is not None
+
+    def _unlisten(self) -> None:
+        if self._watch is not None and self._reading:
+            self._loop.remove_reader(self._watch.fileno())
+            self._reading = False
+
     def _on_events(self) -> None:
+        if self._read_events() and self._listeners:
+            self._check()
+
+    def _read_events(self) -> bool | None:
+        """Whether the events queued now report a write to the file (noted for the checks); ``None`` if the watch
+        failed (the next source took over)."""
         if self._watch is None:
-            return
+            return None
         try:
             events = self._watch.read()
         except Exception as error:
             self._fail_over(error)
-            return
+            return None
         if any(mask & inotify.IN_IGNORED for mask, _ in events):
             self._fail_over(OSError(f"the watch on {os.path.dirname(self.path)} was removed"))
-            return
+            return None
         if any(name in self._names or mask & inotify.IN_Q_OVERFLOW for mask, name in events):
             self._last_write = time.monotonic()
-            if self._listeners:
-                self._check()
+            return True
+        return False
 
     def _check(self) -> None:
         """Ask every waiting file whether another connection committed (waking its tasks if so); schedule the
@@ -275,7 +315,20 @@ class Watcher:
             self._last_write = None
         delay = self._next_check()
         if delay is not None and self._listeners:
-            self._timer = self._loop.call_later(delay, self._check)
+            self._timer = self._schedule(delay)
+
+    def _schedule(self, delay: float) -> Timer:
+        """The next check ``delay`` seconds from now: on the timerfd if there is one (to a tenth of a millisecond),
+        else on the loop's timers."""
+        if self._precise is not None and self.source == INOTIFY:
+            try:
+                self._precise.start(delay)
+                return self._precise
+            except OSError as error:
+                log.debug("timerfd failed for %s (%r): re-checks by the loop's timers", self.path, error)
+                self._precise.close()
+                self._precise = None
+        return self._loop.call_later(max(delay, RECHECK_MIN_S), self._check)
 
     def _tell_listeners(self) -> bool:
         """Wake the files another connection committed to; whether one could not tell (its connection busy)."""
@@ -299,7 +352,8 @@ class Watcher:
         if since > WINDOW_S:  # a writer holding the lock this long: its commit's own write will be reported
             self._last_write = None
             return None
-        return min(max(since / RECHECK_FRACTION, RECHECK_MIN_S), RECHECK_MAX_S)
+        floor = RECHECK_MIN_S if self._precise is None else PRECISE_RECHECK_MIN_S
+        return min(max(since / RECHECK_FRACTION, floor), RECHECK_MAX_S)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
