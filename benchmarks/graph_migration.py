@@ -1,13 +1,15 @@
-"""How long the dependencies-and-groups migration (SQLite v10 -> v11) takes on a large file, against the table
+"""How long the dependencies-and-groups migration (SQLite v12 -> v13) takes on a large file, against the table
 rebuild it avoids.
 
     .venv/bin/python benchmarks/graph_migration.py --jobs 1000000 [--write]
 
-Builds a version-10 file with ``--jobs`` jobs (99 % done, the rest pending, as a long-lived queue holds them), then
-times, each on a fresh copy of it: the v11 migration as ``Queue.open`` runs it (the status check widened in place,
-three columns added, the indexes it changes or adds built), and for comparison a rebuild of ``asyncq_jobs`` (copy
-every row into a new table with the wider check, swap, indexes and triggers created again), the route SQLite's
-documentation gives for a change ``ALTER TABLE`` cannot make. ``--write`` puts the table in ``docs/benchmarks.md``.
+Builds a file of the version before the graphs' (v12) with ``--jobs`` jobs (99 % done, the rest pending, as a
+long-lived queue holds them), then times, each on a fresh copy of it: the migrations as ``Queue.open`` runs them
+(v13: the status check widened in place, three columns added, the indexes it changes or adds built; then every
+later version: the limits' column, index and audit, the console's tables), and for comparison a rebuild of
+``asyncq_jobs`` (copy every row into a new table with the wider check, swap, indexes and triggers created again), the
+route SQLite's documentation gives for a change ``ALTER TABLE`` cannot make. ``--write`` puts the table in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ sys.path.insert(0, str(ROOT))
 from _report import environment, markdown_table, print_table, write_section  # noqa: E402
 
 from asyncq.queue import Queue  # noqa: E402
-from asyncq.store.sqlite.migrations import MIGRATIONS  # noqa: E402
+from asyncq.store.sqlite.graph_schema import GRAPHS  # noqa: E402
+from asyncq.store.sqlite.migrations import MIGRATIONS, SCHEMA_VERSION  # noqa: E402
 
 T0 = 1_700_000_000_000
+BEFORE = MIGRATIONS.index(GRAPHS)  # the version before the graphs' (its step's index is the version it starts from)
 COLUMNS = "id, queue, body, status, attempts, max_attempts, token, available_at, deadline"
 
 
@@ -37,7 +41,7 @@ def build(path: Path, jobs: int) -> None:
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode = WAL")
     con.execute("BEGIN")
-    for step in MIGRATIONS[:10]:
+    for step in MIGRATIONS[:BEFORE]:
         for statement in step:
             assert isinstance(statement, str)
             con.execute(statement)
@@ -47,7 +51,7 @@ def build(path: Path, jobs: int) -> None:
         for n in range(jobs)
     )
     con.executemany(f"INSERT INTO asyncq_jobs ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    con.execute("PRAGMA user_version = 10")
+    con.execute(f"PRAGMA user_version = {BEFORE}")
     con.execute("COMMIT")
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
@@ -90,12 +94,12 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        base = Path(folder) / "v10.db"
+        base = Path(folder) / f"v{BEFORE}.db"
         build(base, args.jobs)
         size = base.stat().st_size
         results = []
         for name, step in (
-            ("v11 migration (check widened in place)", timed_migration),
+            (f"v{BEFORE} to v{SCHEMA_VERSION} (v{BEFORE + 1}: the check widened in place)", timed_migration),
             ("table rebuild", timed_rebuild),
         ):
             copy = Path(folder) / "copy.db"
@@ -103,8 +107,8 @@ def main() -> None:
             results.append((name, f"{step(copy):.2f} s"))
             for side in ("", "-wal", "-shm"):
                 Path(str(copy) + side).unlink(missing_ok=True)
-    headers = ["on a v10 file of " + f"{args.jobs:,} jobs ({size / 2**20:.0f} MiB)", "time"]
-    print_table("SQLite v10 -> v11", headers, results)
+    headers = [f"on a v{BEFORE} file of " + f"{args.jobs:,} jobs ({size / 2**20:.0f} MiB)", "time"]
+    print_table(f"SQLite v{BEFORE} -> v{SCHEMA_VERSION}", headers, results)
     if args.write:
         command = f"`benchmarks/graph_migration.py --jobs {args.jobs}`"
         write_section("graph-migration", f"{command} ({environment()}):\n\n{markdown_table(headers, results)}\n")

@@ -1,4 +1,4 @@
-"""Version 8 of the PostgreSQL queue schema: dependencies and groups (the SQLite store's v11;
+"""Version 10 of the PostgreSQL queue schema: dependencies and groups (the SQLite store's v13;
 ``docs/dependencies.md``). ``{schema}`` is the schema's checked name.
 
 - ``jobs`` gains the ``waiting`` status (its check replaced: added ``NOT VALID``, then validated by one read of the
@@ -23,7 +23,7 @@ GRAPHS = (
     "CREATE UNIQUE INDEX jobs_unique ON {schema}.jobs (queue, unique_key)"
     " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased', 'waiting')",
     # The jobs with edges not met (the waiting ones among them) in seq order, for listings, and a group's members in
-    # seq order (``group_members``): neither names ``status``, which every claim and finish sets (the SQLite v11's).
+    # seq order (``group_members``): neither names ``status``, which every claim and finish sets (the SQLite v13's).
     "CREATE INDEX jobs_waits ON {schema}.jobs (seq) WHERE waits > 0",
     "CREATE INDEX jobs_members ON {schema}.jobs (group_name, seq) WHERE group_name IS NOT NULL",
     """CREATE TABLE {schema}.edges (

@@ -39,7 +39,7 @@ from asyncq.store.postgres.transitions import enqueue_rows
 #: process blocks here and is killed).
 FAULT: Callable[[str], object] | None = None
 
-# Version 8: schedules as stored state (the SQLite store's v11, docs/schedules.md): one row per schedule and the
+# Version 9: schedules as stored state (the SQLite store's v12, docs/schedules.md): one row per schedule and the
 # events of its skipped and missed ticks and of every move on it.
 SCHEDULE_TABLES = (
     """CREATE TABLE {schema}.schedules (

@@ -188,7 +188,7 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE {schema}.jobs ADD COLUMN unique_key text",
     "CREATE UNIQUE INDEX jobs_unique ON {schema}.jobs (queue, unique_key)"
-    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 6's statuses (v8 adds waiting)
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 6's statuses (v10 adds waiting)
 )
 
 # When a finished job ended (the SQLite store's ``schema.ENDED_AT``).

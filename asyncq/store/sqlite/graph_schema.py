@@ -1,4 +1,4 @@
-"""Version 11 of the SQLite queue schema: dependencies and groups (``docs/dependencies.md``).
+"""Version 13 of the SQLite queue schema: dependencies and groups (``docs/dependencies.md``).
 
 - ``asyncq_jobs`` gains the ``waiting`` status (a job held back by its dependencies, or a group's callback before
   the group completes), ``group_name`` (its group), ``links`` (``core.dependencies``' flags: ``NULL`` for a job in no

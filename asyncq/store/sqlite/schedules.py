@@ -39,7 +39,7 @@ from asyncq.store.sqlite.schema import PRODUCT
 #: process blocks here and is killed).
 FAULT: Callable[[str], object] | None = None
 
-# Version 11: schedules as stored state (docs/schedules.md). One row per schedule: its definition (a cron expression
+# Version 12: schedules as stored state (docs/schedules.md). One row per schedule: its definition (a cron expression
 # in an IANA zone, or an interval; the policies; the job a tick enqueues), the last tick decided and the next one, a
 # tick held by ``queue_one``, the newest run's job id (the overlap check reads that job's row), pause and retirement,
 # and its tick counters; ``revision`` goes up with every write, the compare-and-set of every tick. The events: each

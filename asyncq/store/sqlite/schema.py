@@ -252,7 +252,7 @@ FLOW_CONTROL = (
 UNIQUE_KEYS = (
     "ALTER TABLE asyncq_jobs ADD COLUMN unique_key TEXT",
     "CREATE UNIQUE INDEX IF NOT EXISTS asyncq_jobs_unique ON asyncq_jobs(queue, unique_key)"
-    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 9's statuses (v11 adds waiting)
+    " WHERE unique_key IS NOT NULL AND status IN ('pending', 'leased')",  # version 9's statuses (v13 adds waiting)
 )
 
 # When a finished job ended (``admin``'s prune and retention read it): finish and cancel stamp ``available_at =
