@@ -121,8 +121,10 @@ def nemesis_figures(nemesis: Nemesis, fleet: Fleet) -> dict[str, Any]:
     }
 
 
-# The share of the jobs enqueued as each step of the nemesis starts (the probe job aside).
-SHARES = {"worker_kills": 0.6, "receiver_kills": 0.3, "stop_past_lease": 0.05, "stop_holding_lock": 0.05}
+# The share of the jobs enqueued as each step of the nemesis starts (the probe job aside). The last step needs work
+# left while it tries to catch a worker inside a transaction: on a quiet machine 5 % of the jobs drained through
+# PostgreSQL before a catch in one run in a few, and the step found no transaction to stop.
+SHARES = {"worker_kills": 0.55, "receiver_kills": 0.25, "stop_past_lease": 0.05, "stop_holding_lock": 0.15}
 
 
 def parts(specs: list[JobSpec]) -> dict[str, list[JobSpec]]:
