@@ -47,21 +47,24 @@ async def check_migrated(queue: Queue) -> None:
 
 async def test_a_sqlite_file_of_the_version_before_migrates_to_the_console_version(tmp_path: Path) -> None:
     from asyncq.store.sqlite.migrations import MIGRATIONS, SCHEMA_VERSION
-    from asyncq.store.sqlite.schema import CONSOLE
+    from asyncq.store.sqlite.schema import CONSOLE, PENDING_BY_TIME
 
-    assert MIGRATIONS[-1] == CONSOLE  # the hand-undo below undoes the last version only
+    assert MIGRATIONS[-2:] == (CONSOLE, PENDING_BY_TIME)  # the hand-undo below undoes these two versions only
 
     path = tmp_path / "queue.db"
     async with await Queue.open(path, clock=lambda: T0) as queue:
         await old_rows(queue)
     con = sqlite3.connect(path, isolation_level=None)
-    try:  # back to the version before: the console's block undone by hand
+    try:  # back to the version before the console's: version 16's indexes, then the console's block, undone by hand
+        con.execute("DROP INDEX asyncq_jobs_prioritised")
+        con.execute("CREATE INDEX asyncq_jobs_waiting ON asyncq_jobs(queue, available_at) WHERE status = 'pending'")
+        con.execute("CREATE INDEX asyncq_jobs_ready_at ON asyncq_jobs(available_at + 0) WHERE status = 'pending'")
         con.execute("DROP TABLE asyncq_operations")
         con.execute("DROP TABLE asyncq_samples")
         con.execute("DROP TABLE asyncq_workers_seen")
         con.execute("DROP INDEX asyncq_errors_type")
         con.execute("ALTER TABLE asyncq_audit DROP COLUMN op_seq")
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 2}")
     finally:
         con.close()
     async with await Queue.open(path, clock=lambda: T0 + 1) as queue:

@@ -115,7 +115,8 @@ async def test_a_version_1_file_is_migrated_forward_with_its_jobs(path: Path) ->
         assert con.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 14
         indexes = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
         assert "asyncq_jobs_ready" not in indexes and "asyncq_jobs_pending" not in indexes  # v8: ranked instead
-        assert {"asyncq_jobs_ranked", "asyncq_jobs_waiting"} <= indexes
+        assert {"asyncq_jobs_ranked", "asyncq_jobs_prioritised"} <= indexes  # v16: no waiting, no ready_at index
+        assert "asyncq_jobs_waiting" not in indexes and "asyncq_jobs_ready_at" not in indexes
     finally:
         con.close()
 

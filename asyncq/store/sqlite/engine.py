@@ -82,7 +82,8 @@ def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]
     for start in range(0, len(jobs), INSERT_ROWS_MAX):
         part = jobs[start : start + INSERT_ROWS_MAX]
         chunk = padded(list(part))
-        cursor = con.execute(insert_rows(layout, len(chunk)), _insert_values(layout, chunk))
+        plain = _all_plain(layout, chunk)
+        cursor = con.execute(insert_rows(layout, len(chunk), plain), _insert_values(layout, chunk, plain))
         if cursor.rowcount == len(part):  # none was known: every id is new
             inserted.update(job.id for job in part)
         elif cursor.rowcount > 0:  # some were: the rows inserted now have the greatest seqs up to the last one
@@ -122,10 +123,20 @@ def _key_holders(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]
     return found
 
 
-def _insert_values(layout: Layout, jobs: Sequence[NewJob]) -> list[Any]:
+def _all_plain(layout: Layout, jobs: Sequence[NewJob]) -> bool:
+    """Whether every one of ``jobs`` leaves each column of ``layout.defaults`` at its default."""
+    if not layout.defaults:
+        return False
+    defaults_of = _getter(tuple(column for column, _default in layout.defaults))
+    defaults = tuple(default for _column, default in layout.defaults)
+    return all(defaults_of(job.payload) == defaults for job in jobs)
+
+
+def _insert_values(layout: Layout, jobs: Sequence[NewJob], plain: bool = False) -> list[Any]:
     """The parameters of ``INSERT_ROWS`` for ``jobs``, row after row (1.5 → 0.5 µs a job against a nested
-    comprehension: the payload is read with one getter, the list extended once per job)."""
-    payload_of = _payload_getter(layout)
+    comprehension: the payload is read with one getter, the list extended once per job); ``plain``: of
+    ``layout.plain``'s columns only."""
+    payload_of = _getter(layout.plain if plain else layout.inserted)
     values: list[Any] = []
     extend = values.extend
     for job in jobs:
@@ -140,12 +151,12 @@ def _differs(stored: dict[str, Any], payload: dict[str, Any]) -> bool:
 
 
 @cache
-def _payload_getter(layout: Layout) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """A function giving a payload dict's values in ``layout.inserted``'s column order, always as a tuple."""
-    if len(layout.inserted) == 1:
-        (column,) = layout.inserted
+def _getter(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A function giving a payload dict's values of ``columns``, in their order, always as a tuple."""
+    if len(columns) == 1:
+        (column,) = columns
         return lambda payload: (payload[column],)
-    return itemgetter(*layout.inserted)
+    return itemgetter(*columns)
 
 
 def enqueue(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:

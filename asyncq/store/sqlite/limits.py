@@ -67,7 +67,14 @@ live AS MATERIALIZED (
 full AS (SELECT limit_key FROM live WHERE n >= :per_key),
 ready AS (
   SELECT * FROM (SELECT seq, 1 AS late, priority, available_at, limit_key FROM asyncq_jobs
-                 WHERE status = 'pending' AND queue = :queue AND available_at <= (SELECT late_at FROM flow)
+                 WHERE status = 'pending' AND queue = :queue AND priority = 0
+                   AND available_at <= (SELECT late_at FROM flow)
+                 ORDER BY available_at, seq LIMIT :window)
+  WHERE limit_key IS NULL OR limit_key NOT IN full
+  UNION ALL
+  SELECT * FROM (SELECT seq, 1 AS late, priority, available_at, limit_key FROM asyncq_jobs
+                 WHERE status = 'pending' AND queue = :queue AND priority <> 0
+                   AND available_at <= (SELECT late_at FROM flow)
                  ORDER BY available_at, seq LIMIT :window)
   WHERE limit_key IS NULL OR limit_key NOT IN full
   UNION ALL

@@ -42,11 +42,19 @@ WITH RECURSIVE q(name) AS (
 """
 _INDEXED = ("status = 'pending'", "status = 'leased'", "status IN ('done', 'dead')")
 QUEUES = (*(_SKIP_SCAN.format(jobs=_JOBS, where=where) for where in _INDEXED), "SELECT queue FROM asyncq_queues")
-# A queue's pending jobs in one pass of asyncq_jobs_waiting (queue, available_at), the soonest due first, at most
-# :cap: how many, how many of them are ready, and the oldest ready one.
+# A queue's pending jobs, the soonest due first, at most :cap: how many, how many of them are ready, and the oldest
+# ready one. Two ranges in ready-time order, each stopping at :cap (schema.PENDING_BY_TIME: the default priority's
+# in asyncq_jobs_ranked, the others' in asyncq_jobs_prioritised), merged.
 PENDING = f"""
 SELECT count(*), ifnull(sum(available_at <= :now), 0), min(CASE WHEN available_at <= :now THEN available_at END)
-FROM (SELECT available_at FROM {_JOBS} WHERE status = 'pending' AND queue = :queue ORDER BY available_at LIMIT :cap)
+FROM (SELECT available_at FROM (
+        SELECT available_at FROM {_JOBS} WHERE status = 'pending' AND queue = :queue AND priority = 0
+        ORDER BY available_at LIMIT :cap)
+      UNION ALL
+      SELECT available_at FROM (
+        SELECT available_at FROM {_JOBS} WHERE status = 'pending' AND queue = :queue AND priority <> 0
+        ORDER BY available_at LIMIT :cap)
+      ORDER BY available_at LIMIT :cap)
 """
 LEASED = f"SELECT count(*) FROM {_JOBS} WHERE status = 'leased' AND queue = :queue"
 # Jobs that ended since the previous sample, by the ended jobs' index ``(queue, task, status, reason, available_at)``

@@ -6,6 +6,7 @@ app's tables in the same file (hence the ``asyncq_`` prefix). Both run the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # The lease lab's tables, exactly as its contract writes them (sqlite_master keeps this text).
 LAB_TABLES = (
@@ -82,6 +83,10 @@ class Layout:
     #: Whether the jobs table has the dependencies' and groups' columns (the product's, ``graph_schema``): its sweep
     #: also ends waiting jobs past their deadline, and its finishes and sweeps return each row's ``links``.
     graphs: bool = False
+    #: Inserted columns that most jobs leave at the column's own ``DEFAULT``, with that default: an enqueue whose jobs
+    #: all do inserts without them (``statements.insert_rows``'s plain form). The product's five (priority, unique
+    #: key, group, limit key, task) were 1 µs of every job enqueued to bind (docs/benchmarks.md, "ab-pool").
+    defaults: tuple[tuple[str, Any], ...] = ()
 
     @property
     def stored(self) -> tuple[str, ...]:
@@ -92,6 +97,12 @@ class Layout:
     def inserted(self) -> tuple[str, ...]:
         """Every column an enqueue inserts from the payload: ``stored``, then ``derived``."""
         return self.stored + self.derived
+
+    @property
+    def plain(self) -> tuple[str, ...]:
+        """The columns of ``inserted`` that an enqueue of jobs at ``defaults`` writes."""
+        left = {column for column, _default in self.defaults}
+        return tuple(column for column in self.inserted if column not in left)
 
 
 LAB = Layout(
@@ -116,6 +127,7 @@ PRODUCT = Layout(
     keys=("unique_key", "group_name", "limit_key"),
     derived=("task",),
     graphs=True,
+    defaults=(("priority", 0), ("unique_key", None), ("group_name", None), ("limit_key", None), ("task", None)),
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -380,4 +392,18 @@ CONSOLE = (
   last_seen_ms INTEGER NOT NULL, leases INTEGER NOT NULL, renewals INTEGER NOT NULL, last_renewal_ms INTEGER)
   WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS asyncq_errors_type ON asyncq_errors(type, job_seq)",
+)
+
+# Version 16: two index writes fewer for every pending job (docs/benchmarks.md, "ab-pool"). ``asyncq_jobs_waiting``
+# held every pending job by (queue, available_at) for ``max_wait``'s late jobs and the oldest ready one; a job of the
+# default priority is already in that order in ``asyncq_jobs_ranked`` (queue, priority DESC, available_at) once its
+# priority is fixed, so ``asyncq_jobs_prioritised`` holds only the others, and a read in ready-time order takes the
+# two ranges (``priority = 0``, ``priority <> 0``) and merges them. ``asyncq_jobs_ready_at`` (the oldest ready
+# job of every queue, for ``stats``) goes too: that is the least of each queue's oldest, found through the same two
+# ranges, a seek each per queue.
+PENDING_BY_TIME = (
+    "DROP INDEX IF EXISTS asyncq_jobs_waiting",
+    "DROP INDEX IF EXISTS asyncq_jobs_ready_at",
+    "CREATE INDEX IF NOT EXISTS asyncq_jobs_prioritised ON asyncq_jobs(queue, available_at)"
+    " WHERE status = 'pending' AND priority <> 0",
 )

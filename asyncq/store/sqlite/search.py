@@ -23,6 +23,12 @@ from asyncq.store.sqlite.schema import PRODUCT
 _JOBS, _ERRORS = PRODUCT.jobs, PRODUCT.errors
 _COLUMNS = ", ".join(f"j.{column}" for column in JOB_COLUMNS.split(", ")) + ", " + JOB_EXTRAS
 
+# A queue's pending jobs of ``{priority}`` (a condition on it) due after the page's last, within the time range.
+
+_DUE = (
+    "SELECT seq, available_at FROM {{jobs}} WHERE status = 'pending' AND queue = :queue AND priority {priority}"
+    " AND (available_at, seq) > (:due_at, :after) AND available_at >= :since AND available_at < :until"
+)
 # Each path's walk: ``{cmp}``/``{dir}`` the order's, ``:after`` the cursor's seq. The WHERE of a partial index is
 # repeated word for word (SQLite takes a partial index only then); ``INDEXED BY`` keeps the planner from walking
 # the primary key instead (``seq > :after`` looks cheaper to it).
@@ -43,22 +49,28 @@ _WALKS = {
     " WHERE type = :error_type AND job_seq {cmp} :after ORDER BY job_seq {dir} LIMIT :scan",
     Path.IDS: "SELECT seq FROM {jobs} WHERE id IN (SELECT value FROM json_each(:ids)) AND seq {cmp} :after"
     " ORDER BY seq {dir} LIMIT :scan",
-    # One queue's pending jobs by when they are due: the waiting index (queue, available_at), or with a priority
-    # the ranked one (queue, priority DESC, available_at), each with its rowid last; a row value pages it.
-    Path.DUE: "SELECT seq, available_at FROM {jobs} WHERE status = 'pending' AND queue = :queue {priority}"
-    " AND (available_at, seq) > (:due_at, :after) AND available_at >= :since AND available_at < :until"
-    " ORDER BY available_at, seq LIMIT :scan",
+    # One queue's pending jobs by when they are due, of one priority: the ranked index (queue, priority DESC,
+    # available_at) with its rowid last; a row value pages it. Of any priority: ``_DUE_ANY``.
+    Path.DUE: _DUE.format(priority="= :priority") + " ORDER BY available_at, seq LIMIT :scan",
 }
+# Of any priority, two ranges in that order merged (``schema.PENDING_BY_TIME``: the default priority's in the ranked
+# index, the others' in ``asyncq_jobs_prioritised`` (queue, available_at)), each stopping at ``:scan``.
+_DUE_ANY = (
+    "SELECT seq, available_at FROM ("
+    + " UNION ALL ".join(
+        f"SELECT * FROM ({_DUE.format(priority=priority)} ORDER BY available_at, seq LIMIT :scan)"
+        for priority in ("= 0", "<> 0")
+    )
+    + ") ORDER BY available_at, seq LIMIT :scan"
+)
 _FAR = 2**62
 
 
 def walk(plan: SearchPlan) -> str:
     """The walk of ``plan``'s path (its ``:scan`` rows), as a statement."""
     newest = plan.order is Order.NEWEST
-    priority = "AND priority = :priority" if plan.query.priority is not None else ""
-    return _WALKS[plan.path].format(
-        jobs=_JOBS, errors=_ERRORS, cmp="<" if newest else ">", dir="DESC" if newest else "ASC", priority=priority
-    )
+    walk = _DUE_ANY if plan.path is Path.DUE and plan.query.priority is None else _WALKS[plan.path]
+    return walk.format(jobs=_JOBS, errors=_ERRORS, cmp="<" if newest else ">", dir="DESC" if newest else "ASC")
 
 
 def unserved(plan: SearchPlan) -> str:

@@ -56,9 +56,10 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 
 # The product's claim, in ``core.claim_plan``'s order (``claim_rank``): a job ready for longer than its queue's
 # ``max_wait`` first (``late``, oldest first; none when the queue has no ``max_wait``), then higher priority, then
-# the earlier ``available_at``, then ``seq``. Each branch seeks its own index and stops at ``:limit`` (``late``:
-# ``asyncq_jobs_waiting``; ready: ``asyncq_jobs_ranked``, whose order is the branch's, so no sort; the
-# ``+available_at`` keeps the planner off the waiting index there; expired leases: few, from ``asyncq_jobs_leased``).
+# the earlier ``available_at``, then ``seq``. Each branch seeks its own index and stops at ``:limit`` (``late``: two,
+# the default priority's range of ``asyncq_jobs_ranked`` and ``asyncq_jobs_prioritised``, both in ready-time order;
+# ready: ``asyncq_jobs_ranked``, whose order is the branch's, so no sort; the ``+available_at`` keeps the planner
+# off the prioritised index there; expired leases: few, from ``asyncq_jobs_leased``).
 # The branches are disjoint (the ready branch leaves the late jobs to theirs), so ``UNION ALL`` needs no dedupe
 # (a ``UNION`` cost a tenth of the no-op pool's throughput at 16 tasks). ``flow`` is the queue's stored
 # settings row: while it says paused, nothing is claimed; nor while the queue has limits (``limits.CLAIM_LIMITED``
@@ -69,7 +70,13 @@ WITH flow AS (SELECT paused_at, :now - max_wait_ms AS late_at,
               FROM {settings} WHERE queue = :queue),
 ready AS (
   SELECT * FROM (SELECT seq, 1 AS late, priority, available_at FROM {jobs}
-                 WHERE status = 'pending' AND queue = :queue AND available_at <= (SELECT late_at FROM flow)
+                 WHERE status = 'pending' AND queue = :queue AND priority = 0
+                   AND available_at <= (SELECT late_at FROM flow)
+                 ORDER BY available_at, seq LIMIT :limit)
+  UNION ALL
+  SELECT * FROM (SELECT seq, 1 AS late, priority, available_at FROM {jobs}
+                 WHERE status = 'pending' AND queue = :queue AND priority <> 0
+                   AND available_at <= (SELECT late_at FROM flow)
                  ORDER BY available_at, seq LIMIT :limit)
   UNION ALL
   SELECT * FROM (SELECT seq, 0, priority, available_at FROM {jobs}
@@ -270,14 +277,15 @@ INSERT_ROWS_MAX = 256
 
 
 @cache
-def insert_rows(layout: Layout, count: int) -> str:
+def insert_rows(layout: Layout, count: int, plain: bool = False) -> str:
     """``INSERT_ROWS`` for ``count`` jobs (1 … ``INSERT_ROWS_MAX``), rounded up like ``select_by_ids``; fill it
     with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
     instead of 256 halves the connection thread's time per enqueued job (docs/benchmarks.md, "How the design was
-    measured")."""
-    row = "(" + ", ".join(["?"] * (1 + len(layout.inserted)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
+    measured"). ``plain``: the columns of ``layout.plain`` only, for jobs that leave the others at their defaults."""
+    columns = layout.plain if plain else layout.inserted
+    row = "(" + ", ".join(["?"] * (1 + len(columns)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
     return INSERT_ROWS.format(
-        jobs=layout.jobs, payload=", ".join(layout.inserted), rows=", ".join([row] * _in_list_size(count))
+        jobs=layout.jobs, payload=", ".join(columns), rows=", ".join([row] * _in_list_size(count))
     )
 
 

@@ -4,8 +4,8 @@ leases in flight by owner, attempts. One read transaction, all statements by nam
 No figure scans the table, whatever the depth (``benchmarks/stats_depth.py``; plans in docs/benchmarks.md). Jobs not
 leased are counted by the cells of ``asyncq_counts``, which triggers keep in every transaction that moves a job
 (``schema.JOB_COUNTS``): pending, done and dead by status, dead by reason, pending by attempts. Leased jobs are read
-from the ``leased`` index, in one pass: in flight only. The oldest ready job is the first entry of the
-``asyncq_jobs_ready_at`` index.
+from the ``leased`` index, in one pass: in flight only. The oldest ready job takes two seeks per queue with pending
+jobs (``OLDEST_READY``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,23 @@ LEASED = (
     "SELECT owner, attempts, count(*), min(lease_until), sum(lease_until <= :now) FROM {jobs}"
     " WHERE status = 'leased' GROUP BY owner, attempts ORDER BY owner, attempts"
 )
-# ``available_at + 0`` is the indexed expression (``asyncq_jobs_ready_at``): the minimum is one seek.
-OLDEST_READY = "SELECT min(available_at + 0) FROM {jobs} WHERE status = 'pending' AND available_at + 0 <= :now"
+# The least of each queue's oldest pending job, if it is ready. The queues with pending jobs, by a skip scan of
+# ``asyncq_jobs_ranked`` (queue first); each queue's oldest is two seeks (``schema.PENDING_BY_TIME``: the default
+# priority's range of the ranked index, the others' first entry in ``asyncq_jobs_prioritised``).
+OLDEST_READY = """
+WITH RECURSIVE q(name) AS (
+  SELECT (SELECT min(queue) FROM {jobs} WHERE status = 'pending')
+  UNION ALL
+  SELECT (SELECT min(queue) FROM {jobs} WHERE status = 'pending' AND queue > q.name) FROM q WHERE q.name IS NOT NULL
+)
+SELECT min(oldest) FROM (
+  SELECT (SELECT min(available_at) FROM {jobs} WHERE status = 'pending' AND queue = q.name AND priority = 0) AS oldest
+  FROM q WHERE q.name IS NOT NULL
+  UNION ALL
+  SELECT (SELECT min(available_at) FROM {jobs} WHERE status = 'pending' AND queue = q.name AND priority <> 0)
+  FROM q WHERE q.name IS NOT NULL
+) WHERE oldest <= :now
+"""
 NAMES = {"COUNTED_CELLS": COUNTED_CELLS, "LEASED": LEASED, "OLDEST_READY": OLDEST_READY}
 
 Cells = list[tuple[Any, ...]]
