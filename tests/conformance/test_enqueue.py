@@ -32,6 +32,33 @@ async def test_new_rows_are_stored_whole_in_batch_order(store: QueueStore) -> No
     assert after.jobs["a"].available_at == T0 + 2_000 and after.jobs["a"].deadline == T0 + 60_000
 
 
+async def test_a_batch_mixing_plain_jobs_with_ones_that_set_a_column_stores_each_as_given(store: QueueStore) -> None:
+    # A store may write only the columns some job of a statement sets (SQLite: ``Layout.defaults``): one job setting
+    # a column must not lend it to the others, nor lose it beside them; a batch of plain jobs alone, nor them.
+    task_body = {"task": "mail.send", "args": {"to": "ada"}}
+    rows = [
+        new("plain", body={"n": 1}),
+        new("task", body=task_body),
+        new("urgent", priority=7),
+        new("keyed", unique_key="once", limit_key="tenant-1"),
+        new("low-task", body=task_body | {"args": {"to": "bob"}}, priority=-2),
+        new("plain-after", body={"n": 2}),
+    ]
+    plain_only = [new("plain-batch", body={"n": 3}), new("plain-batch-2", body={"n": 4})]
+    before = await dump(store)
+    assert await store.enqueue(rows) == [True] * len(rows)
+    assert await store.enqueue(plain_only) == [True, True]
+    after = await dump(store)
+    added = [*rows, *plain_only]
+    expect(before, after, {row.id: stored(row, after.jobs[row.id].seq) for row in added})
+    assert after.jobs["task"].task == "mail.send" and after.jobs["plain"].task is None
+    assert after.jobs["urgent"].priority == 7 and after.jobs["plain-after"].priority == 0
+    assert (after.jobs["keyed"].unique_key, after.jobs["keyed"].limit_key) == ("once", "tenant-1")
+    assert after.jobs["plain-batch"].unique_key is None and after.jobs["plain-batch"].limit_key is None
+    # The same ids and payloads again are known (False), whatever columns each statement wrote.
+    assert await store.enqueue(added) == [False] * len(added)
+
+
 async def leased_done_and_dead(store: QueueStore) -> None:
     """One job in each state: pending (p), leased (l), done (d), dead (x)."""
     assert await store.enqueue([new(job_id) for job_id in ("l", "d", "x", "p")]) == [True] * 4

@@ -83,9 +83,10 @@ class Layout:
     #: Whether the jobs table has the dependencies' and groups' columns (the product's, ``graph_schema``): its sweep
     #: also ends waiting jobs past their deadline, and its finishes and sweeps return each row's ``links``.
     graphs: bool = False
-    #: Inserted columns that most jobs leave at the column's own ``DEFAULT``, with that default: an enqueue whose jobs
-    #: all do inserts without them (``statements.insert_rows``'s plain form). The product's five (priority, unique
-    #: key, group, limit key, task) were 1 µs of every job enqueued to bind (docs/benchmarks.md, "ab-pool").
+    #: Inserted columns that most jobs leave at the column's own ``DEFAULT``, with that default: an enqueue writes
+    #: only those of them that some job of its statement sets (``statements.insert_rows``). The product's five
+    #: (priority, unique key, group, limit key, task) were 1 µs of every plain job enqueued to bind
+    #: (docs/benchmarks.md, "ab-pool").
     defaults: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -97,12 +98,6 @@ class Layout:
     def inserted(self) -> tuple[str, ...]:
         """Every column an enqueue inserts from the payload: ``stored``, then ``derived``."""
         return self.stored + self.derived
-
-    @property
-    def plain(self) -> tuple[str, ...]:
-        """The columns of ``inserted`` that an enqueue of jobs at ``defaults`` writes."""
-        left = {column for column, _default in self.defaults}
-        return tuple(column for column in self.inserted if column not in left)
 
 
 LAB = Layout(

@@ -277,12 +277,13 @@ INSERT_ROWS_MAX = 256
 
 
 @cache
-def insert_rows(layout: Layout, count: int, plain: bool = False) -> str:
+def insert_rows(layout: Layout, count: int, columns: tuple[str, ...] | None = None) -> str:
     """``INSERT_ROWS`` for ``count`` jobs (1 … ``INSERT_ROWS_MAX``), rounded up like ``select_by_ids``; fill it
     with ``padded`` rows (a repeated row inserts nothing: its id is then known). One statement for 256 jobs
     instead of 256 halves the connection thread's time per enqueued job (docs/benchmarks.md, "How the design was
-    measured"). ``plain``: the columns of ``layout.plain`` only, for jobs that leave the others at their defaults."""
-    columns = layout.plain if plain else layout.inserted
+    measured"). ``columns``: the payload columns written (default: all of ``layout.inserted``); the others keep
+    their defaults (``Layout.defaults``)."""
+    columns = layout.inserted if columns is None else columns
     row = "(" + ", ".join(["?"] * (1 + len(columns)) + ["'pending'", "0", "?", "0", "?", "?"]) + ")"
     return INSERT_ROWS.format(
         jobs=layout.jobs, payload=", ".join(columns), rows=", ".join([row] * _in_list_size(count))
