@@ -6,9 +6,11 @@ plan against snapshots. The conformance suite runs the same plans through each d
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from asyncq.core.claim_plan import Claim, ClaimPlan, next_claim, plan_claim
+from asyncq.core.claim_plan import Claim, ClaimPlan, claim_rank, in_claim_order, next_claim, plan_claim
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
     FinishChange,
@@ -93,6 +95,20 @@ def test_a_queue_whose_claim_came_back_short_is_not_asked_again_in_the_same_comm
 )
 def test_the_sweep_runs_when_a_claim_may_take_a_job(wants: list[int], total: int | None, sweep: bool) -> None:
     assert plan_claim(wants, total, None).sweep is sweep
+
+
+@pytest.mark.parametrize("late_share", [0.0, 0.2])
+def test_claimed_rows_in_claim_order_are_sorted_as_by_claim_rank(late_share: float) -> None:
+    # Rows as a claim returns them: (seq, payload…, priority at 2, ready_at, late last); few distinct priorities and
+    # ready times, so that ties fall to the next key. Without a late row the fast path sorts; with one, claim_rank.
+    draw = random.Random(7)
+    for _batch in range(200):
+        rows = [
+            (seq, "body", draw.choice([-5, 0, 0, 3]), draw.randrange(4), int(draw.random() < late_share))
+            for seq in draw.sample(range(1000), draw.randrange(0, 40))
+        ]
+        expected = sorted(rows, key=lambda row: claim_rank(row[2], row[3], row[0], bool(row[4])))
+        assert in_claim_order(list(rows), priority=2, ready_at=3, seq=0, late=4) == expected
 
 
 def test_the_claim_plan_phases_say_what_counts_and_the_budgets() -> None:

@@ -25,7 +25,8 @@ statement, not two (the empty claim ahead cost 20 µs of the 140 µs a one-job c
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 
 class ClaimPlan(NamedTuple):
@@ -110,6 +111,21 @@ Rank = tuple[int, int, int, int]
 def claim_rank(priority: int, ready_at: int, seq: int, late: bool) -> Rank:
     """Where a ready job comes in its queue's claim order (lower first; see the order above)."""
     return (0, 0, ready_at, seq) if late else (1, -priority, ready_at, seq)
+
+
+def in_claim_order(
+    rows: list[tuple[Any, ...]], priority: int, ready_at: int, seq: int, late: int
+) -> list[tuple[Any, ...]]:
+    """Claimed rows, sorted in place by ``claim_rank`` of their columns at these positions, and returned. Without a
+    late row the order is priority (higher first), then ``ready_at``, then ``seq``: two sorts keyed in C, the second
+    stable (a reversed sort keeps equal rows in their order), instead of two Python calls a row. Equal to
+    ``sorted(rows, key=claim_rank…)`` (``tests/test_cycle_plan.py``)."""
+    if any(map(itemgetter(late), rows)):
+        rows.sort(key=lambda row: claim_rank(row[priority], row[ready_at], row[seq], bool(row[late])))
+        return rows
+    rows.sort(key=itemgetter(ready_at, seq))
+    rows.sort(key=itemgetter(priority), reverse=True)
+    return rows
 
 
 def is_late(ready_at: int, now_ms: int, max_wait_ms: int | None) -> bool:

@@ -247,11 +247,13 @@ class JobSpec:
         check_identifier(self.id, "id")
         check_identifier(self.queue, "queue")
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
-        check_priority(self.priority)
-        if self.unique_key is not None or self.limit_key is not None:  # most jobs have neither: no call for them
+        # Most jobs take the defaults below: a call for each check only when a field is not its default.
+        if type(self.priority) is not int or self.priority != 0:
+            check_priority(self.priority)
+        if self.unique_key is not None or self.limit_key is not None:
             check_unique_key(self.unique_key)
             check_limit_key(self.limit_key)
-        raise_on_unique = check_on_conflict(self.on_conflict) == "raise"
+        raise_on_unique = self.on_conflict != "return" and check_on_conflict(self.on_conflict) == "raise"
         ttl_ms = DEFAULT_TTL_MS if self.ttl is None else duration_ms(self.ttl, "ttl", DEFAULT_TTL_MS, 1, MAX_TTL_MS)
         delay_ms = 0 if self.delay is None else duration_ms(self.delay, "delay", 0, 0, ttl_ms)
         body = body_text(self.body, max_body_bytes)
@@ -261,7 +263,8 @@ class JobSpec:
         # tuple.__new__: a named tuple's constructor is a Python call (by keyword, three times as costly again).
         payload = {
             "queue": self.queue, "body": body, "priority": self.priority, "unique_key": self.unique_key,
-            "task": task_of(self.body), "group_name": group, "limit_key": self.limit_key,
+            "task": task_of(self.body) if type(self.body) is dict and "task" in self.body else None,
+            "group_name": group, "limit_key": self.limit_key,
         }  # fmt: skip
         linked = bool(after) or group is not None
         row = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from asyncq.core.claim_plan import Claim, ClaimPlan, Rank, claim_rank, next_claim
+from asyncq.core.claim_plan import Claim, ClaimPlan, in_claim_order, next_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.flow_limits import Hold
 from asyncq.core.lifecycle import DEAD
@@ -55,7 +55,7 @@ async def claim(
         queue = wants[step.queue][0]
         rows, was_limited, hold = await _claim_one(conn, schema, step, queue, (now_ms, owner, lease_ms), hint, locked)
         locked = locked or was_limited
-        claimed += sorted(rows, key=_rank)
+        claimed += in_claim_order(rows, priority=4, ready_at=-2, seq=0, late=-1)
         counted += len(rows) if step.counts else 0
         holds += [] if hold is None else [hold]
         if was_limited or len(rows) < step.limit:
@@ -89,8 +89,3 @@ async def _claim_one(
     limited.add(queue)
     done = await claim_limited(conn, schema, queue, step.limit, step.counts, params, not locked)
     return ([], True, None) if done is None else (done[0], True, done[1])
-
-
-def _rank(row: tuple[Any, ...]) -> Rank:
-    """A claimed row's place in the claim order: its priority, ``available_at``, seq and whether it is late."""
-    return claim_rank(row[4], row[-2], row[0], row[-1])

@@ -8,11 +8,10 @@ transaction the caller holds.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
-from functools import cache
+from collections.abc import Sequence
 from typing import Any
 
-from asyncq.core.claim_plan import Claim, ClaimPlan, Rank, claim_rank, next_claim
+from asyncq.core.claim_plan import Claim, ClaimPlan, in_claim_order, next_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.flow_limits import Hold
 from asyncq.core.lifecycle import DEAD
@@ -44,15 +43,13 @@ def claim_rows_in_transaction(
     if sweep:
         sweep_unclaimable(con, layout, now_ms)
     rows = con.execute(sql(layout, layout.claim), params).fetchall()
-    return sorted(rows) if layout.settings is None else sorted(rows, key=_ranked(layout))
+    return sorted(rows) if layout.settings is None else _in_claim_order(layout, rows)
 
 
-@cache
-def _ranked(layout: Layout) -> Callable[[tuple[Any, ...]], Rank]:
-    """The sort key of the product's claimed rows: ``claim_rank`` of their priority, ``available_at``, ``seq`` and
-    ``late`` (the two rank columns CLAIM_RANKED returns last)."""
-    at = 2 + layout.payload.index("priority")
-    return lambda row: claim_rank(row[at], row[-2], row[0], bool(row[-1]))
+def _in_claim_order(layout: Layout, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The product's claimed rows (the priority among the payload's columns, CLAIM_RANKED's ``available_at`` and
+    ``late`` last) in the claim order."""
+    return in_claim_order(rows, priority=2 + layout.payload.index("priority"), ready_at=-2, seq=0, late=-1)
 
 
 def claim_planned(
@@ -97,7 +94,7 @@ def _claim_one(
     if queue is not None and queue in limited:
         done = claim_limited(con, queue, claim.limit, claim.counts, params)
         if done is not None:
-            return sorted(done[0], key=_ranked(layout)), True, done[1]
+            return _in_claim_order(layout, done[0]), True, done[1]
         limited.discard(queue)
     rows = claim_rows_in_transaction(
         con, layout, params["owner"], params["now"], params["lease_ms"], limit=claim.limit, scope=scope,
@@ -107,7 +104,7 @@ def _claim_one(
         return rows, False, None
     limited.add(queue)
     done = claim_limited(con, queue, claim.limit, claim.counts, params)
-    return ([], True, None) if done is None else (sorted(done[0], key=_ranked(layout)), True, done[1])
+    return ([], True, None) if done is None else (_in_claim_order(layout, done[0]), True, done[1])
 
 
 def sweep_unclaimable(con: sqlite3.Connection, layout: Layout, now_ms: int, ripple: Ripple | None = None) -> None:
