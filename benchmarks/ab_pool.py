@@ -9,7 +9,9 @@ The baseline is checked out (``git worktree``) into a temporary folder. Each run
 Sides alternate run by run, so drift on a noisy machine falls on both; the table holds medians, the ratio
 this/baseline, and each side's CPU a job (the child's ``process_time``, both phases). The child uses only the API
 both trees share. With ``--write`` the table goes into the
-``ab-pool`` section of ``docs/benchmarks.md``.
+``ab-pool`` section of ``docs/benchmarks.md``. ``--instructions`` counts each side's instructions a job with
+``valgrind --tool=callgrind`` instead (slow: about a minute a side for 10,000 jobs, but the count does not move with
+the machine's load, so a few per cent can be seen on a busy machine; ``baseline / this`` above 1 is fewer here).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -71,6 +74,29 @@ def run_once(tree: Path, jobs: int, tasks: int) -> tuple[float, float]:
     return jobs / (times["enqueue"] + times["drain"]), times["cpu"] / jobs * 1e6
 
 
+def instructions(tree: Path, jobs: int, tasks: int) -> int:
+    """The instructions ``valgrind --tool=callgrind`` counts in one child on ``tree`` (every thread), start to end."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", CHILD]
+    done = subprocess.run(
+        [*command, str(jobs), str(tasks)], env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True,
+        check=True, timeout=3600,
+    )  # fmt: skip
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind printed no total: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def instructions_per_job(tree: Path, jobs: int, tasks: int) -> float:
+    """Instructions a job: a run of ``jobs`` less a run of ``FEW`` (start-up, imports, opening the file), divided by
+    the difference. Counted, not timed: the figure does not move with the machine's load."""
+    return (instructions(tree, jobs, tasks) - instructions(tree, FEW, tasks)) / (jobs - FEW)
+
+
+FEW = 10
+
+
 def checkout(ref: str, folder: Path) -> Path:
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref], check=True, capture_output=True
@@ -85,7 +111,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--write", action="store_true", help="write the ab-pool section of docs/benchmarks.md")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions a job with callgrind instead of timing runs"
+    )
     args = parser.parse_args(argv)
+    if args.instructions:
+        count_instructions(args.baseline, args.tasks, args.jobs)
+        return
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         baseline = checkout(args.baseline, Path(scratch) / "baseline")
@@ -112,6 +144,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         load = f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
         body = f"{command} ({environment()}; {load}):\n\n{markdown_table(headers, rows)}\n"
         write_section("ab-pool", body)
+
+
+def count_instructions(ref: str, tasks_list: Sequence[int], jobs: int) -> None:
+    """``--instructions``: each side's instructions a job (one count a side: a count does not vary run to run beyond
+    a few hundred instructions), and the ratio."""
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        baseline = checkout(ref, Path(scratch) / "baseline")
+        try:
+            for tasks in tasks_list:
+                base, this = (instructions_per_job(tree, jobs, tasks) for tree in (baseline, ROOT))
+                rows.append([tasks, f"{base / 1000:,.1f}k", f"{this / 1000:,.1f}k", f"{base / this:.3f}x"])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)], check=False)
+    headers = ["tasks", f"baseline {ref} instructions/job", "this checkout instructions/job", "baseline / this"]
+    print_table(f"no-op pool, WAL+FULL, {jobs:,} jobs less {FEW}, callgrind (every thread)", headers, rows)
 
 
 if __name__ == "__main__":
