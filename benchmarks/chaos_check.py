@@ -113,7 +113,32 @@ def caught_before_start(held_at_kills: Iterable[tuple[str, Held]], started: set[
     handler starts it), so a kill between that commit and the handler's first step spends the attempt. With one
     attempt a job (no lease is taken again once counted) these are exactly the attempts spent without a start
     that the design allows; any other is a bug."""
-    return sum(1 for job_id, (token, attempts) in held_at_kills if attempts > 0 and (job_id, token) not in started)
+    return len(caught_leases(held_at_kills, started))
+
+
+def caught_leases(held_at_kills: Iterable[tuple[str, Held]], started: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``(job id, token)`` of each lease ``caught_before_start`` counts."""
+    return [
+        (job_id, token)
+        for job_id, (token, attempts) in held_at_kills
+        if attempts > 0 and (job_id, token) not in started
+    ]
+
+
+def caught_detail(
+    caught: Iterable[tuple[str, int]], jobs: Iterable[JobRow], started: set[tuple[str, int]]
+) -> list[str]:
+    """One line a caught lease: its job's final row and the tokens it started under (a failure's evidence)."""
+    rows = {job.id: job for job in jobs}
+    tokens: dict[str, list[int]] = {}
+    for job_id, token in sorted(started):
+        tokens.setdefault(job_id, []).append(token)
+    return [
+        f"{job_id} token {token}: {rows[job_id].status}/{rows[job_id].reason} attempts {rows[job_id].attempts},"
+        f" started under {tokens.get(job_id, [])}"
+        for job_id, token in caught
+        if job_id in rows
+    ]
 
 
 def check(
@@ -123,7 +148,9 @@ def check(
     killed worker held, as the kill left it)."""
     events = read_events(events_path)
     inbox = read_inbox(inbox_path)
-    figures = job_figures(store.jobs(), expected, inbox, events)
+    jobs = list(store.jobs())
+    figures = job_figures(jobs, expected, inbox, events)
+    caught = caught_leases(held_at_kills, events.started)
     unexpected = unexpected_at_receiver(inbox, expected, events.starts)
     if figures["unexpected_jobs"]:
         unexpected["job_row_unknown_or_other_body"] = figures["unexpected_jobs"]
@@ -141,7 +168,8 @@ def check(
         "dead_every_attempt_failed": figures["dead_every_attempt_failed"],
         "dead_but_applied": figures["dead_but_applied"],
         "attempts_without_start": figures["attempts_without_start"],
-        "counted_leases_killed_before_start": caught_before_start(held_at_kills, events.started),
+        "counted_leases_killed_before_start": len(caught),
+        "caught_leases": caught_detail(caught, jobs, events.started),
         "redeliveries": sum(count - 1 for count in events.starts.values() if count > 1),
         "failed_deliveries": dict(events.failure_kinds.most_common()),
         "duplicates_absorbed": sum(duplicates for _id, _body, duplicates, _conflicts in inbox.events),

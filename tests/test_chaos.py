@@ -157,6 +157,6 @@ def test_a_sigkill_spends_no_attempt_of_a_job_claimed_ahead(one_attempt_run: tup
     kill caught unstarted, and each leaves its job dead, never sent: nothing else may spend one."""
     _code, report = one_attempt_run
     caught = report["counted_leases_killed_before_start"]
-    assert report["attempts_without_start"] == caught, report
+    assert report["attempts_without_start"] == caught, report["caught_leases"]
     assert report["dead_never_started"] == caught
     assert caught <= report["kills"] * 8  # at most one claim's free slots (8 tasks a worker) a kill
