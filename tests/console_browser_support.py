@@ -155,7 +155,10 @@ class Operator:
         eventually_sync(lambda: self.all("#role") and self.text("#role") == role, f"signed in as {role}")
 
     def rows(self, table: str) -> list[str]:
-        return self.fresh(lambda: [str(row.get_attribute("data-job")) for row in self.all(f"#{table} tbody tr")])
+        """The ``data-job`` of each row of ``table``, read in one script: row by row, a live update that replaced the
+        table between two reads made the next one stale (seen on a machine with a load of 4)."""
+        script = "return [...document.querySelectorAll(arguments[0])].map(row => row.getAttribute('data-job'))"
+        return [str(job) for job in self.driver.execute_script(script, f"#{table} tbody tr")]
 
     def errors(self, allowed: tuple[str, ...] = ()) -> list[str]:
         """The console's errors since the last look (``allowed``: texts of expected ones, as a refusal's status)."""
