@@ -24,11 +24,11 @@ _JOBS, _ERRORS = PRODUCT.jobs, PRODUCT.errors
 _COLUMNS = ", ".join(f"j.{column}" for column in JOB_COLUMNS.split(", ")) + ", " + JOB_EXTRAS
 
 # A queue's pending jobs of ``{priority}`` (a condition on it) due after the page's last, within the time range.
-
 _DUE = (
     "SELECT seq, available_at FROM {{jobs}} WHERE status = 'pending' AND queue = :queue AND priority {priority}"
     " AND (available_at, seq) > (:due_at, :after) AND available_at >= :since AND available_at < :until"
 )
+
 # Each path's walk: ``{cmp}``/``{dir}`` the order's, ``:after`` the cursor's seq. The WHERE of a partial index is
 # repeated word for word (SQLite takes a partial index only then); ``INDEXED BY`` keeps the planner from walking
 # the primary key instead (``seq > :after`` looks cheaper to it).
