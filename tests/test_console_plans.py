@@ -80,6 +80,29 @@ async def test_the_sqlite_task_and_waiting_pages_walk_their_indexes(tmp_path: Pa
         assert any("USING INTEGER PRIMARY KEY (rowid=?)" in line for line in lines), lines  # each job by its key
 
 
+async def test_the_sqlite_due_page_of_any_priority_merges_two_index_ranges(tmp_path: Path) -> None:
+    # One queue's pending jobs by when they are due (SQLite schema version 16): the default priority's range of the
+    # ranked index and the others' prioritised index, each walked in ready-time order; no scan of the jobs.
+    path = tmp_path / "deep.db"
+    async with await Queue.open(str(path)):
+        pass
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        series = "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n)"
+        con.execute(f"INSERT INTO asyncq_jobs {_COLUMNS} " + _ROWS.format(series=series), (DEPTH,))
+        con.execute("UPDATE asyncq_jobs SET priority = 5 WHERE status = 'pending' AND seq % 7 = 0")
+        con.execute("ANALYZE")
+        plan = plan_search(JobQuery(status="pending", queue="q1"), Order.DUE)
+        assert plan.path is SearchPath.DUE
+        statement = "EXPLAIN QUERY PLAN " + page_statement(plan)
+        lines = [row[3] for row in con.execute(statement, parameters(plan, None, 10_000, 51))]
+    finally:
+        con.close()
+    assert not [line for line in lines if line.startswith("SCAN asyncq_jobs") and "INDEX" not in line], lines
+    assert any("INDEX asyncq_jobs_ranked (queue=? AND priority=?" in line for line in lines), lines
+    assert any("INDEX asyncq_jobs_prioritised (queue=?" in line for line in lines), lines
+
+
 async def test_the_postgresql_task_and_waiting_pages_walk_their_indexes(postgres_url: str) -> None:
     async with await Queue.open(postgres_url):
         pass
