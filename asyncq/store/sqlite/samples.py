@@ -28,20 +28,12 @@ from asyncq.core.search import DeadGroup
 from asyncq.store.sqlite.admin import snapshot
 from asyncq.store.sqlite.connection import write_transaction
 from asyncq.store.sqlite.retention import TASKS_ENDED
-from asyncq.store.sqlite.schema import PRODUCT
+from asyncq.store.sqlite.schema import PRODUCT, QUEUES_OF
 
 _JOBS, _ERRORS = PRODUCT.jobs, PRODUCT.errors
 
-# The distinct queues of one partial index, by a skip scan (``{where}`` is the index's WHERE, word for word).
-_SKIP_SCAN = """
-WITH RECURSIVE q(name) AS (
-  SELECT (SELECT min(queue) FROM {jobs} WHERE {where})
-  UNION ALL
-  SELECT (SELECT min(queue) FROM {jobs} WHERE {where} AND queue > q.name) FROM q WHERE q.name IS NOT NULL
-) SELECT name FROM q WHERE name IS NOT NULL
-"""
 _INDEXED = ("status = 'pending'", "status = 'leased'", "status IN ('done', 'dead')")
-QUEUES = (*(_SKIP_SCAN.format(jobs=_JOBS, where=where) for where in _INDEXED), "SELECT queue FROM asyncq_queues")
+QUEUES = (*(QUEUES_OF.format(jobs=_JOBS, where=where) for where in _INDEXED), "SELECT queue FROM asyncq_queues")
 # A queue's pending jobs, the soonest due first, at most :cap: how many, how many of them are ready, and the oldest
 # ready one. Two ranges in ready-time order, each stopping at :cap (schema.PENDING_BY_TIME: the default priority's
 # in asyncq_jobs_ranked, the others' in asyncq_jobs_prioritised), merged.

@@ -402,3 +402,13 @@ PENDING_BY_TIME = (
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_prioritised ON asyncq_jobs(queue, available_at)"
     " WHERE status = 'pending' AND priority <> 0",
 )
+
+# The distinct queues of one partial index's rows, by a skip scan: a seek a queue (``{where}`` is the index's WHERE,
+# word for word; ``{jobs}`` the jobs table). The console's samples and ``stats`` read it.
+QUEUES_OF = """
+WITH RECURSIVE q(name) AS (
+  SELECT (SELECT min(queue) FROM {jobs} WHERE {where})
+  UNION ALL
+  SELECT (SELECT min(queue) FROM {jobs} WHERE {where} AND queue > q.name) FROM q WHERE q.name IS NOT NULL
+) SELECT name FROM q WHERE name IS NOT NULL
+"""

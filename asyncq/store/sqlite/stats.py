@@ -17,7 +17,7 @@ from typing import Any
 from asyncq.core.lifecycle import LEASED as LEASED_STATUS
 from asyncq.core.lifecycle import PENDING
 from asyncq.core.stats import Stats, StatsReads, assemble_stats
-from asyncq.store.sqlite.schema import Layout
+from asyncq.store.sqlite.schema import QUEUES_OF, Layout
 
 log = logging.getLogger("asyncq.store.sqlite.stats")
 
@@ -27,20 +27,16 @@ LEASED = (
     " WHERE status = 'leased' GROUP BY owner, attempts ORDER BY owner, attempts"
 )
 # The least of each queue's oldest pending job, if it is ready. The queues with pending jobs, by a skip scan of
-# ``asyncq_jobs_ranked`` (queue first); each queue's oldest is two seeks (``schema.PENDING_BY_TIME``: the default
-# priority's range of the ranked index, the others' first entry in ``asyncq_jobs_prioritised``).
-OLDEST_READY = """
-WITH RECURSIVE q(name) AS (
-  SELECT (SELECT min(queue) FROM {jobs} WHERE status = 'pending')
-  UNION ALL
-  SELECT (SELECT min(queue) FROM {jobs} WHERE status = 'pending' AND queue > q.name) FROM q WHERE q.name IS NOT NULL
-)
+# ``asyncq_jobs_ranked`` (``schema.QUEUES_OF``); each queue's oldest is two seeks (``schema.PENDING_BY_TIME``: the
+# default priority's range of the ranked index, the others' first entry in ``asyncq_jobs_prioritised``).
+OLDEST_READY = f"""
 SELECT min(oldest) FROM (
-  SELECT (SELECT min(available_at) FROM {jobs} WHERE status = 'pending' AND queue = q.name AND priority = 0) AS oldest
-  FROM q WHERE q.name IS NOT NULL
-  UNION ALL
-  SELECT (SELECT min(available_at) FROM {jobs} WHERE status = 'pending' AND queue = q.name AND priority <> 0)
-  FROM q WHERE q.name IS NOT NULL
+  SELECT min(coalesce(zero, other), coalesce(other, zero)) AS oldest FROM (
+    SELECT (SELECT min(available_at) FROM {{jobs}} WHERE status = 'pending' AND queue = q.name AND priority = 0)
+        AS zero,
+      (SELECT min(available_at) FROM {{jobs}} WHERE status = 'pending' AND queue = q.name AND priority <> 0)
+        AS other
+    FROM ({QUEUES_OF.format(jobs="{jobs}", where="status = 'pending'")}) q)
 ) WHERE oldest <= :now
 """
 NAMES = {"COUNTED_CELLS": COUNTED_CELLS, "LEASED": LEASED, "OLDEST_READY": OLDEST_READY}
