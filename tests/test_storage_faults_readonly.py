@@ -13,8 +13,12 @@ read-only, and SQLite's side files would never be created read-only under them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ import pytest
 from cli_support import cli_env
 
 from asyncq import JobSpec, Queue
+from asyncq.store.sqlite import admin
 
 try:
     import fault_support as support
@@ -146,3 +151,32 @@ def test_a_read_only_error_names_what_to_fix(folder: Path, made_read_only: str) 
         folder.chmod(0o555)
     error = open_and_enqueue(folder, "full", "new-1")["error"][1]
     assert ("q.db" if made_read_only == "file" else str(folder)) in error, error
+
+
+def test_side_files_that_other_openers_create_and_remove_are_never_taken_for_read_only(tmp_path: Path) -> None:
+    """The last connection of a WAL file removes -wal and -shm, the next one creates them: a worker opened while
+    another process opens and closes the queue (a test's reads, ``asyncq status``) once refused to start because
+    it found ``-shm`` absent, then present, and named it read-only. Here a thread opens and closes the file in a
+    loop while the open's check runs 20,000 times; the check as it was refused ~50 times in such a run."""
+    path = tmp_path / "q.db"
+    asyncio.run(_small_queue(path, "full"))
+    stop = threading.Event()
+    cycles = 0
+
+    def open_and_close() -> None:
+        nonlocal cycles
+        while not stop.is_set():
+            with contextlib.closing(sqlite3.connect(path)) as con:
+                con.execute("SELECT count(*) FROM asyncq_jobs").fetchone()
+            cycles += 1
+            time.sleep(0.0003)
+
+    opener = threading.Thread(target=open_and_close)
+    opener.start()
+    try:
+        refusals = [found for _ in range(20_000) if (found := admin.read_only_part(str(path))) is not None]
+    finally:
+        stop.set()
+        opener.join()
+    assert cycles >= 20, "the side files did not come and go while the check ran"
+    assert refusals == []

@@ -141,12 +141,10 @@ def read_only_part(path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"its directory {folder} does not exist"
-    # Not writable, and still there after the check: a side file another process deletes as it closes (the last
-    # connection of a WAL file removes -wal and -shm) is gone, not read-only.
-    if not os.access(path, os.W_OK) and os.path.exists(path):
+    if _not_writable(path):
         return "the file is read-only: make it writable (chmod u+w) to change the queue"
     for side in SIDE_FILES:
-        if not os.access(path + side, os.W_OK) and os.path.exists(path + side):
+        if _not_writable(path + side):
             return (
                 f"its side file {os.path.basename(path + side)} is read-only: make it writable, or delete it while"
                 " no process has the queue open"
@@ -154,6 +152,16 @@ def read_only_part(path: str) -> str | None:
     if not os.access(folder, os.W_OK):
         return f"its directory {folder} is not writable: SQLite creates its journal files beside the queue"
     return None
+
+
+def _not_writable(path: str) -> bool:
+    """``path`` exists and cannot be written. Side files come and go as other processes open and close the queue
+    (the last connection of a WAL file removes -wal and -shm, the next one creates them), and ``os.access`` says
+    no to a file that is absent as to one that is read-only: a refusal counts only when the file was there both
+    before and after a second refusal, so a side file created between two checks is not taken for read-only."""
+    return (
+        not os.access(path, os.W_OK) and os.path.exists(path) and not os.access(path, os.W_OK) and os.path.exists(path)
+    )
 
 
 def connect_read_only(path: str, timeout: float) -> sqlite3.Connection:
