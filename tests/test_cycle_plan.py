@@ -10,7 +10,15 @@ import random
 
 import pytest
 
-from asyncq.core.claim_plan import Claim, ClaimPlan, claim_rank, in_claim_order, next_claim, plan_claim
+from asyncq.core.claim_plan import (
+    Claim,
+    ClaimPlan,
+    claim_rank,
+    in_claim_order,
+    next_claim,
+    packed_rank,
+    plan_claim,
+)
 from asyncq.core.failures import ErrorText
 from asyncq.core.finish_plan import (
     FinishChange,
@@ -25,7 +33,9 @@ from asyncq.core.finish_plan import (
 )
 from asyncq.core.jobs import Finish, Held, StoredResult
 from asyncq.core.lifecycle import LEASED, Fence, JobState
+from asyncq.core.limits import MAX_PRIORITY, MAX_TTL_MS, MIN_PRIORITY
 from asyncq.core.settling import snapshot
+from asyncq.core.values import TIME_MAX_MS
 
 NOW = 1_000_000
 BOOM = ErrorText("ValueError", "boom", "Traceback …")
@@ -99,16 +109,24 @@ def test_the_sweep_runs_when_a_claim_may_take_a_job(wants: list[int], total: int
 
 @pytest.mark.parametrize("late_share", [0.0, 0.2])
 def test_claimed_rows_in_claim_order_are_sorted_as_by_claim_rank(late_share: float) -> None:
-    # Rows as a claim returns them: (seq, payload…, priority at 2, ready_at, late last); few distinct priorities and
-    # ready times, so that ties fall to the next key. Without a late row the fast path sorts; with one, claim_rank.
+    # Rows as a claim returns them: (seq, body, priority, …, packed rank last); few distinct priorities and ready
+    # times, so that ties fall to the next key, and ready times at both ends of what a store may hold.
     draw = random.Random(7)
+    times = [0, 1, 2, TIME_MAX_MS + MAX_TTL_MS - 1, TIME_MAX_MS + MAX_TTL_MS]
     for _batch in range(200):
-        rows = [
-            (seq, "body", draw.choice([-5, 0, 0, 3]), draw.randrange(4), int(draw.random() < late_share))
+        drawn = [
+            (
+                seq,
+                draw.choice([MIN_PRIORITY, -5, 0, 0, 3, MAX_PRIORITY]),
+                draw.choice(times),
+                draw.random() < late_share,
+            )
             for seq in draw.sample(range(1000), draw.randrange(0, 40))
         ]
-        expected = sorted(rows, key=lambda row: claim_rank(row[2], row[3], row[0], bool(row[4])))
-        assert in_claim_order(list(rows), priority=2, ready_at=3, seq=0, late=4) == expected
+        rows = [(seq, "body", priority, packed_rank(priority, ready, late)) for seq, priority, ready, late in drawn]
+        ranks = {seq: claim_rank(priority, ready, seq, late) for seq, priority, ready, late in drawn}
+        expected = sorted(rows, key=lambda row: ranks[row[0]])
+        assert in_claim_order(list(rows)) == expected
 
 
 def test_the_claim_plan_phases_say_what_counts_and_the_budgets() -> None:

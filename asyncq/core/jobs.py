@@ -373,14 +373,16 @@ class Ticket:
         return self.fence.lease_until
 
     @classmethod
-    def from_row(cls, row: tuple[Any, ...], counted: bool = True) -> Ticket:
-        """The ticket of a row the product's CLAIM returned (``claiming.claim_rows_in_transaction``), built in one
-        step: a group commit builds one per claimed job. Columns past ``max_attempts`` (the claim's rank) are
-        not the ticket's."""
-        seq, job_id, queue, body_json, priority, owner, token, attempts, lease_until, deadline, max_attempts = row[:11]
+    def from_row(cls, row: tuple[Any, ...], counted: bool, queue: str, owner: str, lease_end: int) -> Ticket:
+        """The ticket of a row a product claim statement returned (``seq, id, body, priority, token, attempts,
+        deadline, max_attempts``, then the claim's rank, not the ticket's), built in one step: a group commit builds
+        one per claimed job. The claim set the rest, so they are not read back: its ``queue``, its ``owner``, and
+        the lease's end, ``lease_end`` (the claim's now plus the lease) or the job's deadline if that comes first."""
+        seq, job_id, body_json, priority, token, attempts, deadline, max_attempts = row[:8]
         # The frozen dataclass's __init__ sets each field through object.__setattr__ (3.2 µs here); filling
         # the instance's __dict__ at once gives the same object in 1.5 µs.
         ticket = object.__new__(cls)
+        lease_until = lease_end if lease_end < deadline else deadline
         ticket.__dict__.update(
             id=job_id,
             queue=queue,

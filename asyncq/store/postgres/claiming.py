@@ -12,6 +12,7 @@ from typing import Any
 from asyncq.core.claim_plan import Claim, ClaimPlan, in_claim_order, next_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.flow_limits import Hold
+from asyncq.core.jobs import Ticket
 from asyncq.core.lifecycle import DEAD
 from asyncq.store.postgres import graphs
 from asyncq.store.postgres.connection import Connection
@@ -39,13 +40,11 @@ async def claim(
     wants: Sequence[tuple[str, int]],
     plan: ClaimPlan,
     limited: set[str] | None = None,
-) -> tuple[list[tuple[Any, ...]], int, tuple[Hold, ...]]:
+) -> tuple[list[Ticket], tuple[Hold, ...]]:
     """Run ``plan``'s claims (``core.claim_plan``) over the queues of ``wants``, in the claim order within each
-    queue (``claim_rank``): the rows as ``CLAIM`` returns them (``Ticket.from_row``'s order, then the rank's
-    columns), those counted first, how many were, and the queues their limits held. ``limited`` is the caller's
-    hint of the queues found limited before (kept up to date here)."""
-    claimed: list[tuple[Any, ...]] = []
-    counted = 0
+    queue (``claim_rank``): the tickets claimed, those counted first, and the queues their limits
+    held. ``limited`` is the caller's hint of the queues found limited before (kept up to date here)."""
+    claimed: list[Ticket] = []
     dry: set[int] = set()  # queues found with no ready job left, and limited queues once asked
     holds: list[Hold] = []
     hint = set() if limited is None else limited
@@ -55,13 +54,12 @@ async def claim(
         queue = wants[step.queue][0]
         rows, was_limited, hold = await _claim_one(conn, schema, step, queue, (now_ms, owner, lease_ms), hint, locked)
         locked = locked or was_limited
-        claimed += in_claim_order(rows, priority=4, ready_at=-2, seq=0, late=-1)
-        counted += len(rows) if step.counts else 0
+        claimed += [Ticket.from_row(row, step.counts, queue, owner, now_ms + lease_ms) for row in in_claim_order(rows)]
         holds += [] if hold is None else [hold]
         if was_limited or len(rows) < step.limit:
             dry.add(step.queue)
         step = next_claim(plan, step.step + 1, len(claimed), dry)
-    return claimed, counted, tuple(holds)
+    return claimed, tuple(holds)
 
 
 async def _claim_one(

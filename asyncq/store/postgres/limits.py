@@ -35,6 +35,7 @@ from asyncq.core.flow_limits import (
     usage_of,
 )
 from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.statements import claimed_columns
 
 _LIMITS = "limit_concurrency, limit_per_key, limit_rate, limit_per_ms, limit_burst"
 _LIMITED = "coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL"
@@ -108,9 +109,7 @@ UPDATE {schema}.jobs j
 SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1, owner = $4,
     lease_until = least($2 + $5, j.deadline), reason = NULL
 FROM chosen WHERE j.seq = chosen.seq AND j.seq IN (SELECT seq FROM locked)
-RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts, j.lease_until, j.deadline,
-  j.max_attempts, j.available_at, chosen.late
-"""
+RETURNING """ + claimed_columns("chosen.late")
 
 # The key walk, when the window walk came back short under a per-key limit: every key with pending jobs, one seek
 # each of ``jobs_keyed`` (queue, limit_key, priority DESC, available_at, seq: keyed pending jobs only), from the first
@@ -149,10 +148,9 @@ UPDATE {schema}.jobs j
 SET status = 'leased', attempts = j.attempts + 1, token = j.token + 1, owner = $4,
     lease_until = least($2 + $5, j.deadline), reason = NULL
 FROM chosen WHERE j.seq = chosen.seq AND j.seq IN (SELECT seq FROM locked)
-RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts, j.lease_until, j.deadline,
-  j.max_attempts, j.available_at, coalesce(j.available_at <= (SELECT $2 - max_wait_ms FROM {schema}.queues
-  WHERE queue = $1), false)
-"""
+RETURNING """ + claimed_columns(
+    "coalesce(j.available_at <= (SELECT $2 - max_wait_ms FROM {schema}.queues WHERE queue = $1), false)"
+)
 
 # The rows chosen, locked before they are leased: a row another transaction holds (a cancel, the sweep) is left for
 # the next claim, and one that changed since the statement's snapshot is locked only if it is still claimable (the

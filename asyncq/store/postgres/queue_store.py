@@ -158,10 +158,7 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
             plan = plan_claim([n for _queue, n in wants], total, start_now)
             if plan.sweep:
                 await claiming.sweep(conn, schema, now_ms, ripple)
-            rows, counted, holds = await claiming.claim(
-                conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited
-            )
-            tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(rows)]
+            tickets, holds = await claiming.claim(conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited)
             return Settled(statuses, tickets, activated, holds)
 
         settled: Settled = await self._write(cycle)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from functools import cache
 
+from asyncq.core.claim_plan import RANK_PRIORITY_STEP
+
 # The sweep: unclaimable rows (deadline passed; attempts used up), pending, waiting (for dependencies: the deadline
 # only) or with an expired lease, parked as dead. Rows another transaction holds are skipped (it is finishing or
 # claiming them; the next sweep sees them), so a sweep never waits and never deadlocks with a finish. RETURNING gives
@@ -54,7 +56,7 @@ RETURNING seq, links
 # ``flow`` is the queue's stored settings row: while it says paused, no branch returns a row; nor while the queue
 # has limits (``limits.CLAIM_LIMITED`` claims those, under the settings row's lock). A row the sweep
 # skipped (another transaction held it) is never leased past its budget, nor with a cancel request: each branch
-# repeats the sweep's conditions. RETURNING adds the rank's columns after the ticket's.
+# repeats the sweep's conditions.
 CLAIM = """
 WITH flow AS MATERIALIZED (
   SELECT paused_at, $2 - max_wait_ms AS late_at,
@@ -92,9 +94,23 @@ UPDATE {schema}.jobs j
 SET status = 'leased', attempts = j.attempts + $6, token = j.token + 1, owner = $4,
     lease_until = least($2 + $5, j.deadline), reason = NULL
 FROM chosen WHERE j.seq = chosen.seq
-RETURNING j.seq, j.id, j.queue, j.body, j.priority, j.owner, j.token, j.attempts, j.lease_until, j.deadline,
-  j.max_attempts, j.available_at, chosen.late
+RETURNING {claimed}
 """
+
+
+def claimed_columns(late: str) -> str:
+    """What every product claim (``CLAIM``, ``limits.CLAIM_LIMITED`` and ``CLAIM_BY_KEYS``) returns of a row ``j``:
+    the ticket's columns (``Ticket.from_row``: the queue, owner and lease end are the claim's own, not read back),
+    then its rank in the claim order, ``core.claim_plan.packed_rank``; ``late`` says whether the row was ready for
+    longer than its queue's ``max_wait``."""
+    return (
+        "j.seq, j.id, j.body, j.priority, j.token, j.attempts, j.deadline, j.max_attempts,"
+        f" CASE WHEN {late} THEN j.available_at ELSE (101 - j.priority) * {RANK_PRIORITY_STEP}::bigint + j.available_at"
+        " END"
+    )
+
+
+CLAIM = CLAIM.replace("{claimed}", claimed_columns("chosen.late"))
 
 # The finish: a compare-and-set on every column each decision read, for a whole batch in one statement. A row
 # whose version no longer matches is left alone, and RETURNING names the rows that landed, each with its ``links``

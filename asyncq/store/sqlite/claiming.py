@@ -14,6 +14,7 @@ from typing import Any
 from asyncq.core.claim_plan import Claim, ClaimPlan, in_claim_order, next_claim
 from asyncq.core.dependencies import Ripple
 from asyncq.core.flow_limits import Hold
+from asyncq.core.jobs import Ticket
 from asyncq.core.lifecycle import DEAD
 from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.limits import claim_limited, is_limited
@@ -34,8 +35,9 @@ def claim_rows_in_transaction(
     sweep: bool = True,
 ) -> list[tuple[Any, ...]]:
     """The sweep and the claim, inside a transaction the caller holds: the claimed rows as the layout's claim
-    statement returns them (``seq, id, payload…, owner, token, attempts, lease_until, deadline, max_attempts``,
-    then the product's rank columns), in the claim order (the lab's: ``seq``; the product's: ``claim_rank``).
+    statement returns them (the lab's: ``seq, id, payload…, owner, token, attempts, lease_until, deadline,
+    max_attempts``; the product's: ``statements.CLAIMED``), in the claim order (the lab's: ``seq``; the product's:
+    ``claim_rank``).
     ``count=False`` claims ahead: the attempt is counted when a handler starts the job;
     ``sweep=False`` skips the sweep, already run in this transaction (the sweeps cover every queue)."""
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms, "limit": limit, "count": int(count)}
@@ -43,13 +45,7 @@ def claim_rows_in_transaction(
     if sweep:
         sweep_unclaimable(con, layout, now_ms)
     rows = con.execute(sql(layout, layout.claim), params).fetchall()
-    return sorted(rows) if layout.settings is None else _in_claim_order(layout, rows)
-
-
-def _in_claim_order(layout: Layout, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The product's claimed rows (the priority among the payload's columns, CLAIM_RANKED's ``available_at`` and
-    ``late`` last) in the claim order."""
-    return in_claim_order(rows, priority=2 + layout.payload.index("priority"), ready_at=-2, seq=0, late=-1)
+    return sorted(rows) if layout.settings is None else in_claim_order(rows)
 
 
 def claim_planned(
@@ -59,24 +55,24 @@ def claim_planned(
     wants: Sequence[tuple[dict[str, Any], int]],
     params: dict[str, Any],
     limited: set[str],
-) -> tuple[list[tuple[Any, ...]], int, tuple[Hold, ...]]:
+) -> tuple[list[Ticket], tuple[Hold, ...]]:
     """Run ``plan``'s claims over the scopes of ``wants`` (``params``: the claim's ``now``, ``owner``, ``lease_ms``),
-    the sweep already run: the claimed rows (counted ones first), how many were counted, and the queues their limits
-    held. ``limited`` is the caller's hint of the queues found limited before (kept up to date here)."""
-    claimed: list[tuple[Any, ...]] = []
-    counted = 0
+    the sweep already run: the product's tickets claimed (counted ones first) and the queues
+    their limits held. ``limited`` is the caller's hint of the queues found limited before (kept up to date here)."""
+    claimed: list[Ticket] = []
+    owner, lease_end = params["owner"], params["now"] + params["lease_ms"]
     dry: set[int] = set()  # queues found with no ready job left, and limited queues once asked
     holds: list[Hold] = []
     claim = next_claim(plan, 0, 0)
     while claim is not None:
-        rows, was_limited, hold = _claim_one(con, layout, claim, wants[claim.queue][0], params, limited)
-        claimed += rows
-        counted += len(rows) if claim.counts else 0
+        scope = wants[claim.queue][0]
+        rows, was_limited, hold = _claim_one(con, layout, claim, scope, params, limited)
+        claimed += [Ticket.from_row(row, claim.counts, scope["queue"], owner, lease_end) for row in rows]
         holds += [] if hold is None else [hold]
         if was_limited or len(rows) < claim.limit:
             dry.add(claim.queue)
         claim = next_claim(plan, claim.step + 1, len(claimed), dry)
-    return claimed, counted, tuple(holds)
+    return claimed, tuple(holds)
 
 
 def _claim_one(
@@ -94,7 +90,7 @@ def _claim_one(
     if queue is not None and queue in limited:
         done = claim_limited(con, queue, claim.limit, claim.counts, params)
         if done is not None:
-            return _in_claim_order(layout, done[0]), True, done[1]
+            return in_claim_order(done[0]), True, done[1]
         limited.discard(queue)
     rows = claim_rows_in_transaction(
         con, layout, params["owner"], params["now"], params["lease_ms"], limit=claim.limit, scope=scope,
@@ -104,7 +100,7 @@ def _claim_one(
         return rows, False, None
     limited.add(queue)
     done = claim_limited(con, queue, claim.limit, claim.counts, params)
-    return ([], True, None) if done is None else (_in_claim_order(layout, done[0]), True, done[1])
+    return ([], True, None) if done is None else (in_claim_order(done[0]), True, done[1])
 
 
 def sweep_unclaimable(con: sqlite3.Connection, layout: Layout, now_ms: int, ripple: Ripple | None = None) -> None:

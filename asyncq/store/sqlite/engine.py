@@ -30,7 +30,7 @@ from asyncq.core.finish_plan import (
     unlanded,
 )
 from asyncq.core.flow_limits import Hold
-from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob
+from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob, Ticket
 from asyncq.core.lifecycle import DEAD, DONE, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
@@ -520,13 +520,13 @@ def settle_and_claim_in_transaction(
     resend: bool = False,
     limited: set[str] | None = None,
     ripple: Ripple | None = None,
-) -> tuple[list[str | None], list[tuple[Any, ...]], int, list[bool], tuple[Hold, ...]]:
+) -> tuple[list[str | None], list[Ticket], list[bool], tuple[Hold, ...]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
     ``items``, and claim up to ``limit`` jobs for each ``(scope, limit)`` in ``wants`` (at most ``total`` over
     all of them). The first ``start_now`` claimed jobs (all, if ``None``) count an attempt at once: they start
-    now; the rest are claimed ahead. Returns the statuses, the claimed rows (counted ones first), how many of
-    them were counted, the activations, and the queues their limits held. The claims are ``core.claim_plan``'s;
+    now; the rest are claimed ahead. Returns the statuses, the tickets claimed (counted ones first), the
+    activations, and the queues their limits held. The claims are ``core.claim_plan``'s;
     ``limited`` is the caller's hint of the queues found limited before (kept up to date here); ``ripple`` counts the
     jobs that the ends of jobs in a graph released (they may be claimed by this same commit)."""
     ripple = Ripple() if ripple is None else ripple
@@ -536,8 +536,8 @@ def settle_and_claim_in_transaction(
     if plan.sweep:
         sweep_unclaimable(con, layout, now_ms, ripple)
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms}
-    claimed, counted, holds = claim_planned(con, layout, plan, wants, params, set() if limited is None else limited)
-    return found, claimed, counted, activated, holds
+    claimed, holds = claim_planned(con, layout, plan, wants, params, set() if limited is None else limited)
+    return found, claimed, activated, holds
 
 
 def _activate(con: sqlite3.Connection, layout: Layout, started: Sequence[tuple[int, str, Fence]]) -> list[bool]:

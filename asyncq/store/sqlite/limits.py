@@ -27,6 +27,7 @@ from asyncq.core.flow_limits import (
     rate_after,
     usage_of,
 )
+from asyncq.store.sqlite.statements import CLAIMED
 
 _LIMITS = "limit_concurrency, limit_per_key, limit_rate, limit_per_ms, limit_burst"
 
@@ -58,7 +59,8 @@ WHERE coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL ORDER B
 # (``core.flow_limits.allowance``); ``:per_key`` NULL: no per-key limit (then nothing is left out). A paused queue
 # never gets here (``claim_limited`` reads it first, under the write lock). The window bounds the walk: the jobs of
 # full keys ranked past it are reached by the key walk (``CLAIM_BY_KEYS``), not by walking them.
-CLAIM_LIMITED = """
+CLAIM_LIMITED = (
+    """
 WITH flow AS (SELECT :now - max_wait_ms AS late_at FROM asyncq_queues WHERE queue = :queue),
 live AS MATERIALIZED (
   SELECT limit_key, count(*) AS n FROM asyncq_jobs
@@ -106,9 +108,9 @@ SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = :owne
     lease_until = min(:now + :lease_ms, deadline), reason = NULL
 WHERE seq IN (
   SELECT seq FROM fits ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT :limit)
-RETURNING seq, id, queue, body, priority, owner, token, attempts, lease_until, deadline, max_attempts, available_at,
-  available_at <= ifnull((SELECT :now - max_wait_ms FROM asyncq_queues WHERE queue = :queue), -1)
-"""
+RETURNING """
+    + CLAIMED
+)
 
 # The key walk, when the window walk came back short under a per-key limit: every key with pending jobs, one seek
 # each of ``asyncq_jobs_keyed`` (queue, limit_key, priority DESC, available_at: keyed pending jobs only), from the
@@ -116,7 +118,8 @@ RETURNING seq, id, queue, body, priority, owner, token, attempts, lease_until, d
 # slots, by priority, then ready time, then seq; the best ``:limit`` of them all. Its cost is one seek a key with
 # pending jobs, whatever their backlogs. It sees this transaction's claims (the window walk's) in ``live``. ``INDEXED
 # BY``: the ranked index has the same order after the queue, and a planner taking it would walk a big key's backlog.
-CLAIM_BY_KEYS = """
+CLAIM_BY_KEYS = (
+    """
 WITH RECURSIVE live AS MATERIALIZED (
   SELECT limit_key, count(*) AS n FROM asyncq_jobs
   WHERE status = 'leased' AND queue = :queue AND lease_until > :now AND limit_key IS NOT NULL GROUP BY limit_key
@@ -151,9 +154,9 @@ UPDATE asyncq_jobs
 SET status = 'leased', attempts = attempts + 1, token = token + 1, owner = :owner,
     lease_until = min(:now + :lease_ms, deadline), reason = NULL
 WHERE seq IN (SELECT seq FROM fits ORDER BY priority DESC, available_at, seq LIMIT :limit)
-RETURNING seq, id, queue, body, priority, owner, token, attempts, lease_until, deadline, max_attempts, available_at,
-  available_at <= ifnull((SELECT :now - max_wait_ms FROM asyncq_queues WHERE queue = :queue), -1)
-"""
+RETURNING """
+    + CLAIMED
+)
 
 
 def is_limited(con: sqlite3.Connection, queue: str) -> bool:

@@ -175,7 +175,7 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
         scoped = [({"queue": queue}, n) for queue, n in wants]
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
         ripple = Ripple()
-        statuses, claimed, counted, activated, holds = await self._file.run_held(
+        statuses, tickets, activated, holds = await self._file.run_held(
             engine.settle_and_claim_in_transaction,
             PRODUCT,
             finishes,
@@ -190,9 +190,8 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
             self._limited,
             ripple,
         )
-        tickets = [Ticket.from_row(row, n < counted) for n, row in enumerate(claimed)]
         asked = sum(n for _queue, n in wants) if total is None else min(total, sum(n for _queue, n in wants))
-        if self._file.begin_waited and len(claimed) < asked:
+        if self._file.begin_waited and len(tickets) < asked:
             self._file.space_next_held(CONTENDED_CLAIM_SPACING_S)
         self._notify_if_pending(statuses, ripple)
         return Settled(statuses, tickets, activated, holds)

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 # The finish plan's change and row (``core.finish_plan``), bound by ``finish_params``: named here for the SQL's sake.
+from asyncq.core.claim_plan import RANK_PRIORITY_STEP
 from asyncq.core.finish_plan import FinishChange as FinishChange
 from asyncq.core.finish_plan import FinishRow as FinishRow
 from asyncq.store.sqlite.graph_schema import LIVE_STATUSES
@@ -63,7 +64,7 @@ RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max
 # The branches are disjoint (the ready branch leaves the late jobs to theirs), so ``UNION ALL`` needs no dedupe
 # (a ``UNION`` cost a tenth of the no-op pool's throughput at 16 tasks). ``flow`` is the queue's stored
 # settings row: while it says paused, nothing is claimed; nor while the queue has limits (``limits.CLAIM_LIMITED``
-# claims those, counting its leases first). RETURNING adds the rank's columns after the ticket's.
+# claims those, counting its leases first).
 CLAIM_RANKED = """
 WITH flow AS (SELECT paused_at, :now - max_wait_ms AS late_at,
                 coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL AS limited
@@ -94,9 +95,18 @@ SET status = 'leased', attempts = attempts + :count, token = token + 1, owner = 
 WHERE seq IN (
   SELECT seq FROM ready WHERE NOT EXISTS (SELECT 1 FROM flow WHERE paused_at IS NOT NULL OR limited)
   ORDER BY late DESC, CASE WHEN late THEN 0 ELSE priority END DESC, available_at, seq LIMIT :limit)
-RETURNING seq, id, {payload}, owner, token, attempts, lease_until, deadline, max_attempts, available_at,
-  available_at <= ifnull((SELECT :now - max_wait_ms FROM {settings} WHERE queue = :queue), -1)
+RETURNING {claimed}
 """
+
+# What every product claim (``CLAIM_RANKED``, ``limits.CLAIM_LIMITED`` and ``CLAIM_BY_KEYS``) returns of a row: the
+# ticket's columns (``Ticket.from_row``: the queue, owner and lease end are the claim's own, not read back), then
+# its rank in the claim order, ``core.claim_plan.packed_rank`` (late: ready for longer than the queue's
+# ``max_wait``).
+CLAIMED = (
+    "seq, id, body, priority, token, attempts, deadline, max_attempts,"
+    " CASE WHEN available_at <= ifnull((SELECT :now - max_wait_ms FROM asyncq_queues WHERE queue = :queue), -1)"
+    f" THEN available_at ELSE (101 - priority) * {RANK_PRIORITY_STEP} + available_at END"
+)
 
 # The finish: a compare-and-set that lands only on the row version each decision was made on (every column
 # it read), for one row or many in one statement. The rows of one statement share their change and their owner
@@ -200,6 +210,7 @@ def sql(layout: Layout, name: str) -> str:
         clear_cancel=", cancel_requested_at = NULL" if layout.cancels else "",
         live=LIVE_STATUSES if layout.graphs else "status IN ('pending', 'leased')",
         links="links" if layout.graphs else "NULL",
+        claimed=CLAIMED,
     )
 
 
