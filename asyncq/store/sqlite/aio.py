@@ -153,6 +153,9 @@ class AsyncFile:
                 wakeup.release(self._watcher)
                 self._watcher = None
             await self.conn.close()
+            # aiosqlite answers the close from its thread, which then still has to return: a caller that returns
+            # once the store is closed (a consumer's ``run``, a process about to exit) finds it ended.
+            await asyncio.to_thread(self.conn._thread.join, 5)
 
     async def __aenter__(self) -> Self:
         return self
