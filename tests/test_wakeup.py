@@ -155,8 +155,8 @@ async def test_one_watcher_per_file_started_by_the_first_wait_and_stopped_with_t
     assert wakeup.COUNTERS.stopped == stopped + 1
     assert wakeup.watching(str(path), asyncio.get_running_loop()) is None
     assert inotify_descriptors() == descriptors
-    # No thread of its own; the queues' connection threads end just after their close returns.
-    await eventually(lambda: set(threading.enumerate()) <= threads, "the connections' threads to end", timeout=SOON)
+    # No thread of its own; the queues' connection threads have ended when their close returns.
+    assert set(threading.enumerate()) <= threads
     assert asyncio.all_tasks() == {asyncio.current_task()}
     assert not Path(f"{path}-wal").exists()  # the queue's connection, not the watcher's, closed the file last
 

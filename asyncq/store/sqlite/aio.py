@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Self, TypeVar, cast
@@ -153,9 +154,7 @@ class AsyncFile:
                 wakeup.release(self._watcher)
                 self._watcher = None
             await self.conn.close()
-            # aiosqlite answers the close from its thread, which then still has to return: a caller that returns
-            # once the store is closed (a consumer's ``run``, a process about to exit) finds it ended.
-            await asyncio.to_thread(self.conn._thread.join, 5)
+            await _ended(self.conn._thread)
 
     async def __aenter__(self) -> Self:
         return self
@@ -382,3 +381,13 @@ class FilePool:
         """Close every connection (each after the call in progress on it)."""
         for file in self.files:
             await file.close()
+
+
+async def _ended(thread: threading.Thread) -> None:
+    """Wait (without blocking the loop, nor starting an executor thread) for ``thread`` to return, 5 s at most:
+    aiosqlite answers a close from its thread, which then still has to return. A caller that returns once the store
+    is closed (a consumer's ``run``, a process about to exit) finds it ended; a few microseconds as a rule."""
+    for _ in range(10_000):
+        if not thread.is_alive():
+            return
+        await asyncio.sleep(0.0005)
