@@ -126,9 +126,9 @@ def floor_drain(con: sqlite3.Connection) -> int:
         if not rows:
             return commits
         held = []
-        for seq, job_id, _queue, body, _prio, _owner, token, attempts, lease_until, deadline, max_attempts, *_ in rows:
+        for seq, job_id, body, _prio, token, attempts, deadline, max_attempts, _rank in rows:  # Ticket.from_row's
             decode_stored(body)  # what a handler gets: the body, decoded once
-            held.append((seq, job_id, token, attempts, lease_until, max_attempts, deadline))
+            held.append((seq, job_id, token, attempts, min(now + 30_000, deadline), max_attempts, deadline))
 
 
 def floor_run(path: str, jobs: int) -> Sample:

@@ -45,8 +45,8 @@ from typing import Any
 
 import _report
 
-from asyncq.core.jobs import Finish, Held, NewJob
-from asyncq.core.lifecycle import STATUSES, Fence
+from asyncq.core.jobs import Finish, NewJob, Ticket
+from asyncq.core.lifecycle import STATUSES
 from asyncq.core.search import JobQuery
 from asyncq.core.stats import OwnerLeases, Stats
 from asyncq.queue import Queue
@@ -294,13 +294,13 @@ def lifecycle_round(con: sqlite3.Connection, start: int, jobs: int, by_engine: b
             )
             if by_engine:
                 count_by_engine(con, finishes, statuses, claimed)
-        finishes = [Finish(r[1], Fence(r[4], r[5], r[6], r[7]), "ok", 0, Held(r[0], r[9], r[8])) for r in claimed]
+        finishes = [Finish(ticket.id, ticket.fence, "ok", 0, ticket.held) for ticket in claimed]
         if not claimed:
             return time.process_time() - began
 
 
 def count_by_engine(
-    con: sqlite3.Connection, finishes: list[Finish], statuses: list[str | None], claimed: list[tuple[Any, ...]]
+    con: sqlite3.Connection, finishes: list[Finish], statuses: list[str | None], claimed: list[Ticket]
 ) -> None:
     """The prototype's counting of one group commit, on v5's cells (jobs not leased): each landed finish enters its
     new cell, each claimed row leaves a pending cell; one upsert a changed cell."""
@@ -308,8 +308,8 @@ def count_by_engine(
     for finish, status in zip(finishes, statuses, strict=True):
         if status is not None:
             delta[(status, finish.fence.attempt, "")] += 1
-    for row in claimed:
-        delta[("pending", row[6] - 1, "")] -= 1
+    for ticket in claimed:
+        delta[("pending", ticket.attempt - 1, "")] -= 1
     con.executemany(ENGINE_UPSERT, [(*cell, n) for cell, n in delta.items() if n])
 
 

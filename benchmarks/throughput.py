@@ -190,11 +190,9 @@ def floor_drain(con: sqlite3.Connection) -> int:
         rows = floor_transaction(con, claim, params)
         if not rows:
             return handled
-        seq, job_id, _queue, _body, _priority, owner, token, attempts, lease_until, deadline, max_attempts = rows[0][
-            :11
-        ]
-        row = FinishRow(seq, job_id, token, attempts, lease_until, max_attempts, deadline)
-        done = finish_params(FinishChange("done", None, now, 0, owner), [row])
+        seq, job_id, _body, _priority, token, attempts, deadline, max_attempts = rows[0][:8]  # Ticket.from_row's
+        row = FinishRow(seq, job_id, token, attempts, min(now + 30_000, deadline), max_attempts, deadline)
+        done = finish_params(FinishChange("done", None, now, 0, "floor"), [row])
         if not floor_transaction(con, finish, done):
             raise RuntimeError(f"the floor's finish of seq {seq} did not land")
         handled += 1

@@ -50,10 +50,10 @@ async def lock_waits(url: str) -> bool:
 
 async def claim_open(conn: asyncpg.Connection, schema: str, queue: str, n: int) -> int:
     """Claim up to ``n`` jobs of ``queue`` as a group commit does, inside the caller's open transaction."""
-    rows, _counted, _holds = await claiming.claim(
+    tickets, _holds = await claiming.claim(
         conn, schema, "host-a", T0, LEASE, [(queue, n)], plan_claim([n], None, None), set()
     )
-    return len(rows)
+    return len(tickets)
 
 
 @pytest.mark.parametrize("ending", ["commit", "rollback"])

@@ -82,6 +82,10 @@ async def test_a_pool_declares_the_apps_schedules_and_fires_each_tick_as_the_clo
         assert sorted(s.name for s in await queue.schedules()) == ["nightly-ish", "rollup"]
         clock.now += 10 * S
         await eventually(lambda: ran == ["eu"], "the first tick's run")
+        # overlap="skip": a tick while the last run is still active is skipped, so its finish must land first (a
+        # group commit under load lands it after the handler returned)
+        first = schedule_job_id("rollup", T0 + 10 * S)
+        await eventually(lambda: _done(queue, first), "the first rollup's finish committed")
         clock.now += 10 * S
         await eventually(lambda: ran == ["eu", "eu"], "the second tick's run")
         second = schedule_job_id("rollup", T0 + 20 * S)  # its finish lands before the clock outruns its lease
