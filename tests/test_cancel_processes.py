@@ -53,6 +53,9 @@ class Worker:
 
     def __init__(self, tmp_path: Path, target: str) -> None:
         self.effects = tmp_path / "effects.db"
+        # Made (WAL, tables) before the worker starts: a worker and this test's first read both switching a new
+        # file to WAL at once fail with "database is locked" without waiting (make test beside two busy loops).
+        pool_children.open_effects(self.effects).close()
         self.stderr_path = tmp_path / "worker.stderr"
         argv = [sys.executable, str(SCRIPT), "worker", "--db", target, "--effects", str(self.effects)]
         argv += ["--owner", "w1", "--concurrency", "2", "--lease-ms", str(int(LEASE_S * 1000))]
@@ -67,8 +70,6 @@ class Worker:
         return None if self.proc.poll() is None else f"worker exited {self.proc.returncode}\n{self.stderr()}"
 
     def starts(self, job_id: str) -> int:
-        if not self.effects.exists():
-            return 0
         con = pool_children.open_effects(self.effects)
         try:
             return int(con.execute("SELECT count(*) FROM started WHERE id = ?", (job_id,)).fetchone()[0])

@@ -44,6 +44,9 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
     def start(self, count: int, **options: object) -> None:
+        # The log made (WAL, tables) before the workers start: processes switching a new file to WAL at once fail
+        # with "database is locked" without waiting.
+        limits_children.open_log(self.log).close()
         for n in range(count):
             owner = f"w{n}"
             argv = [sys.executable, str(SCRIPT), "--store", self.store, "--log", str(self.log), "--owner", owner]
