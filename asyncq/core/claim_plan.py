@@ -132,8 +132,3 @@ def in_claim_order(rows: list[tuple[Any, ...]], rank: int = -1, seq: int = 0) ->
     ``claim_rank``."""
     rows.sort(key=itemgetter(rank, seq))
     return rows
-
-
-def is_late(ready_at: int, now_ms: int, max_wait_ms: int | None) -> bool:
-    """Whether a job ready since ``ready_at`` has waited longer than its queue's ``max_wait`` (``None``: none)."""
-    return max_wait_ms is not None and ready_at <= now_ms - max_wait_ms
