@@ -20,6 +20,7 @@ from waiting import eventually
 
 from asyncq.core.jobs import JobSpec
 from asyncq.queue import Queue
+from asyncq.store.sqlite import queue_store
 from asyncq.store.sqlite.busy import RETRY_MAX_S, RETRY_MIN_S, begin_immediate
 
 from .sqlite_files import job_row, read, snapshot
@@ -199,15 +200,17 @@ def awaiting(task: asyncio.Task[Any]) -> list[str]:
     return names
 
 
-def busy_timeout_ms(queue: Queue) -> int:
-    return int(raw_connection(queue).execute("PRAGMA busy_timeout").fetchone()[0])
+async def busy_timeout_ms(queue: Queue) -> int:
+    """The busy timeout a call that may wait runs with (a write in WAL mode leaves it at 0 until one does)."""
+    read = lambda con: int(con.execute("PRAGMA busy_timeout").fetchone()[0])  # noqa: E731
+    return int(await queue.store._file.run(read))  # type: ignore[attr-defined]
 
 
 async def test_settle_and_claim_waits_in_the_thread_for_a_lock_another_connection_holds(
     queue: Queue, path: Path
 ) -> None:
     await queue.enqueue("job", {})
-    timeout_before = busy_timeout_ms(queue)
+    timeout_before = await busy_timeout_ms(queue)
     blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")  # another process's writer: the try without waiting finds it busy
     claiming = asyncio.create_task(queue.settle_and_claim([], "w1", [("default", 1)]))
@@ -218,7 +221,7 @@ async def test_settle_and_claim_waits_in_the_thread_for_a_lock_another_connectio
     async with asyncio.timeout(5):
         statuses, [ticket] = await claiming
     assert (statuses, ticket.id, ticket.token) == ([], "job", 1)
-    assert busy_timeout_ms(queue) == timeout_before  # the try without waiting put the timeout back
+    assert await busy_timeout_ms(queue) == timeout_before  # the try without waiting put the timeout back
     assert not raw_connection(queue).in_transaction
 
 
@@ -239,7 +242,7 @@ async def test_settle_and_claim_past_the_busy_timeout_is_locked_and_changes_noth
             blocker.close()
         assert snapshot(path) == before
         assert not raw_connection(queue).in_transaction
-        assert busy_timeout_ms(queue) == 200
+        assert await busy_timeout_ms(queue) == 200
         assert await queue.settle_and_claim([(ticket, "ok", 0)], "w1", [("default", 1)]) == (["done"], [])
 
 
@@ -344,7 +347,7 @@ async def test_an_enqueue_waits_for_another_connections_commit_and_lands(queue: 
     async with asyncio.timeout(5):
         assert await enqueueing is True
     assert not raw_connection(queue).in_transaction
-    assert busy_timeout_ms(queue) == 5000
+    assert await busy_timeout_ms(queue) == 5000
     assert job_row(path, "job")["status"] == "pending"
 
 
@@ -367,8 +370,10 @@ async def claim_while_another_connection_commits(queue: Queue, path: Path, wants
 
 
 async def test_after_a_contended_group_commit_that_drained_the_queue_the_next_one_waits_its_spacing(
-    queue: Queue, path: Path
+    queue: Queue, path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Spaced by a second here, not 10 ms: the enqueue between the two claims took longer than that under load.
+    monkeypatch.setattr(queue_store, "CONTENDED_CLAIM_SPACING_S", 1.0)
     await queue.enqueue("first", {})
     assert await claim_while_another_connection_commits(queue, path, wants=5) == ["first"]  # short: drained
     await queue.enqueue("second", {})
@@ -400,3 +405,42 @@ async def test_a_group_commit_that_claimed_all_it_asked_or_met_no_lock_spaces_no
             assert "sleep" not in awaiting(at_once)
             await asyncio.sleep(0)
     assert "next" in [ticket.id for ticket in at_once.result().tickets]
+
+
+def traced(queue: Queue) -> list[str]:
+    """Every statement the driver's connection runs from now on (SQLite's trace)."""
+    statements: list[str] = []
+    raw_connection(queue).set_trace_callback(statements.append)
+    return statements
+
+
+async def test_writes_and_group_commits_in_wal_mode_switch_the_busy_timeout_only_for_a_call_that_may_wait(
+    queue: Queue,
+) -> None:
+    """SQLite prepares a ``PRAGMA busy_timeout`` again at every run: a write that switched it to 0 and back spent
+    three a call. In WAL mode a write leaves it at 0 (its statements hold the lock, a WAL commit takes no other)."""
+    await queue.enqueue("warm", {})
+    await queue.get("warm")  # a read: the timeout back in force
+    statements = traced(queue)
+    await queue.enqueue("a", {})
+    await queue.settle_and_claim([], "w1", [("default", 2)])
+    await queue.enqueue("b", {})
+    [ticket] = await queue.claim("w1")
+    assert await queue.finish(ticket, "ok") == "done"
+    pragmas = [s for s in statements if "busy_timeout" in s]
+    assert pragmas == ["PRAGMA busy_timeout = 0"], statements  # once, at the first write; never back meanwhile
+    assert (await queue.get("a")) is not None  # a read puts it back first, once
+    assert [s for s in statements if "busy_timeout" in s][1:] == ["PRAGMA busy_timeout = 5000"]
+    assert await busy_timeout_ms(queue) == 5000
+    assert not raw_connection(queue).in_transaction
+
+
+async def test_in_delete_mode_every_write_puts_the_busy_timeout_back_at_once(path: Path) -> None:
+    """A DELETE-mode commit takes an exclusive lock and may wait for readers: the timeout stays in force for it."""
+    async with await Queue.open(str(path), durability="full-delete", busy_timeout=0.3) as queue:
+        await queue.enqueue("a", {})
+        await queue.settle_and_claim([], "w1", [("default", 1)])
+        raw = int(raw_connection(queue).execute("PRAGMA busy_timeout").fetchone()[0])
+        assert raw == 300
+        assert await queue.enqueue("b", {}) is True
+        assert int(raw_connection(queue).execute("PRAGMA busy_timeout").fetchone()[0]) == 300

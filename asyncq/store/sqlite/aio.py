@@ -28,7 +28,16 @@ import aiosqlite
 import anyio
 
 from asyncq.store.sqlite import wakeup
-from asyncq.store.sqlite.busy import as_busy, begin_immediate, is_busy, try_begin
+from asyncq.store.sqlite.busy import (
+    TimedConnection,
+    as_busy,
+    begin_immediate,
+    is_busy,
+    leaves_timeout_off,
+    set_waiting,
+    timeout_ms,
+    try_begin,
+)
 from asyncq.store.sqlite.effects import effect_transaction
 
 T = TypeVar("T")
@@ -49,6 +58,17 @@ async def run_sync(conn: aiosqlite.Connection, fn: Callable[..., T], *args: Any)
 
 def _data_version(con: sqlite3.Connection) -> int:
     return int(con.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _waiting(con: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(con, *args)`` with the connection's busy timeout in force (a write may have left it at 0)."""
+    set_waiting(con, True)
+    return fn(con, *args)
+
+
+def _know_journal(con: sqlite3.Connection) -> None:
+    if isinstance(con, TimedConnection):
+        con.wal = str(con.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
 
 
 def _rollback_if_open(con: sqlite3.Connection) -> None:
@@ -113,7 +133,6 @@ class AsyncFile:
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None  # the task inside ``transaction()``, if any
         self._waiters: set[asyncio.Event] = set()
-        self._busy_ms: int | None = None  # the connection's busy timeout, read once
         self._watcher: wakeup.Watcher | None = None  # started by the first wait for rows
         self._version: int | None = None  # the connection's data_version when last read
         #: Whether another connection's commit may have left work for this file's waiters (``None``: any commit
@@ -131,7 +150,14 @@ class AsyncFile:
         """Connect in autocommit mode and run ``setup`` in the connection's thread; closed if it fails."""
         # check_same_thread=False: ``run_held`` runs statements on the loop's thread; the lock keeps every use
         # of the connection one at a time.
-        conn = aiosqlite.connect(target, isolation_level=None, timeout=busy_timeout, check_same_thread=False, uri=uri)
+        conn = aiosqlite.connect(
+            target,
+            isolation_level=None,
+            timeout=busy_timeout,
+            check_same_thread=False,
+            uri=uri,
+            factory=TimedConnection,
+        )
         try:
             await conn
         except BaseException:
@@ -141,6 +167,7 @@ class AsyncFile:
             raise
         try:
             await run_sync(conn, setup)
+            await run_sync(conn, _know_journal)
         except BaseException:
             await conn.close()
             raise
@@ -178,10 +205,16 @@ class AsyncFile:
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(sqlite3_connection, *args, **kwargs)`` in the connection's thread, after every call queued before
-        it."""
+        it, with the connection's busy timeout in force."""
         call = functools.partial(fn, **kwargs) if kwargs else fn
         async with self._locked():
-            return await run_sync(self.conn, call, *args)
+            return await run_sync(self.conn, _waiting, call, *args)
+
+    async def run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``run`` for an ``fn`` whose first statement is ``busy.begin_immediate`` (``connection.write_transaction``),
+        which sets the busy timeout as it needs: in WAL mode a run of writes switches it no more."""
+        async with self._locked():
+            return await run_sync(self.conn, fn, *args)
 
     async def run_held(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(sqlite3_connection, *args)`` inside one write transaction, called on this (the loop's) thread.
@@ -229,13 +262,15 @@ class AsyncFile:
 
     @contextmanager
     def _not_waiting(self, con: sqlite3.Connection) -> Iterator[None]:
-        """The connection's busy timeout is 0 inside (a statement on the loop's thread must never wait)."""
-        busy_ms = self._busy_timeout_ms(con)
-        con.execute("PRAGMA busy_timeout = 0")
+        """The connection's busy timeout is 0 inside (a statement on the loop's thread must never wait), and left
+        at 0 in WAL mode (``busy.TimedConnection``)."""
+        timeout = timeout_ms(con)
+        set_waiting(con, False, timeout)
         try:
             yield
         finally:
-            con.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            if not leaves_timeout_off(con):
+                set_waiting(con, True, timeout)
 
     async def _begin_in_turn(self, con: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` tried again every ``LOCK_POLL_SECONDS`` from the loop (which runs other tasks meanwhile)
@@ -247,18 +282,12 @@ class AsyncFile:
         again (two processes: the least-served got 0.02× of the other's jobs; benchmarks/processes.py). Tried
         from a thread, each try waited for the GIL behind the busy loop (up to its 5 ms switch interval)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._busy_timeout_ms(con) / 1000
+        deadline = loop.time() + timeout_ms(con) / 1000
         while True:
             await asyncio.sleep(LOCK_POLL_SECONDS)
             last = loop.time() >= deadline
             if self._begin_without_waiting(con, last=last) or last:
                 return
-
-    def _busy_timeout_ms(self, con: sqlite3.Connection) -> int:
-        """The connection's busy timeout as it was opened (read once, before anything sets it to 0)."""
-        if self._busy_ms is None:
-            self._busy_ms = int(con.execute("PRAGMA busy_timeout").fetchone()[0])
-        return self._busy_ms
 
     def notify(self) -> None:
         """Wake the tasks of this process waiting for new rows."""

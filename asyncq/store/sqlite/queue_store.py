@@ -147,7 +147,7 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
                 "a SQLite queue joins the app's transaction through queue.transaction(), or enqueue_sync on the"
                 " app's own sqlite3 connection"
             )
-        added: list[Enqueued] = await self._write(engine.enqueue, PRODUCT, rows)
+        added: list[Enqueued] = await self._write_first(engine.enqueue, PRODUCT, rows)
         if True in added:
             self._file.notify()
         return added
@@ -198,7 +198,7 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         ripple = Ripple()
-        statuses: list[str | None] = await self._write(engine.finish, PRODUCT, finishes, now_ms, ripple=ripple)
+        statuses: list[str | None] = await self._write_first(engine.finish, PRODUCT, finishes, now_ms, ripple=ripple)
         self._notify_if_pending(statuses, ripple)
         return statuses
 
@@ -209,13 +209,13 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
             self._file.notify()
 
     async def extend(self, leases: Sequence[tuple[str, Fence]], now_ms: int, lease_ms: int) -> list[Renewal | None]:
-        renewed: list[Renewal | None] = await self._write(engine.extend, PRODUCT, leases, now_ms, lease_ms)
+        renewed: list[Renewal | None] = await self._write_first(engine.extend, PRODUCT, leases, now_ms, lease_ms)
         return renewed
 
     async def release(
         self, leases: Sequence[tuple[str, Fence]], now_ms: int, counted: Sequence[bool] | None = None
     ) -> list[bool]:
-        released: list[bool] = await self._write(engine.release, PRODUCT, leases, now_ms, counted)
+        released: list[bool] = await self._write_first(engine.release, PRODUCT, leases, now_ms, counted)
         if any(released):
             self._file.notify()
         return released
@@ -368,3 +368,8 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
     async def _write(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._check_writable()
         return await self._file.run(functools.partial(fn, **kwargs) if kwargs else fn, *args)
+
+    async def _write_first(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``_write`` for an engine call that begins with its write transaction (``AsyncFile.run_write``)."""
+        self._check_writable()
+        return await self._file.run_write(functools.partial(fn, **kwargs) if kwargs else fn, *args)
