@@ -191,6 +191,9 @@ def test_two_processes_drain_5000_jobs_exactly_once_while_one_is_sigkilled(
     survivor = workers.start("survivor", **options)
 
     workers.wait_until(lambda: count(workers.effects, "SELECT count(*) FROM applied") >= 500, 30, "500 effects")
+    # Killed as soon as it is seen holding a lease: beside other load it was once between commits, holding none.
+    held = "SELECT count(*) FROM asyncq_jobs WHERE owner = 'victim' AND status = 'leased'"
+    workers.wait_until(lambda: count(workers.db, held) > 0, 30, "the victim to hold a lease")
     victim.kill()
     assert victim.wait(timeout=10) == -signal.SIGKILL
     orphaned = {row[0] for row in query(workers.db, "SELECT id FROM asyncq_jobs WHERE owner = 'victim'")}
