@@ -84,9 +84,17 @@ def unexpected_at_receiver(inbox: InboxRows, expected: set[str], starts: Counter
     return +found
 
 
-def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, events: WorkerEvents) -> dict[str, Any]:
-    """Lost, non-terminal and dead figures from the queue's rows and the receiver's effects."""
+def job_figures(
+    jobs: Iterable[JobRow],
+    expected: set[str],
+    inbox: InboxRows,
+    events: WorkerEvents,
+    uncounted: Counter[str] | None = None,
+) -> dict[str, Any]:
+    """Lost, non-terminal and dead figures from the queue's rows and the receiver's effects. ``uncounted``: by job,
+    the starts a kill caught before the pool counted them (``uncounted_starts``)."""
     starts, failures = events.starts, events.failures
+    counted = starts - (uncounted or Counter())
     rows = {job.id: job for job in jobs}
     dead = [job for job in rows.values() if job.status == "dead"]
     statuses = Counter(job.status for job in rows.values())
@@ -102,8 +110,10 @@ def job_figures(jobs: Iterable[JobRow], expected: set[str], inbox: InboxRows, ev
         "dead_every_attempt_started": sum(1 for job in dead if starts[job.id] >= job.attempts),
         "dead_every_attempt_failed": sum(1 for job in dead if failures[job.id] >= job.attempts),
         "dead_but_applied": sum(1 for job in dead if job.id in inbox.effects),
-        # An attempt is counted at claim: those no handler started were spent by kills (or lost leases).
-        "attempts_without_start": sum(max(0, job.attempts - starts[job.id]) for job in rows.values()),
+        "dead_without_counted_start": sum(1 for job in dead if counted[job.id] == 0),
+        # An attempt is counted at claim (or, claimed ahead, at the commit after its start): those no counted start
+        # explains were spent by kills (or lost leases).
+        "attempts_without_start": sum(max(0, job.attempts - counted[job.id]) for job in rows.values()),
     }
 
 
@@ -114,6 +124,15 @@ def caught_before_start(held_at_kills: Iterable[tuple[str, Held]], started: set[
     attempt a job (no lease is taken again once counted) these are exactly the attempts spent without a start
     that the design allows; any other is a bug."""
     return len(caught_leases(held_at_kills, started))
+
+
+def uncounted_starts(held_at_kills: Iterable[tuple[str, Held]], started: set[tuple[str, int]]) -> Counter[str]:
+    """By job, the leases a kill found started under their token with no attempt counted yet (0): a job claimed
+    ahead is counted in the commit after its handler starts, and the kill came first, so the start spent nothing
+    and the job was claimed again. Exact for first attempts, hence for a one-attempt run."""
+    return Counter(
+        job_id for job_id, (token, attempts) in held_at_kills if attempts == 0 and (job_id, token) in started
+    )
 
 
 def caught_leases(held_at_kills: Iterable[tuple[str, Held]], started: set[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -149,7 +168,9 @@ def check(
     events = read_events(events_path)
     inbox = read_inbox(inbox_path)
     jobs = list(store.jobs())
-    figures = job_figures(jobs, expected, inbox, events)
+    held_at_kills = list(held_at_kills)
+    uncounted = uncounted_starts(held_at_kills, events.started)
+    figures = job_figures(jobs, expected, inbox, events, uncounted)
     caught = caught_leases(held_at_kills, events.started)
     unexpected = unexpected_at_receiver(inbox, expected, events.starts)
     if figures["unexpected_jobs"]:
@@ -164,6 +185,8 @@ def check(
         "dead": figures["dead"],
         "dead_by_reason": figures["dead_by_reason"],
         "dead_never_started": figures["dead_never_started"],
+        "dead_without_counted_start": figures["dead_without_counted_start"],
+        "uncounted_starts": sum(uncounted.values()),
         "dead_every_attempt_started": figures["dead_every_attempt_started"],
         "dead_every_attempt_failed": figures["dead_every_attempt_failed"],
         "dead_but_applied": figures["dead_but_applied"],

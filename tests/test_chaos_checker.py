@@ -25,7 +25,7 @@ from asyncq import Inbox, JobSpec, Queue
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from chaos_check import body_of, check, failed
 from chaos_pg import PostgresStore, split_url
-from chaos_store import SqliteStore
+from chaos_store import Held, SqliteStore
 
 pytestmark = pytest.mark.timeout(60)
 IDS = [f"job-{n:06d}" for n in range(5)]
@@ -65,6 +65,20 @@ def test_a_clean_run_is_clean(tmp_path: Path) -> None:
     assert report["dead_every_attempt_failed"] == 0 and report["failed_deliveries"] == {}
     assert report["redeliveries"] == report["duplicates_absorbed"] == 0
     assert report["integrity"] == {"queue": "ok", "inbox": "ok"}
+
+
+def test_a_start_a_kill_caught_before_it_was_counted_is_not_taken_for_the_attempt_spent_later(tmp_path: Path) -> None:
+    """The dead job was started under token 1 by a worker killed before the commit that counts a start (its lease
+    still at 0 attempts), then claimed again, counted, under token 2 by one killed before the start: its one
+    attempt was spent without a start, and the kill that did it is the caught lease."""
+    asyncio.run(build(tmp_path))
+    with open(tmp_path / "events.log", "a") as events:
+        events.write("S job-000005 1 killed-ahead\n")
+    held = [("job-000005", Held(1, 0)), ("job-000005", Held(2, 1))]
+    report = check(SqliteStore(tmp_path), tmp_path / "inbox.db", tmp_path / "events.log", {*IDS, "job-000005"}, held)
+    assert report["uncounted_starts"] == 1 and report["counted_leases_killed_before_start"] == 1
+    assert report["attempts_without_start"] == 1 and report["dead_without_counted_start"] == 1
+    assert report["dead_never_started"] == 0  # it did start once, under token 1
 
 
 def test_each_fault_is_counted_once_and_fails_the_run(tmp_path: Path) -> None:
