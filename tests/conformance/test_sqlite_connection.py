@@ -8,6 +8,7 @@ next one. Moved from ``tests/test_queue.py``.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import sys
 import threading
@@ -19,11 +20,12 @@ import pytest
 from waiting import eventually
 
 from asyncq.core.jobs import JobSpec
+from asyncq.errors import Conflict
 from asyncq.queue import Queue
 from asyncq.store.sqlite import queue_store
 from asyncq.store.sqlite.busy import RETRY_MAX_S, RETRY_MIN_S, begin_immediate
 
-from .sqlite_files import job_row, read, snapshot
+from .sqlite_files import assert_counts_kept, job_row, read, snapshot
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -405,6 +407,110 @@ async def test_a_group_commit_that_claimed_all_it_asked_or_met_no_lock_spaces_no
             assert "sleep" not in awaiting(at_once)
             await asyncio.sleep(0)
     assert "next" in [ticket.id for ticket in at_once.result().tickets]
+
+
+# --- an enqueue made while the pool's group commit waits for the lock rides in its transaction -----------------
+
+
+class Contended:
+    """A group commit (``settle_and_claim``) waiting for the write lock another connection holds, until ``free``."""
+
+    def __init__(self, queue: Queue, path: Path, owner: str = "w1") -> None:
+        self.blocker = connected(path, 1)
+        self.blocker.execute("BEGIN IMMEDIATE")
+        self.claiming = asyncio.create_task(queue.settle_and_claim([], owner, [("default", 5)]))
+
+    async def waiting(self) -> None:
+        await eventually(lambda: "_begin_in_turn" in awaiting(self.claiming), "the group commit to wait in turn")
+
+    def free(self) -> None:
+        self.blocker.execute("COMMIT")
+        self.blocker.close()
+
+
+async def boarded(queue: Queue, call: Any) -> asyncio.Task[Any]:
+    task = asyncio.create_task(call)
+    await eventually(lambda: awaiting(task)[-1:] == ["write_or_ride"], "the enqueue to ride the group commit")
+    return task
+
+
+async def test_an_enqueue_made_while_a_group_commit_waits_for_the_lock_shares_its_commit_and_is_claimed_in_it(
+    queue: Queue, path: Path
+) -> None:
+    await queue.enqueue("a", {})
+    contended = Contended(queue, path)
+    await contended.waiting()
+    statements = traced(queue)
+    riding = await boarded(queue, queue.enqueue("b", {"n": 1}))
+    contended.free()
+    async with asyncio.timeout(5):
+        assert await riding is True
+        _, tickets = await contended.claiming
+    assert [ticket.id for ticket in tickets] == ["a", "b"]  # the claim saw the rider's row
+    assert statements.count("COMMIT") == 1  # (the BEGINs traced are the group commit's tries in turn)
+    assert "SAVEPOINT asyncq_rider" in statements
+    assert json.loads(job_row(path, "b")["body"]) == {"n": 1}
+    assert not raw_connection(queue).in_transaction
+    assert_counts_kept(path)
+
+
+async def test_a_riding_enqueue_that_is_refused_leaves_nothing_of_its_batch_and_the_group_commit_lands(
+    queue: Queue, path: Path
+) -> None:
+    await queue.enqueue("a", {"n": 1})
+    contended = Contended(queue, path)
+    await contended.waiting()
+    # "fresh" is inserted first, then "a" conflicts: the rider's savepoint takes "fresh" back with it.
+    refused = await boarded(queue, queue.enqueue_many([JobSpec("fresh", {}), JobSpec("a", {"n": 2})]))
+    fine = await boarded(queue, queue.enqueue("c", {}))
+    contended.free()
+    async with asyncio.timeout(5):
+        with pytest.raises(Conflict, match="different payload"):
+            await refused
+        assert await fine is True
+        _, tickets = await contended.claiming
+    assert [ticket.id for ticket in tickets] == ["a", "c"]
+    assert read(path, "SELECT id FROM asyncq_jobs WHERE id = 'fresh'") == []
+    assert json.loads(job_row(path, "a")["body"]) == {"n": 1}
+    assert not raw_connection(queue).in_transaction
+    assert_counts_kept(path)
+
+
+async def test_when_the_group_commit_fails_its_riders_run_alone_and_land(queue: Queue, path: Path) -> None:
+    await queue.enqueue("a", {})
+    other = sqlite3.connect(path, isolation_level=None)  # the claim's UPDATE fails for owner w2
+    other.execute(
+        "CREATE TRIGGER refuse AFTER UPDATE OF owner ON asyncq_jobs WHEN NEW.owner = 'w2' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+    )
+    other.close()
+    contended = Contended(queue, path, owner="w2")
+    await contended.waiting()
+    riding = await boarded(queue, queue.enqueue("b", {}))
+    contended.free()
+    async with asyncio.timeout(5):
+        with pytest.raises(sqlite3.IntegrityError, match="refused by the test"):
+            await contended.claiming
+        assert await riding is True  # rolled back with the group commit, then written alone
+    assert [job_row(path, job)["status"] for job in ("a", "b")] == ["pending", "pending"]
+    assert not raw_connection(queue).in_transaction
+    assert_counts_kept(path)
+
+
+async def test_a_rider_cancelled_before_the_group_commit_began_writes_nothing(queue: Queue, path: Path) -> None:
+    contended = Contended(queue, path)
+    await contended.waiting()
+    cancelled = await boarded(queue, queue.enqueue("gone", {}))
+    kept = await boarded(queue, queue.enqueue("kept", {}))
+    cancelled.cancel()
+    contended.free()
+    async with asyncio.timeout(5):
+        assert await kept is True
+        _, tickets = await contended.claiming
+    assert cancelled.cancelled()
+    assert [ticket.id for ticket in tickets] == ["kept"]
+    assert read(path, "SELECT id FROM asyncq_jobs") == [("kept",)]
+    assert not raw_connection(queue).in_transaction
 
 
 def traced(queue: Queue) -> list[str]:

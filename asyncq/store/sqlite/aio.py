@@ -22,7 +22,7 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Self, TypeVar, cast
+from typing import Any, NamedTuple, Self, TypeVar, cast
 
 import aiosqlite
 import anyio
@@ -74,6 +74,49 @@ def _know_journal(con: sqlite3.Connection) -> None:
 def _rollback_if_open(con: sqlite3.Connection) -> None:
     if con.in_transaction:
         con.execute("ROLLBACK")
+
+
+class _Rider(NamedTuple):
+    """A write riding a group commit (``AsyncFile.write_or_ride``)."""
+
+    inside: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+
+
+class _Raised(NamedTuple):
+    error: BaseException
+
+
+_ALONE = object()  # a rider's outcome when the group commit failed first: it runs alone
+
+
+def _ride(con: sqlite3.Connection, riders: Sequence[_Rider]) -> list[Any]:
+    """Each rider's write in its own savepoint, in order: its result, or ``_Raised`` (its savepoint rolled back).
+    An error that ended the transaction (SQLite rolls back by itself on some I/O and memory errors) fails the
+    whole group commit instead, and every rider runs alone after it."""
+    outcomes: list[Any] = []
+    for rider in riders:
+        if rider.future.done():  # its caller was cancelled while it waited: nothing of it ran
+            outcomes.append(_ALONE)
+            continue
+        con.execute("SAVEPOINT asyncq_rider")
+        try:
+            outcomes.append(rider.inside(con, *rider.args))
+        except Exception as error:
+            if not con.in_transaction:
+                raise
+            con.execute("ROLLBACK TO asyncq_rider")
+            outcomes.append(_Raised(error))
+        con.execute("RELEASE asyncq_rider")
+    return outcomes
+
+
+def _arrive(riders: Sequence[_Rider], outcomes: Sequence[Any]) -> None:
+    """The group commit committed: each rider's outcome to its caller."""
+    for rider, outcome in zip(riders, outcomes, strict=True):
+        if not rider.future.done():
+            rider.future.set_result(outcome)
 
 
 # How often a group commit that found the write lock held elsewhere tries again (``AsyncFile._begin_in_turn``).
@@ -142,6 +185,8 @@ class AsyncFile:
         #: Whether the last ``run_held`` found the write lock held by another connection (its BEGIN waited).
         self.begin_waited = False
         self._held_not_before = 0.0  # the loop's time before which the next ``run_held`` waits (``space_next_held``)
+        #: While a ``run_held`` waits for the lock: the writes that ride in its transaction (``write_or_ride``).
+        self._boarding: list[_Rider] | None = None
 
     @staticmethod
     async def connect(
@@ -223,24 +268,61 @@ class AsyncFile:
         statements). ``BEGIN IMMEDIATE`` is tried here without waiting; while another connection holds the lock
         it is tried again in turn (``_begin_in_turn``); ``COMMIT`` (the disk's wait) always runs in the
         connection's thread. If ``fn`` or the commit fails, or the task is cancelled while BEGIN waits, the
-        transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole."""
+        transaction is rolled back; once ``fn`` has run, the commit is shielded and lands or fails whole.
+
+        Writes made through ``write_or_ride`` while this waits for the lock run first in the same transaction,
+        each in a savepoint, and share its commit."""
         spaced = self._held_not_before - asyncio.get_running_loop().time()
         if spaced > 0:
             await asyncio.sleep(spaced)
-        async with self._locked():
-            con: sqlite3.Connection = self.conn._conn
-            try:
-                self.begin_waited = not self._begin_without_waiting(con)
-                if self.begin_waited:
-                    await self._begin_in_turn(con)
-                result = fn(con, *args)
-                with anyio.CancelScope(shield=True):
-                    await run_sync(self.conn, _commit)
-            except BaseException:
-                with anyio.CancelScope(shield=True):  # runs after a cancelled BEGIN, in the thread's order
-                    await run_sync(self.conn, _rollback_if_open)
-                raise
-            return result
+        boarding: list[_Rider] = []
+        if self._boarding is None:
+            self._boarding = boarding
+        try:
+            async with self._locked():
+                con: sqlite3.Connection = self.conn._conn
+                try:
+                    self.begin_waited = not self._begin_without_waiting(con)
+                    if self.begin_waited:
+                        await self._begin_in_turn(con)
+                    if self._boarding is boarding:
+                        self._boarding = None
+                    outcomes = _ride(con, boarding)
+                    result = fn(con, *args)
+                    with anyio.CancelScope(shield=True):
+                        await run_sync(self.conn, _commit)
+                except BaseException:
+                    with anyio.CancelScope(shield=True):  # runs after a cancelled BEGIN, in the thread's order
+                        await run_sync(self.conn, _rollback_if_open)
+                    raise
+                _arrive(boarding, outcomes)
+                return result
+        finally:
+            if self._boarding is boarding:
+                self._boarding = None
+            for rider in boarding:  # nothing of theirs committed: each runs alone, as it would have
+                if not rider.future.done():
+                    rider.future.set_result(_ALONE)
+
+    async def write_or_ride(self, alone: Callable[..., T], inside: Callable[..., T], *args: Any) -> T:
+        """``run_write(alone, *args)``; or, while a ``run_held`` (the pool's group commit) waits for the lock,
+        ``inside(con, *args)`` run in its transaction before its own statements, returning once that commits.
+
+        Both calls wait for the lock anyway: riding, the write and the group commit share one ``COMMIT`` (one
+        fsync), and the group commit's claim already sees what the write added. ``inside`` is ``alone`` without
+        its ``BEGIN``/``COMMIT``; it runs in a savepoint, so what it raises leaves nothing of it behind. If the
+        group commit fails before it commits, the write runs alone after it (its rows were rolled back with it).
+        A caller cancelled while it waits is dropped if its write has not run yet."""
+        boarding = self._boarding
+        if boarding is not None and self._holder is None:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            boarding.append(_Rider(inside, args, future))
+            outcome = await future
+            if outcome is not _ALONE:
+                if isinstance(outcome, _Raised):
+                    raise outcome.error
+                return cast(T, outcome)
+        return await self.run_write(alone, *args)
 
     def space_next_held(self, seconds: float) -> None:
         """The next ``run_held`` waits until ``seconds`` from now before it takes the lock (its caller's policy:

@@ -147,7 +147,11 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
                 "a SQLite queue joins the app's transaction through queue.transaction(), or enqueue_sync on the"
                 " app's own sqlite3 connection"
             )
-        added: list[Enqueued] = await self._write_first(engine.enqueue, PRODUCT, rows)
+        self._check_writable()
+        # In a process whose pool is about to commit, the enqueue rides that commit (``AsyncFile.write_or_ride``).
+        added: list[Enqueued] = await self._file.write_or_ride(
+            engine.enqueue, engine.enqueue_rows_in_transaction, PRODUCT, rows
+        )
         if True in added:
             self._file.notify()
         return added
