@@ -38,7 +38,7 @@ class Flights:
     yet, and the jobs claimed ahead whose attempts the next commit counts. ``wake`` is set when the batcher may
     have something to do: a job finished, a slot freed, ``stop()`` was called."""
 
-    __slots__ = ("buffer", "jobs", "results", "started_ahead", "wake")
+    __slots__ = ("buffer", "idle_workers", "jobs", "results", "started_ahead", "wake")
 
     def __init__(self) -> None:
         self.jobs: dict[tuple[str, int], InFlight] = {}
@@ -46,6 +46,7 @@ class Flights:
         self.results: list[Result] = []
         self.started_ahead: list[InFlight] = []  # started since the last commit, their attempts not counted yet
         self.wake = asyncio.Event()
+        self.idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
 
     @property
     def running(self) -> int:
@@ -57,6 +58,21 @@ class Flights:
         key = (ticket.id, ticket.fence.token)
         flight = self.jobs[key] = InFlight(ticket, key)
         self.buffer.append(flight)
+
+    def buffer_all(self, tickets: list[Ticket]) -> None:
+        """Put claimed jobs in the buffer and wake an idle worker for each (as many as are idle)."""
+        for ticket in tickets:
+            self.add(ticket)
+        self.wake_workers()
+
+    def wake_workers(self) -> None:
+        """Wake one idle worker per buffered job."""
+        jobs = len(self.buffer)
+        while jobs and self.idle_workers:
+            waiter = self.idle_workers.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                jobs -= 1
 
     def take_buffer(self) -> list[InFlight]:
         """Empty the buffer (stopping): its jobs, no longer in flight, to give back."""

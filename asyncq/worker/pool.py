@@ -20,7 +20,6 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Unpack
 
@@ -29,7 +28,7 @@ import anyio
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, error_text
 from asyncq.core.flow_limits import Hold
-from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BATCH, StoredResult, Ticket
+from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BATCH, StoredResult
 from asyncq.core.lifecycle import CANCEL, OK, OutcomeName
 from asyncq.core.values import check_identifier
 from asyncq.delivery.base import JsonText
@@ -114,8 +113,8 @@ class Pool:
         self._holds: tuple[Hold, ...] = ()  # the queues the last commit's claim found held by their limits
         self._stopping = False
         self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
+        self._ride_asked = False  # an enqueue waits to ride the next cycle (``_host_ride``)
         self._workers: list[asyncio.Task[None]] = []
-        self._idle_workers: deque[asyncio.Future[None]] = deque()  # one per worker waiting for a buffered job
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name`` (registering the name again replaces it)."""
@@ -163,7 +162,7 @@ class Pool:
             async with anyio.create_task_group() as group:
                 for run_beside in self._beside:
                     group.start_soon(run_beside)
-                self._idle_workers.clear()
+                self._flights.idle_workers.clear()
                 self._workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
                 yield
                 group.cancel_scope.cancel()
@@ -178,6 +177,22 @@ class Pool:
                 self._workers = []
 
     async def _work(self, burst: bool) -> None:
+        withdraw = self.queue.store.host_rides(self._host_ride)
+        try:
+            await self._batch(burst)
+        finally:
+            withdraw()
+
+    def _host_ride(self) -> bool:
+        """An enqueue of this process asks for a group commit to ride in (``QueueStore.host_rides``): the next
+        cycle runs now, if it has room to claim what the enqueue adds."""
+        if self._stopping or self._capacity() <= 0:
+            return False
+        self._ride_asked = True
+        self._flights.wake.set()
+        return True
+
+    async def _batch(self, burst: bool) -> None:
         idle_wait = self.poll_min
         flights = self._flights
         while not (self._stopping and not flights.jobs and not flights.results):
@@ -219,7 +234,7 @@ class Pool:
         batch, flights = self.batch, self._flights
         loop = asyncio.get_running_loop()
         deadline: float | None = None  # the oldest waiting result's: linger from then, not from each wake-up
-        while not (self._starving() or len(flights.results) >= batch):
+        while not (self._starving() or len(flights.results) >= batch or self._ride_asked):
             if self._stopping and (flights.results or flights.buffer or not flights.jobs):
                 return
             if flights.results and deadline is None:
@@ -247,6 +262,7 @@ class Pool:
         """Finish what is done and claim up to ``capacity`` jobs, in one commit; start what slots allow."""
         flights = self._flights
         async with self._fences:  # read each ticket after any renewal in flight has replaced it
+            self._ride_asked = False
             kept = flights.take_results()
             results = [Attempt(f.ticket, outcome, delay, error, value) for f, outcome, delay, error, value in kept]
             started = flights.take_started_ahead()
@@ -269,17 +285,10 @@ class Pool:
         self._report.finishes(results, statuses, debug)
         if tickets:
             self._report.claimed(len(tickets))
-            self._buffer_tickets(tickets, debug)
-        return len(tickets)
-
-    def _buffer_tickets(self, tickets: list[Ticket], debug: bool) -> None:
-        """Put claimed jobs in the buffer and wake a worker for each (as many as are idle)."""
-        add = self._flights.add
-        for ticket in tickets:
-            if debug:
+            for ticket in tickets if debug else ():
                 log.debug("job %s token %d -> leased by %s", ticket.id, ticket.token, self.owner)
-            add(ticket)
-        self._wake_workers()
+            flights.buffer_all(tickets)
+        return len(tickets)
 
     def _rotated_wants(self, free: int) -> list[tuple[str, int]]:
         names = list(self._handlers)
@@ -287,15 +296,6 @@ class Pool:
         return [(name, free) for name in names[self._turn :] + names[: self._turn]]
 
     # -- workers and one job --------------------------------------------------------------------------
-
-    def _wake_workers(self) -> None:
-        """Wake one idle worker per buffered job."""
-        jobs = len(self._flights.buffer)
-        while jobs and self._idle_workers:
-            waiter = self._idle_workers.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                jobs -= 1
 
     async def _worker(self) -> None:
         """Run buffered jobs one after another; wait while there are none (or the pool is stopping: those
@@ -313,24 +313,18 @@ class Pool:
                     self._wake_if_needed()  # that was the last buffered job: free slots may want a claim
                 try:
                     await self._run_job(flight)
-                except Exception as error:  # the pool's own machinery failed around this job: keep the worker
-                    self._machinery_failed(flight, error)
+                except Exception as error:  # the pool's own machinery failed around this job: keep the worker,
+                    self._report.machinery_failed(flight.ticket, error)  # say so loudly, count it, and never leave
+                    flights.retry_now(flight, error_text(error))  # the job leased: retried at once under its budget
                 continue
             waiter = loop.create_future()
-            self._idle_workers.append(waiter)
+            flights.idle_workers.append(waiter)
             try:
                 await waiter
             except BaseException:  # cancelled while idle: the waiter must not count as an idle worker
                 with contextlib.suppress(ValueError):
-                    self._idle_workers.remove(waiter)
+                    flights.idle_workers.remove(waiter)
                 raise
-
-    def _machinery_failed(self, flight: InFlight, error: Exception) -> None:
-        """Not the handler but the pool failed around a job: log it loudly, count it, and never leave the job
-        leased for its lease to run out: it is retried at once under its budget (or dropped if its lease was
-        lost). The worker goes on with the next job."""
-        self._report.machinery_failed(flight.ticket, error)
-        self._flights.retry_now(flight, error_text(error))
 
     async def _run_job(self, flight: InFlight) -> None:
         """Run one job's handler and keep its result for the next group commit. The handler is awaited here,

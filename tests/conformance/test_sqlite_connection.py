@@ -22,8 +22,9 @@ from waiting import eventually
 from asyncq.core.jobs import JobSpec
 from asyncq.errors import Conflict
 from asyncq.queue import Queue
-from asyncq.store.sqlite import queue_store
+from asyncq.store.sqlite import aio, queue_store
 from asyncq.store.sqlite.busy import RETRY_MAX_S, RETRY_MIN_S, begin_immediate
+from asyncq.worker.pool import Pool
 
 from .sqlite_files import assert_counts_kept, job_row, read, snapshot
 
@@ -511,6 +512,86 @@ async def test_a_rider_cancelled_before_the_group_commit_began_writes_nothing(qu
     assert [ticket.id for ticket in tickets] == ["kept"]
     assert read(path, "SELECT id FROM asyncq_jobs") == [("kept",)]
     assert not raw_connection(queue).in_transaction
+
+
+# --- an enqueue asks a running pool for a group commit to ride -------------------------------------------------
+
+
+def hosts(queue: Queue) -> list[Any]:
+    return queue.store._file._hosts  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_an_enqueue_beside_an_idle_pool_commits_with_the_claim_that_takes_it(queue: Queue) -> None:
+    started: list[str] = []
+    pool = Pool(queue, concurrency=2)
+    pool.register("default", lambda body, context: asyncio.sleep(0, started.append(context.id)))
+    running = asyncio.create_task(pool.run())
+    try:
+        await eventually(lambda: bool(queue.store._file._waiters), "the pool to wait for work")  # type: ignore[attr-defined]
+        assert len(hosts(queue)) == 1
+        statements = traced(queue)
+        assert await queue.enqueue("a", {}) is True
+        first_commit = statements[: statements.index("COMMIT") + 1]
+        assert any(s.strip().startswith("INSERT INTO asyncq_jobs") for s in first_commit), first_commit
+        assert any("SET status = 'leased'" in s for s in first_commit), first_commit  # the claim, same commit
+        assert "SAVEPOINT asyncq_rider" in first_commit
+        await eventually(lambda: started == ["a"], "the handler to run")
+    finally:
+        pool.stop()
+        async with asyncio.timeout(5):
+            await running
+    assert hosts(queue) == []  # the offer withdrawn with the pool
+
+
+async def test_an_enqueue_a_host_offered_to_but_did_not_take_up_in_time_runs_alone(queue: Queue, path: Path) -> None:
+    asked: list[int] = []
+    withdraw = queue.store.host_rides(lambda: asked.append(1) is None)  # says yes, runs nothing
+    loop = asyncio.get_running_loop()
+    try:
+        began = loop.time()
+        assert await queue.enqueue("a", {}) is True
+        assert loop.time() - began >= aio.RIDE_WAIT_SECONDS
+        assert asked == [1]
+        assert job_row(path, "a")["status"] == "pending"
+    finally:
+        withdraw()
+    assert hosts(queue) == []
+
+
+async def test_an_enqueue_a_host_declines_runs_alone_at_once(queue: Queue, path: Path) -> None:
+    asked: list[int] = []
+    withdraw = queue.store.host_rides(lambda: asked.append(1) is not None)  # no room to claim
+    try:
+        statements = traced(queue)
+        assert await queue.enqueue("a", {}) is True
+        assert asked == [1]
+        assert statements.count("COMMIT") == 1 and "SAVEPOINT asyncq_rider" not in statements
+    finally:
+        withdraw()
+
+
+async def test_a_pool_with_no_room_to_claim_declines_to_host_a_ride(queue: Queue) -> None:
+    release, started = asyncio.Event(), asyncio.Event()
+
+    async def hold(body: object, context: object) -> None:
+        started.set()
+        await release.wait()
+
+    pool = Pool(queue, concurrency=1, prefetch=0)
+    pool.register("default", hold)
+    running = asyncio.create_task(pool.run())
+    try:
+        await queue.enqueue("busy", {})
+        async with asyncio.timeout(5):
+            await started.wait()
+        [offer] = hosts(queue)
+        assert offer() is False  # its one slot runs a job and it claims none ahead: nothing to claim a job into
+        assert await queue.enqueue("next", {}) is True
+    finally:
+        release.set()
+        pool.stop()
+        async with asyncio.timeout(5):
+            await running
 
 
 def traced(queue: Queue) -> list[str]:

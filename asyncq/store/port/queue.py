@@ -37,7 +37,7 @@ What every store must guarantee (the conformance suite in ``tests/conformance/``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -176,6 +176,12 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
 
     async def wait_for_work(self, timeout: float) -> None:
         """Return when new work may be ready (rows committed through this store), or after ``timeout`` s."""
+        ...
+
+    def host_rides(self, start: Callable[[], bool]) -> Callable[[], None]:
+        """A pool offers this process's enqueues a place in its group commit: ``start()`` asks it to run one now,
+        and says whether it will (it has room to claim). Returns the function that withdraws the offer. A store
+        whose writes each run on a connection of their own ignores the offer (PostgreSQL)."""
         ...
 
     # -- operators ----------------------------------------------------------------------------------------

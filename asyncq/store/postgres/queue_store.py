@@ -207,6 +207,9 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
     async def wait_for_work(self, timeout: float) -> None:
         await self.wakeups.wait(timeout)
 
+    def host_rides(self, start: Callable[[], bool]) -> Callable[[], None]:
+        return lambda: None  # each enqueue commits on a pooled connection of its own
+
     # -- operators ----------------------------------------------------------------------------------------
 
     async def redrive(self, job_id: str, now_ms: int, deadline_ms: int, note: str) -> AuditEntry:

@@ -90,6 +90,10 @@ class _Raised(NamedTuple):
 
 _ALONE = object()  # a rider's outcome when the group commit failed first: it runs alone
 
+# How long a write waits for the group commit it asked a host to run (``AsyncFile.write_or_ride``) before it runs
+# alone: a pool's batcher takes a few loop turns to begin one; a loop so busy that it takes longer gains nothing.
+RIDE_WAIT_SECONDS = 0.002
+
 
 def _ride(con: sqlite3.Connection, riders: Sequence[_Rider]) -> list[Any]:
     """Each rider's write in its own savepoint, in order: its result, or ``_Raised`` (its savepoint rolled back).
@@ -187,6 +191,10 @@ class AsyncFile:
         self._held_not_before = 0.0  # the loop's time before which the next ``run_held`` waits (``space_next_held``)
         #: While a ``run_held`` waits for the lock: the writes that ride in its transaction (``write_or_ride``).
         self._boarding: list[_Rider] | None = None
+        #: Group commits that run when asked (a pool with room to claim: ``host_rides``), and the writes waiting
+        #: for the one asked to run.
+        self._hosts: list[Callable[[], bool]] = []
+        self._invited: list[_Rider] = []
 
     @staticmethod
     async def connect(
@@ -275,7 +283,7 @@ class AsyncFile:
         spaced = self._held_not_before - asyncio.get_running_loop().time()
         if spaced > 0:
             await asyncio.sleep(spaced)
-        boarding: list[_Rider] = []
+        boarding, self._invited = self._invited, []
         if self._boarding is None:
             self._boarding = boarding
         try:
@@ -312,10 +320,17 @@ class AsyncFile:
         fsync), and the group commit's claim already sees what the write added. ``inside`` is ``alone`` without
         its ``BEGIN``/``COMMIT``; it runs in a savepoint, so what it raises leaves nothing of it behind. If the
         group commit fails before it commits, the write runs alone after it (its rows were rolled back with it).
-        A caller cancelled while it waits is dropped if its write has not run yet."""
+        A caller cancelled while it waits is dropped if its write has not run yet.
+
+        With no group commit waiting, a host (``host_rides``) is asked to run one now; a write it has not taken up
+        within ``RIDE_WAIT_SECONDS`` runs alone."""
         boarding = self._boarding
+        if boarding is None and self._holder is None:
+            boarding = self._invited if self._invited or self._ask_a_host() else None
         if boarding is not None and self._holder is None:
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            if boarding is self._invited and not boarding:
+                asyncio.get_running_loop().call_later(RIDE_WAIT_SECONDS, self._uninvite, boarding)
             boarding.append(_Rider(inside, args, future))
             outcome = await future
             if outcome is not _ALONE:
@@ -323,6 +338,23 @@ class AsyncFile:
                     raise outcome.error
                 return cast(T, outcome)
         return await self.run_write(alone, *args)
+
+    def host_rides(self, start: Callable[[], bool]) -> Callable[[], None]:
+        """Let ``write_or_ride`` ask ``start()`` for a group commit to ride: it returns whether one will run now
+        (``run_held``). Returns the function that withdraws the offer."""
+        self._hosts.append(start)
+        return lambda: self._hosts.remove(start)
+
+    def _ask_a_host(self) -> bool:
+        return any(start() for start in self._hosts)
+
+    def _uninvite(self, invited: list[_Rider]) -> None:
+        """The group commit asked for did not begin in time: its riders run alone."""
+        if invited is self._invited:
+            self._invited = []
+            for rider in invited:
+                if not rider.future.done():
+                    rider.future.set_result(_ALONE)
 
     def space_next_held(self, seconds: float) -> None:
         """The next ``run_held`` waits until ``seconds`` from now before it takes the lock (its caller's policy:

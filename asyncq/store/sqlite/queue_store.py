@@ -10,7 +10,7 @@ import contextlib
 import functools
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -226,6 +226,9 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
 
     async def wait_for_work(self, timeout: float) -> None:
         await self._file.wait_for_rows(timeout)
+
+    def host_rides(self, start: Callable[[], bool]) -> Callable[[], None]:
+        return self._file.host_rides(start)
 
     # -- operators ----------------------------------------------------------------------------------------
 
