@@ -455,6 +455,27 @@ async def test_an_enqueue_made_while_a_group_commit_waits_for_the_lock_shares_it
     assert_counts_kept(path)
 
 
+async def test_a_batch_too_large_to_ride_is_inserted_alone_in_the_connections_thread(
+    queue: Queue, path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue_store, "RIDE_ROWS_MAX", 2)
+    contended = Contended(queue, path)
+    await contended.waiting()
+    statements = traced(queue)
+    small = await boarded(queue, queue.enqueue_many([JobSpec("a", {}), JobSpec("b", {})]))
+    large = asyncio.create_task(queue.enqueue_many([JobSpec(f"big-{n}", {}) for n in range(3)]))
+    await eventually(lambda: "run_write" in awaiting(large), "the large batch to wait for the lock on its own")
+    contended.free()
+    async with asyncio.timeout(5):
+        assert await small == [True, True] and await large == [True] * 3
+        _, tickets = await contended.claiming
+    assert [ticket.id for ticket in tickets] == ["a", "b"]  # the large batch committed after the group commit
+    assert statements.count("SAVEPOINT asyncq_rider") == 1 and statements.count("COMMIT") == 2
+    assert [status for (status,) in read(path, "SELECT status FROM asyncq_jobs WHERE id LIKE 'big-%'")] == [
+        "pending"
+    ] * 3
+
+
 async def test_a_riding_enqueue_that_is_refused_leaves_nothing_of_its_batch_and_the_group_commit_lands(
     queue: Queue, path: Path
 ) -> None:

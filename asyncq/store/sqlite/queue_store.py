@@ -42,6 +42,10 @@ from asyncq.store.sqlite.stats import read_stats
 # docs/benchmarks.md, "singles"). A claim that came back full (a backlog, pools taking turns) is never spaced.
 CONTENDED_CLAIM_SPACING_S = 0.010
 
+# The most jobs an enqueue carries into a pool's group commit. A group commit's statements run on the event loop's
+# thread (``AsyncFile.run_held``); a larger batch is inserted in the connection's thread, the loop free meanwhile.
+RIDE_ROWS_MAX = 64
+
 
 def _open_and_migrate(con: sqlite3.Connection, level: Durability) -> None:
     prepare_new_file(con)
@@ -148,10 +152,11 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
                 " app's own sqlite3 connection"
             )
         self._check_writable()
-        # In a process whose pool is about to commit, the enqueue rides that commit (``AsyncFile.write_or_ride``).
-        added: list[Enqueued] = await self._file.write_or_ride(
-            engine.enqueue, engine.enqueue_rows_in_transaction, PRODUCT, rows
-        )
+        added: list[Enqueued]
+        if len(rows) <= RIDE_ROWS_MAX:  # beside a pool of this process, in its group commit (``write_or_ride``)
+            added = await self._file.write_or_ride(engine.enqueue, engine.enqueue_rows_in_transaction, PRODUCT, rows)
+        else:
+            added = await self._file.run_write(engine.enqueue, PRODUCT, rows)
         if True in added:
             self._file.notify()
         return added
