@@ -519,6 +519,29 @@ async def test_when_the_group_commit_fails_its_riders_run_alone_and_land(queue: 
     assert_counts_kept(path)
 
 
+async def test_a_group_commit_cancelled_during_its_commit_still_tells_its_riders_they_landed(
+    queue: Queue, path: Path
+) -> None:
+    contended = Contended(queue, path)
+    await contended.waiting()
+    riding = await boarded(queue, queue.enqueue("b", {}))
+    loop = asyncio.get_running_loop()
+
+    def cancel_at_commit(statement: str) -> None:  # in the connection's thread, as the COMMIT begins
+        if statement == "COMMIT":
+            loop.call_soon_threadsafe(contended.claiming.cancel)
+
+    raw_connection(queue).set_trace_callback(cancel_at_commit)
+    contended.free()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await contended.claiming
+        assert await riding is True  # told it landed, not sent to write again (it would have found its own row)
+    raw_connection(queue).set_trace_callback(None)
+    assert job_row(path, "b")["status"] == "leased"  # committed whole, with the claim that took it
+    assert not raw_connection(queue).in_transaction
+
+
 async def test_a_rider_cancelled_before_the_group_commit_began_writes_nothing(queue: Queue, path: Path) -> None:
     contended = Contended(queue, path)
     await contended.waiting()

@@ -127,8 +127,9 @@ def _arrive(riders: Sequence[_Rider], outcomes: Sequence[Any]) -> None:
 LOCK_POLL_SECONDS = 0.0005
 
 
-def _commit(con: sqlite3.Connection) -> None:
+def _commit(con: sqlite3.Connection, landed: list[bool]) -> None:
     con.execute("COMMIT")
+    landed.append(True)
 
 
 class AppTransaction:
@@ -284,6 +285,7 @@ class AsyncFile:
         if spaced > 0:
             await asyncio.sleep(spaced)
         boarding, self._invited = self._invited, []
+        landed: list[bool] = []  # the COMMIT's, once it has returned in the connection's thread
         if self._boarding is None:
             self._boarding = boarding
         try:
@@ -298,10 +300,12 @@ class AsyncFile:
                     outcomes = _ride(con, boarding)
                     result = fn(con, *args)
                     with anyio.CancelScope(shield=True):
-                        await run_sync(self.conn, _commit)
+                        await run_sync(self.conn, _commit, landed)
                 except BaseException:
                     with anyio.CancelScope(shield=True):  # runs after a cancelled BEGIN, in the thread's order
                         await run_sync(self.conn, _rollback_if_open)
+                    if landed:  # this task was cancelled while its COMMIT ran on, and landed, in the thread
+                        _arrive(boarding, outcomes)
                     raise
                 _arrive(boarding, outcomes)
                 return result
