@@ -257,3 +257,27 @@ async def test_a_job_made_ready_again_wakes_waiting_workers(store: QueueStore, h
     await make_ready(store, how)
     async with asyncio.timeout(1):  # an in-process wake-up takes microseconds; polling would take the 10 s
         await waiter
+
+
+# --- a pool's offer of its group commit (``QueueStore.host_rides``) ----------------------------------------------
+
+
+async def test_an_offer_to_host_rides_never_loses_nor_changes_an_enqueue(store: QueueStore) -> None:
+    """A store may put an enqueue in the group commit a pool runs when asked (SQLite), or ignore the offer
+    (PostgreSQL). Asked and never running one, the pool must still see every enqueue stored whole, the answers
+    those of an enqueue alone, and a refused batch leave nothing; once withdrawn, nothing asks it again."""
+    asked: list[int] = []
+    withdraw = store.host_rides(lambda: asked.append(1) is None)  # says it will run one, and never does
+    rows = [new("a"), new("b", priority=3)]
+    before = await dump(store)
+    assert await store.enqueue(rows) == [True, True]
+    assert await store.enqueue([new("a")]) == [False]
+    with pytest.raises(Conflict):
+        await store.enqueue([new("c"), new("a", body={"other": 1})])
+    after = await dump(store)
+    expect(before, after, {row.id: stored(row, after.jobs[row.id].seq) for row in rows})
+    withdraw()
+    seen = len(asked)
+    assert await store.enqueue([new("d")]) == [True]
+    assert len(asked) == seen
+    await assert_no_transaction_left(store)
