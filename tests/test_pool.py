@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import T0
+from holding import Holding
 from waiting import eventually
 
 from asyncq.core.jobs import JobSpec
@@ -426,11 +427,8 @@ async def test_an_idle_pool_wakes_at_once_on_an_enqueue_in_the_same_process(queu
 
 
 async def test_stop_lets_jobs_in_flight_finish_and_claims_nothing_more(queue: Queue) -> None:
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def handler(body: Any, context: JobContext) -> None:
-        started.set()
-        await release.wait()
+    handler = Holding()
+    started, release = handler.started, handler.release
 
     pool = Pool(queue, concurrency=1)
     pool.register("default", handler)
@@ -626,11 +624,8 @@ class ThreadGate:
 async def test_a_handler_finishing_while_its_lease_is_being_renewed_still_finishes(path: Path) -> None:
     now = [T0]
     gate = ThreadGate()
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def handler(body: Any, context: JobContext) -> None:
-        started.set()
-        await release.wait()
+    handler = Holding()
+    started, release = handler.started, handler.release
 
     async with await Queue.open(path, clock=lambda: now[0]) as queue:
         gate.install(queue)
@@ -657,11 +652,8 @@ async def test_a_handler_finishing_while_its_lease_is_being_renewed_still_finish
 
 
 async def test_stop_gives_back_the_jobs_claimed_ahead_so_others_take_them_at_once(queue: Queue) -> None:
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def handler(body: Any, context: JobContext) -> None:
-        started.set()
-        await release.wait()
+    handler = Holding()
+    started, release = handler.started, handler.release
 
     pool = Pool(queue, concurrency=1, prefetch=2)
     pool.register("default", handler)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from holding import Holding
 from waiting import eventually
 
 from asyncq.core.jobs import JobSpec
@@ -615,12 +616,8 @@ async def test_an_enqueue_a_host_declines_runs_alone_at_once(queue: Queue, path:
 
 
 async def test_a_pool_with_no_room_to_claim_declines_to_host_a_ride(queue: Queue) -> None:
-    release, started = asyncio.Event(), asyncio.Event()
-
-    async def hold(body: object, context: object) -> None:
-        started.set()
-        await release.wait()
-
+    hold = Holding()
+    started, release = hold.started, hold.release
     pool = Pool(queue, concurrency=1, prefetch=0)
     pool.register("default", hold)
     running = asyncio.create_task(pool.run())
