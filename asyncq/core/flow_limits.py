@@ -276,6 +276,11 @@ def held_wait(
     if not holds:
         return poll, True
     until = max(0.0, (min(hold.until_ms for hold in holds) - now_ms) / 1000)
-    if set(served) <= {hold.queue for hold in holds if hold.by_rate}:
+    if not woken_by_the_store(holds, served):
         return min(until, poll_max), False
     return min(until, poll), True
+
+
+def woken_by_the_store(holds: Sequence[Hold], served: Collection[str]) -> bool:
+    """Whether new rows may let a pool claim something (``held_wait``): not while a rate holds every queue it serves."""
+    return not holds or not set(served) <= {hold.queue for hold in holds if hold.by_rate}

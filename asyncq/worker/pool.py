@@ -27,7 +27,7 @@ import anyio
 
 from asyncq.core.backoff import RetryPolicy
 from asyncq.core.failures import ErrorText, error_text
-from asyncq.core.flow_limits import Hold
+from asyncq.core.flow_limits import Hold, woken_by_the_store
 from asyncq.core.jobs import DEFAULT_QUEUE, MAX_BATCH, StoredResult
 from asyncq.core.lifecycle import CANCEL, OK, OutcomeName
 from asyncq.core.values import check_identifier
@@ -185,8 +185,8 @@ class Pool:
 
     def _host_ride(self) -> bool:
         """An enqueue of this process asks for a group commit to ride in (``QueueStore.host_rides``): the next
-        cycle runs now, if it has room to claim what the enqueue adds."""
-        if self._stopping or self._capacity() <= 0:
+        cycle runs now, if it has room to claim and no rate holds every queue it serves."""
+        if self._stopping or self._capacity() <= 0 or not woken_by_the_store(self._holds, self._handlers):
             return False
         self._ride_asked = True
         self._flights.wake.set()
