@@ -188,11 +188,13 @@ class Nemesis:
         next_end, restart_at = self.server_schedule(now, seconds)
         while True:
             self.idle_until(min(next_kill, next_receiver, end, next_end, restart_at))
-            if time.monotonic() >= end:
-                return
+            # The restart is due before the phase ends: it runs even when a slow step (a kill, a backend sweep on a
+            # loaded machine) carried the clock past both, so that every phase restarts the server once.
             if self.server is not None and time.monotonic() >= restart_at:
                 self.server.crash_restart()
                 restart_at = float("inf")
+            if time.monotonic() >= end:
+                return
             if self.server is not None and time.monotonic() >= next_end:
                 self.server.end_backends()
                 next_end = time.monotonic() + self.server_rng.uniform(0.5, 1.0)

@@ -55,8 +55,7 @@ def test_schedules_are_paused_and_run_now_from_their_screen_and_a_stale_set_is_r
     assert picked(operator, "schedules", "data-schedule") == ["beat", "gone", "nightly"]
     assert f"ERP migration {XSS}" in operator.text("#state-nightly")  # markup shown as text
     assert picked(operator, "schedule-events", "data-kind")[:2] == ["overlap", "missed"]
-    operator.click("#pause_schedule-beat")
-    eventually_sync(lambda: operator.all("#preview-title"), "the pause preview")
+    operator.submit_live("#pause_schedule-beat", lambda: operator.all("#preview-title"), "the pause preview")
     assert operator.text("#preview-title") == "Pause schedule: 1 schedule"
     operator.confirm("ERP cutover")
     eventually_sync(lambda: operator.all("#entry-outcome"), "the pause")
@@ -75,8 +74,7 @@ def test_schedules_are_paused_and_run_now_from_their_screen_and_a_stale_set_is_r
     assert [job.split("-now-")[0] for job in jobs] == ["sch-beat", "sch-nightly"]
     assert {run(target, lambda q, j=job: q.get(j)).status for job in jobs} == {"pending"}
     operator.go("/schedules")
-    operator.click("#resume_schedule-beat")
-    eventually_sync(lambda: operator.all("#preview-title"), "the resume preview")
+    operator.submit_live("#resume_schedule-beat", lambda: operator.all("#preview-title"), "the resume preview")
     run(target, lambda q: q.resume_schedule("beat", note="meanwhile", by="bob"))  # the set changes
     operator.confirm("cutover done")
     eventually_sync(lambda: operator.all("#preview-again"), "the refusal")
