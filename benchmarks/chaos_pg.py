@@ -141,6 +141,7 @@ class PostgresStore:
         self.url = url
         dsn, self.schema = split_url(url)
         self.reader = Reader(dsn)
+        self._port_owners: dict[int, int] = {}  # a worker's connection's local port → its pid (write_lock_holder)
 
     @property
     def location(self) -> str:
@@ -199,27 +200,32 @@ class PostgresStore:
             " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
         )
         ports = {int(port) for (port,) in self.reader.fetch(sql) if port is not None}
-        inodes = tcp_inodes(ports) if ports else set()
-        for pid in candidates if inodes else ():
-            if socket_inodes(pid) & inodes:
-                return pid
+        if not ports:
+            return None
+        # Which process owns a port is kept from the last look (a pool keeps its connections): reading /proc for
+        # every answer took longer than a worker's transaction stays open on a fast disk, and every stop missed.
+        for attempt in range(2):
+            for port in ports:
+                if self._port_owners.get(port) in candidates:
+                    return self._port_owners[port]
+            if attempt == 0:
+                self._port_owners = port_owners(candidates)
         return None
 
     def close(self) -> None:
         self.reader.close()
 
 
-def tcp_inodes(local_ports: set[int]) -> set[str]:
-    """The socket inodes of this network namespace's TCP sockets whose local port is in ``local_ports``."""
-    found = set()
+def port_owners(pids: Collection[int]) -> dict[int, int]:
+    """The local TCP port of each socket of ``pids``, mapped to its process."""
+    inode_port: dict[str, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(FileNotFoundError), open(table) as lines:
             next(lines)
             for line in lines:
                 fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) in local_ports:
-                    found.add(fields[9])
-    return found
+                inode_port[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    return {inode_port[inode]: pid for pid in pids for inode in socket_inodes(pid) if inode in inode_port}
 
 
 def socket_inodes(pid: int) -> set[str]:
