@@ -62,7 +62,16 @@ def split_url(url: str) -> tuple[str, str]:
     return target.dsn, target.schema
 
 
-LOST = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.CannotConnectNowError)
+# InternalClientError: asyncpg's protocol left mid-operation when the nemesis ended this backend during a query
+# ("cannot switch to state 12; another operation is in progress"): the connection is unusable, and was the recovery
+# watcher's end (its thread died, and every recovery after it was read at the run's end: a p50 of 14-20 s).
+LOST = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.InternalClientError,
+)
 ENDED = (asyncpg.AdminShutdownError, asyncpg.CrashShutdownError, asyncpg.ConnectionFailureError)
 
 
