@@ -46,7 +46,7 @@ class Store(Protocol):
     def leases_of(self, owner: str) -> dict[str, Held]: ...
     def lease_owners(self) -> set[str]: ...
     def lease_states(self, ids: list[str]) -> dict[str, tuple[str, int]]: ...
-    def write_lock_holder(self, candidates: Collection[int] = ()) -> int | None: ...
+    def write_lock_holder(self, candidates: Collection[int] = (), *, fresh: bool = False) -> int | None: ...
     def counts(self) -> dict[str, int]: ...
 
 
@@ -250,7 +250,7 @@ class Nemesis:
             if slot.process is not None and self.store.leases_of(slot.owner):
                 pid = slot.process.pid
                 os.kill(pid, signal.SIGSTOP)
-                if wait_stopped(pid) and self.store.write_lock_holder([pid]) != pid:
+                if wait_stopped(pid) and self.store.write_lock_holder([pid], fresh=True) != pid:
                     held = len(self.store.leases_of(slot.owner))
                     self.idle_until(time.monotonic() + seconds)
                     os.kill(pid, signal.SIGCONT)
@@ -269,7 +269,7 @@ class Nemesis:
             holder = self.store.write_lock_holder(pids)
             if holder in pids:
                 os.kill(holder, signal.SIGSTOP)
-                if wait_stopped(holder) and self.still_holding(holder):
+                if wait_stopped(holder) and self.store.write_lock_holder([holder], fresh=True) == holder:
                     return pids[holder], misses
                 os.kill(holder, signal.SIGCONT)  # it committed between the question and the stop
                 misses += 1
@@ -278,18 +278,6 @@ class Nemesis:
                 pids, next_tick = self.fleet.pids(), time.monotonic() + TICK
             time.sleep(0.0002)
         return None, misses
-
-    def still_holding(self, pid: int) -> bool:
-        """Whether the stopped ``pid`` holds the lock. A statement it sent just before the stop may still be running
-        (a PostgreSQL backend is then ``active``, and ``idle in transaction`` once it is done): asked again for up to
-        50 ms. On a fast disk a worker's transaction leaves no longer gap than that, and a stop that landed inside
-        one was otherwise taken for a miss every time (292 in 30 s)."""
-        settle = time.monotonic() + 0.05
-        while self.store.write_lock_holder([pid]) != pid:
-            if time.monotonic() >= settle:
-                return False
-            time.sleep(0.001)
-        return True
 
     def stop_holding_lock(self, seconds: float, enqueue_probe: Callable[[], None]) -> None:
         """SIGSTOP a worker while it holds the write lock for ``seconds``; enqueue the probe job meanwhile."""

@@ -200,7 +200,7 @@ class PostgresStore:
             problems.append(f"counts {dict(kept)} but rows {dict(rows)}")
         return "; ".join(problems) or "ok"
 
-    def write_lock_holder(self, candidates: Collection[int] = ()) -> int | None:
+    def write_lock_holder(self, candidates: Collection[int] = (), *, fresh: bool = False) -> int | None:
         """The pid among ``candidates`` whose backend is ``idle in transaction`` now (it began a transaction and
         waits to send the rest), or ``None``: a backend's ``client_port`` is the worker's local TCP port, found
         among the socket inodes of the candidates' descriptors (``/proc``)."""
@@ -211,15 +211,19 @@ class PostgresStore:
         ports = {int(port) for (port,) in self.reader.fetch(sql) if port is not None}
         if not ports:
             return None
+
+        def owner() -> int | None:
+            return next((pid for port in ports if (pid := self._port_owners.get(port)) in candidates), None)
+
         # Which process owns a port is kept from the last look (a pool keeps its connections): reading /proc for
         # every answer took longer than a worker's transaction stays open on a fast disk, and every stop missed.
-        for attempt in range(2):
-            for port in ports:
-                if self._port_owners.get(port) in candidates:
-                    return self._port_owners[port]
-            if attempt == 0:
-                self._port_owners = port_owners(candidates)
-        return None
+        # ``fresh`` (the check of a stopped worker) reads it again: a port a reconnecting pool gave up may now be
+        # another process's, and a kept answer would name the wrong one.
+        found = None if fresh else owner()
+        if found is None:
+            self._port_owners = port_owners(candidates)
+            found = owner()
+        return found
 
     def close(self) -> None:
         self.reader.close()

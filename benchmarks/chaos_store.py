@@ -126,8 +126,9 @@ class SqliteStore:
         """The store's own consistency check: ``'ok'`` or what it found."""
         return integrity_check(self.path)
 
-    def write_lock_holder(self, candidates: Collection[int] = ()) -> int | None:
-        """The pid of the process holding the queue's write lock now, or ``None`` (``candidates``: unused here).
+    def write_lock_holder(self, candidates: Collection[int] = (), *, fresh: bool = False) -> int | None:
+        """The pid of the process holding the queue's write lock now, or ``None`` (``candidates`` and ``fresh``:
+        unused here, every answer is read from the lock itself).
 
         In WAL mode a writer holds, from its ``BEGIN IMMEDIATE`` to its ``COMMIT``, SQLite's WAL write lock: a
         POSIX record lock on byte 120 of the ``-shm`` file (the unix VFS's ``UNIX_SHM_BASE`` plus lock 0).

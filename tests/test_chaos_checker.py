@@ -11,6 +11,7 @@ backend is ``idle in transaction`` (this run's server, ``postgres_url``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sqlite3
 import subprocess
@@ -193,6 +194,8 @@ async def test_on_postgresql_the_write_lock_holder_is_the_process_holding_a_tran
         assert await asyncio.to_thread(child.stdout.readline) == "holding\n"
         holder = await asyncio.to_thread(store.write_lock_holder, candidates)
         assert holder == (child.pid if writer else None)
+        fresh = await asyncio.to_thread(functools.partial(store.write_lock_holder, candidates, fresh=True))
+        assert fresh == holder  # read again from /proc, not from the ports kept by the first answer
         child.stdin.write("\n")
         child.stdin.flush()
         assert await asyncio.to_thread(child.stdout.readline) == "released\n"

@@ -123,6 +123,13 @@ def _arrive(riders: Sequence[_Rider], outcomes: Sequence[Any]) -> None:
             rider.future.set_result(outcome)
 
 
+def _send_alone(riders: Sequence[_Rider]) -> None:
+    """Nothing of these riders committed: each still waiting runs alone, as it would have."""
+    for rider in riders:
+        if not rider.future.done():
+            rider.future.set_result(_ALONE)
+
+
 # How often a group commit that found the write lock held elsewhere tries again (``AsyncFile._begin_in_turn``).
 LOCK_POLL_SECONDS = 0.0005
 
@@ -312,9 +319,7 @@ class AsyncFile:
         finally:
             if self._boarding is boarding:
                 self._boarding = None
-            for rider in boarding:  # nothing of theirs committed: each runs alone, as it would have
-                if not rider.future.done():
-                    rider.future.set_result(_ALONE)
+            _send_alone(boarding)  # those the commit answered are done already
 
     async def write_or_ride(self, alone: Callable[..., T], inside: Callable[..., T], *args: Any) -> T:
         """``run_write(alone, *args)``; or, while a ``run_held`` (the pool's group commit) waits for the lock,
@@ -328,10 +333,12 @@ class AsyncFile:
 
         With no group commit waiting, a host (``host_rides``) is asked to run one now; a write it has not taken up
         within ``RIDE_WAIT_SECONDS`` runs alone."""
-        boarding = self._boarding
-        if boarding is None and self._holder is None:
-            boarding = self._invited if self._invited or self._ask_a_host() else None
-        if boarding is not None and self._holder is None:
+        boarding = None
+        if self._holder is None:  # never beside an app's open transaction
+            boarding = self._boarding
+            if boarding is None and (self._invited or self._ask_a_host()):
+                boarding = self._invited
+        if boarding is not None:
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             if boarding is self._invited and not boarding:
                 asyncio.get_running_loop().call_later(RIDE_WAIT_SECONDS, self._uninvite, boarding)
@@ -356,9 +363,7 @@ class AsyncFile:
         """The group commit asked for did not begin in time: its riders run alone."""
         if invited is self._invited:
             self._invited = []
-            for rider in invited:
-                if not rider.future.done():
-                    rider.future.set_result(_ALONE)
+            _send_alone(invited)
 
     def space_next_held(self, seconds: float) -> None:
         """The next ``run_held`` waits until ``seconds`` from now before it takes the lock (its caller's policy:
