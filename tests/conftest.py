@@ -13,7 +13,7 @@ from cli_support import build_queue
 from messaging_support import place  # noqa: F401  (an outbox's and an inbox's stores on each driver)
 from pg_cluster_support import cluster  # noqa: F401  (a PostgreSQL cluster of the test's own)
 from pgbouncer_support import pgbouncer  # noqa: F401  (this run's PgBouncer in transaction mode)
-from postgres_support import postgres_database, postgres_url  # noqa: F401  (this run's database, a fresh schema)
+from postgres_support import drop_run_database, postgres_database, postgres_url  # noqa: F401  (this run's database, a fresh schema)
 
 from asyncq import Queue
 from asyncq.lab.lease import open_queue
@@ -65,3 +65,10 @@ def fresh_copy(template: Path, destination: Path) -> Path:
     """``template`` copied to ``destination`` (a file built once, for one test to change); the copy's path."""
     shutil.copyfile(template, destination)
     return destination
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """This run's PostgreSQL database is dropped once every test has ended, outside any test's timeout: dropped in
+    the session fixture's teardown, it counted against the last test's (30 s in ``test_tasks.py``), and beside two
+    other runs on the same server it once took longer."""
+    drop_run_database()

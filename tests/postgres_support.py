@@ -102,14 +102,12 @@ def drop_run_database() -> None:
 
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
-    """This run's database URL (skip, or fail under CI, if the server does not answer); dropped at the end."""
+    """This run's database URL (skip, or fail under CI, if the server does not answer); dropped when the session
+    ends (``conftest.pytest_sessionfinish``)."""
     problem = server_problem()
     if problem is not None:
         unavailable(problem)
-    try:
-        yield run_database()
-    finally:
-        drop_run_database()
+    yield run_database()
 
 
 def new_schema_name() -> str:

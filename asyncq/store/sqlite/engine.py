@@ -76,12 +76,12 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
 
 
 def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
-    if len({job.id for job in jobs}) != len(jobs):
+    if len(jobs) > 1 and len({job.id for job in jobs}) != len(jobs):
         return [added for job in jobs for added in _insert_rows(con, layout, [job])]
     inserted: set[str] = set()
     for start in range(0, len(jobs), INSERT_ROWS_MAX):
         part = jobs[start : start + INSERT_ROWS_MAX]
-        chunk = padded(list(part))
+        chunk = padded(list(part)) if len(part) > 1 else part  # one job: nothing to pad
         columns = _columns_set(layout, chunk)
         cursor = con.execute(insert_rows(layout, len(chunk), columns), _insert_values(chunk, columns))
         if cursor.rowcount == len(part):  # none was known: every id is new
