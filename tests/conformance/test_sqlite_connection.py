@@ -24,7 +24,7 @@ from asyncq.core.jobs import JobSpec
 from asyncq.errors import Conflict
 from asyncq.queue import Queue
 from asyncq.store.sqlite import aio, queue_store
-from asyncq.store.sqlite.busy import RETRY_MAX_S, RETRY_MIN_S, begin_immediate
+from asyncq.store.sqlite.busy import RETRY_MAX_S, RETRY_MIN_S, TimedConnection, begin_immediate, set_waiting
 from asyncq.worker.pool import Pool
 
 from .sqlite_files import assert_counts_kept, job_row, read, snapshot
@@ -299,6 +299,34 @@ def test_a_write_waits_for_a_lock_held_elsewhere_in_short_sleeps_then_begins(pat
     assert len(sleeps) == 20  # it began at its first try after the lock was free
     assert sleeps[0] == RETRY_MIN_S  # not SQLite's busy handler, whose first sleep is a millisecond
     assert sleeps == sorted(sleeps) and max(sleeps) <= RETRY_MAX_S  # an eighth of the time waited, growing
+
+
+def test_a_write_whose_timeout_a_wal_write_left_off_still_waits_for_a_lock_held_elsewhere(path: Path) -> None:
+    """Its first ``BEGIN`` is tried at once, with no setup; a busy answer falls through to the short sleeps."""
+    blocker = connected(path, 1)
+    writer = sqlite3.connect(path, timeout=5, isolation_level=None, factory=TimedConnection)
+    writer.wal = True
+    set_waiting(writer, False)  # as the WAL write before this one left it
+    blocker.execute("BEGIN IMMEDIATE")
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+        if len(sleeps) == 5:
+            blocker.execute("COMMIT")
+
+    try:
+        begin_immediate(writer, sleep)
+        assert writer.in_transaction and len(sleeps) == 5
+        writer.execute("COMMIT")
+        assert writer.waiting is False and writer.execute("PRAGMA busy_timeout").fetchone() == (0,)  # left off
+        begin_immediate(writer, sleep)  # the lock free: begun at the first try, no sleep
+        assert writer.in_transaction and len(sleeps) == 5
+        writer.execute("ROLLBACK")
+    finally:
+        blocker.close()
+        writer.close()
 
 
 def test_a_write_past_the_busy_timeout_raises_sqlites_busy_error_and_leaves_the_connection_as_it_was(
