@@ -38,6 +38,7 @@ from chaos_fleet import Fleet, Slot, wait_stopped
 from chaos_store import Held
 
 TICK = 0.02  # how often the nemesis looks for exited processes and re-claimed jobs
+RECEIVER_KILLS_MIN = 2  # a receiver phase kills the receiver at least this often, however slow its other steps ran
 
 
 class Store(Protocol):
@@ -186,6 +187,7 @@ class Nemesis:
         end, next_kill = now + seconds, now + self.rng.uniform(0.2, 0.3)
         next_receiver = now + self.rng.uniform(1.0, 2.0) if receiver else float("inf")
         next_end, restart_at = self.server_schedule(now, seconds)
+        receiver_kills_before = self.receiver_kills
         while True:
             self.idle_until(min(next_kill, next_receiver, end, next_end, restart_at))
             # The restart is due before the phase ends: it runs even when a slow step (a kill, a backend sweep on a
@@ -194,6 +196,10 @@ class Nemesis:
                 self.server.crash_restart()
                 restart_at = float("inf")
             if time.monotonic() >= end:
+                # Likewise the receiver's kills: a slow step (the server's crash-restart took seconds beside load)
+                # had left a receiver phase of 6 s room for one; those still due run now.
+                while receiver and self.receiver_kills - receiver_kills_before < RECEIVER_KILLS_MIN:
+                    self.kill_receiver(self.rng.uniform(0.05, 0.3))
                 return
             if self.server is not None and time.monotonic() >= next_end:
                 self.server.end_backends()
