@@ -87,13 +87,8 @@ def begin_immediate(con: sqlite3.Connection, sleep: Callable[[float], object] = 
     wait between tries (a test's stands in for it). The timeout is put back afterwards unless
     ``leaves_timeout_off``. A ``TimedConnection`` whose timeout is off already (a WAL write left it so) tries once
     first, before any of that."""
-    if isinstance(con, TimedConnection) and not con.waiting:
-        try:
-            con.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as error:
-            if not is_busy(error, (sqlite3.SQLITE_BUSY,)):
-                raise
+    if isinstance(con, TimedConnection) and not con.waiting and try_begin(con, (sqlite3.SQLITE_BUSY,)):
+        return
     timeout = timeout_ms(con)
     if timeout <= 0:
         con.execute("BEGIN IMMEDIATE")
