@@ -3,7 +3,7 @@ dashboard`` child (its URL read from its stdout; role tokens from its environmen
 Every screen, every action (retry/redrive, cancel, delete, a new priority, pause and resume; one job and in bulk)
 and every refusal (a stale bulk preview, a read-only role, a missing CSRF token) is driven through the page, and no
 page logs a console error. Live regions are updated by server-sent events, or by polling where those are missing,
-and what the operator types survives an update.
+and what the operator types survives an update; an update waits while a button of its region is pressed.
 
 Skipped with the reason when Chromium, chromedriver or selenium is missing (a failure under ``CI=true``).
 ``ASYNCQ_UPDATE_SCREENSHOT=1`` also saves each screen to ``docs/console-*.png`` (from the SQLite run)."""
@@ -118,6 +118,45 @@ def test_every_screen_and_each_action_on_one_job(operator: Operator, target: str
     operator.find("#a-actor").send_keys("ada")
     operator.find("#audit-go").click()
     eventually_sync(lambda: len(operator.all("#operations tbody tr")) == 4, "ada's four actions")
+    assert operator.errors() == []
+
+
+def test_an_update_waits_while_the_operator_presses_a_button_of_the_live_region(
+    operator: Operator, target: str
+) -> None:
+    """A press held on a region's button while updates arrive: none replaces the button under the press, and the
+    release clicks it (once). A press that clicks nothing lets the update that waited in on its release."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    operator.sign_in("admin", "ada")
+    eventually_sync(lambda: operator.driver.execute_script("return document.body.dataset.live") == "sse", "SSE")
+
+    def updates() -> int:
+        return int(operator.attribute("#live", "data-updates") or 0)
+
+    def pending() -> bool:
+        return operator.attribute("#live", "data-pending") == "yes"
+
+    def press(css: str) -> None:  # where the element is: an update between finding and pressing moves no button
+        operator.fresh(lambda: ActionChains(operator.driver).click_and_hold(operator.find(css)).perform())
+
+    press('#queues tr[data-queue="mail"] td')
+    before = updates()
+    run(target, lambda q: q.enqueue_many([JobSpec(f"held-{n}", {"n": n}, "mail") for n in range(3)]))
+    eventually_sync(pending, "an update waiting for the release", timeout=20)
+    assert updates() == before and operator.text("#count-pending") == "3"  # the page under the press is unchanged
+    ActionChains(operator.driver).release().perform()
+    eventually_sync(lambda: operator.text("#count-pending") == "6", "the update that waited, in", timeout=20)
+    assert updates() > before and not pending()
+    press("#pause-web")
+    before = updates()
+    run(target, lambda q: q.enqueue("held-web", {"n": 1}, queue="web"))
+    eventually_sync(pending, "an update waiting under the pressed button", timeout=20)
+    assert updates() == before  # the pressed button is still the page's
+    ActionChains(operator.driver).release().perform()
+    eventually_sync(lambda: operator.all("#preview-title"), "the pause preview, from the one press", timeout=20)
+    assert operator.text("#preview-title") == "Pause: 1 queue"
+    assert run(target, lambda q: q.paused_queues()) == []  # a preview changes nothing
     assert operator.errors() == []
 
 

@@ -1,6 +1,8 @@
 // The asyncq console's one script: live regions by server-sent events with a polling fallback, the selection of
 // jobs for a bulk action, and nothing else. A live region holds no field the operator types in, so an update never
-// loses what they are typing; the boxes they ticked are ticked again after an update.
+// loses what they are typing; the boxes they ticked are ticked again after an update. Nor does an update replace a
+// region under the operator's hand: while a pointer is pressed in it the newest update waits for the release (a
+// press and a release on two different buttons make no click, and the operator would have to click again).
 (function () {
   "use strict";
 
@@ -13,6 +15,11 @@
   }
 
   function swap(region, html) {
+    if (region.dataset.held === "yes") {
+      held.set(region, html);
+      region.dataset.pending = "yes";
+      return;
+    }
     if (region.innerHTML === html) { return; }
     var keep = ticked(region);
     region.innerHTML = html;
@@ -48,6 +55,26 @@
     });
   }
 
+  var held = new Map();  // region -> the newest update that waited for a pointer's release
+
+  function guard(region) {
+    region.addEventListener("pointerdown", function () { region.dataset.held = "yes"; });
+    function release() {
+      if (region.dataset.held !== "yes") { return; }
+      setTimeout(function () {  // after the click this release makes, on the button that was pressed
+        region.dataset.held = "";
+        delete region.dataset.pending;
+        if (held.has(region)) {
+          var html = held.get(region);
+          held.delete(region);
+          swap(region, html);
+        }
+      }, 0);
+    }
+    document.addEventListener("pointerup", release);
+    document.addEventListener("pointercancel", release);
+  }
+
   function wirePicks(scope) {
     var all = scope.querySelector("input[data-pick-all]");
     if (all) {
@@ -75,7 +102,11 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
-    document.querySelectorAll("[data-live]").forEach(function (region) { listen(region); wirePicks(region); });
+    document.querySelectorAll("[data-live]").forEach(function (region) {
+      guard(region);
+      listen(region);
+      wirePicks(region);
+    });
     document.querySelectorAll("form[data-bulk]").forEach(wireBulk);
     document.body.dataset.ready = "yes";
   });
