@@ -19,7 +19,7 @@ only the API both trees share; sides alternate run by run so the disk's drift fa
 medians over the runs and this/baseline ratios (for latencies, baseline/this: above 1 is better here too). The
 disk's speed drifts by tens of percent within a minute, so end to end is also given as the median of the paired
 ratios (run k of this side over run k of the baseline, taken back to back) with their quartiles; the target's
-verdict reads that median, which a drift between pairs cannot move.
+verdict reads that median, which the drift from one pair to the next does not move.
 ``--write`` puts it in the ``singles`` section of docs/benchmarks.md; ``--quick`` is a smoke run (30 jobs, 1 run).
 """
 
