@@ -24,8 +24,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy --strict asyncq
 	$(VENV)/bin/lint-imports
 
+# Two test processes (pytest-xdist), one per core, each taking whole files (``loadfile``: a module's fixtures, the
+# chaos runs' among them, are built once). Every test's state is its own (files under tmp_path, a PostgreSQL database
+# per process, OS-assigned ports), so the two never meet.
 unit: $(STAMP) browser pgbouncer
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 # Debian's Chromium for the browser tests: installed when missing and we may (root); otherwise the tests
 # say why they skip (or fail, under CI=true).

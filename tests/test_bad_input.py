@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import T0
+from stable_ids import stable_repr
 
 from asyncq import App, JobSpec, Pool, Queue, RetryPolicy, Ticket, enqueue_sync
 from asyncq.cli.main import main as cli_main
@@ -188,7 +189,7 @@ POOL_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), POOL_REFUSALS, ids=repr)
+@pytest.mark.parametrize(("kwargs", "error", "message"), POOL_REFUSALS, ids=stable_repr)
 async def test_a_pool_refuses_an_empty_owner_or_a_non_observer_leaving_nothing_behind(
     filled: Queue, path: Path, kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:

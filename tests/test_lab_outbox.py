@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from outbox_child import dump
+from stable_ids import stable_repr
 
 import asyncq.errors
 from asyncq.lab import outbox
@@ -454,7 +455,7 @@ def test_dispatch_stops_at_the_first_failure_and_resumes_from_it(tmp_path: Path)
     con.close()
 
 
-@pytest.mark.parametrize("answer", [1, "True", None, False, 1.0, [True], {"ok": True}, object()], ids=repr)
+@pytest.mark.parametrize("answer", [1, "True", None, False, 1.0, [True], {"ok": True}, object()], ids=stable_repr)
 def test_dispatch_accepts_only_an_exact_true(tmp_path: Path, answer: object) -> None:
     con, path = three_items(tmp_path)
     hook_calls: list[str] = []
