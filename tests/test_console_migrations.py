@@ -47,15 +47,17 @@ async def check_migrated(queue: Queue) -> None:
 
 async def test_a_sqlite_file_of_the_version_before_migrates_to_the_console_version(tmp_path: Path) -> None:
     from asyncq.store.sqlite.migrations import MIGRATIONS, SCHEMA_VERSION
-    from asyncq.store.sqlite.schema import CONSOLE, PENDING_BY_TIME
+    from asyncq.store.sqlite.schema import CONSOLE, OFFERS, PENDING_BY_TIME
 
-    assert MIGRATIONS[-2:] == (CONSOLE, PENDING_BY_TIME)  # the hand-undo below undoes these two versions only
+    assert MIGRATIONS[-3:] == (CONSOLE, PENDING_BY_TIME, OFFERS)  # the hand-undo below undoes these versions only
 
     path = tmp_path / "queue.db"
     async with await Queue.open(path, clock=lambda: T0) as queue:
         await old_rows(queue)
     con = sqlite3.connect(path, isolation_level=None)
-    try:  # back to the version before the console's: version 16's indexes, then the console's block, undone by hand
+    try:  # back to the version before the console's: versions 17 and 16, then the console's block, undone by hand
+        con.execute("DROP TABLE asyncq_offers")
+        con.execute("DROP TABLE asyncq_offered")
         con.execute("DROP INDEX asyncq_jobs_prioritised")
         con.execute("CREATE INDEX asyncq_jobs_waiting ON asyncq_jobs(queue, available_at) WHERE status = 'pending'")
         con.execute("CREATE INDEX asyncq_jobs_ready_at ON asyncq_jobs(available_at + 0) WHERE status = 'pending'")
@@ -64,7 +66,7 @@ async def test_a_sqlite_file_of_the_version_before_migrates_to_the_console_versi
         con.execute("DROP TABLE asyncq_workers_seen")
         con.execute("DROP INDEX asyncq_errors_type")
         con.execute("ALTER TABLE asyncq_audit DROP COLUMN op_seq")
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 2}")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 3}")
     finally:
         con.close()
     async with await Queue.open(path, clock=lambda: T0 + 1) as queue:

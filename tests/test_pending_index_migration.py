@@ -16,15 +16,17 @@ T0 = 1_800_000_000_000
 
 def _back_to_version_15(path: Path) -> None:
     from asyncq.store.sqlite.migrations import MIGRATIONS, SCHEMA_VERSION
-    from asyncq.store.sqlite.schema import PENDING_BY_TIME
+    from asyncq.store.sqlite.schema import OFFERS, PENDING_BY_TIME
 
-    assert MIGRATIONS[-1] == PENDING_BY_TIME  # the hand-undo below undoes the last version only
+    assert MIGRATIONS[-2:] == (PENDING_BY_TIME, OFFERS)  # the hand-undo below undoes these versions only
     con = sqlite3.connect(path, isolation_level=None)
     try:
+        con.execute("DROP TABLE asyncq_offers")
+        con.execute("DROP TABLE asyncq_offered")
         con.execute("DROP INDEX asyncq_jobs_prioritised")
         con.execute("CREATE INDEX asyncq_jobs_waiting ON asyncq_jobs(queue, available_at) WHERE status = 'pending'")
         con.execute("CREATE INDEX asyncq_jobs_ready_at ON asyncq_jobs(available_at + 0) WHERE status = 'pending'")
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 1}")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION - 2}")
     finally:
         con.close()
 

@@ -21,6 +21,7 @@ from asyncq.core.jobs import (
     Ticket,
 )
 from asyncq.core.lifecycle import DEAD, DONE, OUTCOMES, Outcome, OutcomeName
+from asyncq.core.offers import Offer
 from asyncq.core.values import (
     Duration,
     check_choice,
@@ -125,11 +126,13 @@ class WorkerCalls(StoreFacade[QueueStore]):
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
         resend: bool = False,
+        offer: Offer | None = None,
     ) -> Settled:
         """The worker pool's group commit: ``settle_and_claim``, where only the first ``start_now`` claimed jobs
         (those for free slots) count an attempt at once, and the jobs claimed ahead that handlers have
         ``started`` since count theirs now (``QueueStore.settle_and_claim``). ``resend``: the results were sent
-        before by a call whose commit may have landed (``StoreBusy.may_have_landed``)."""
+        before by a call whose commit may have landed (``StoreBusy.may_have_landed``); ``offer``: the pool's idle
+        offer (``core.offers``), the jobs enqueues claimed for it coming last among the tickets."""
         check_identifier(owner, "owner")
         check_int(lease_ms, "lease_ms", 1, MAX_LEASE_MS)
         items = [_finish_item(*result) for result in _results(results)]
@@ -139,11 +142,19 @@ class WorkerCalls(StoreFacade[QueueStore]):
         if start_now is not None:
             check_int(start_now, "start_now", 0, MAX_BATCH)
         begun = [_ticket(ticket) for ticket in started]
+        if offer is not None and type(offer) is not Offer:
+            raise TypeError(f"offer must be a core.offers.Offer, not {type(offer).__name__}")
         settled = await self.store.settle_and_claim(
-            items, self.now(), owner, lease_ms, checked, total, start_now=start_now, started=begun, resend=resend
-        )
+            items, self.now(), owner, lease_ms, checked, total, start_now=start_now, started=begun, resend=resend,
+            offer=offer,
+        )  # fmt: skip
         self._note_ends(settled.statuses)
         return settled
+
+    async def offered(self, owner: str) -> list[Ticket]:
+        """The jobs enqueues claimed for ``owner``'s idle offer that its commits have not taken yet
+        (``QueueStore.offered``): a read."""
+        return await self.store.offered(check_identifier(owner, "owner"), self.now())
 
     def _note_ends(self, statuses: list[str | None]) -> list[str | None]:
         """Wake ``wait_for_end`` callers if one of these finishes ended a job (done or dead)."""

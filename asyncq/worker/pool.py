@@ -38,6 +38,7 @@ from asyncq.worker.context import Handler, JobContext, TransportHandler, deliver
 from asyncq.worker.flight import Flights, InFlight, uncancel
 from asyncq.worker.leases import LeaseKeeper
 from asyncq.worker.observer import PoolCounters, PoolObserver
+from asyncq.worker.offering import Offering
 from asyncq.worker.report import PoolReport
 from asyncq.worker.results import kept_result
 from asyncq.worker.retention import retention_keepers
@@ -115,6 +116,8 @@ class Pool:
         self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
         self._ride_asked = False  # an enqueue waits to ride the next cycle (``_host_ride``)
         self._workers: list[asyncio.Task[None]] = []
+        self._offering = Offering(queue, self.owner, self.poll_max)  # an idle ``run``'s offer (core.offers)
+        self._offers = False  # whether this run offers: ``run`` does, a burst and ``run_once`` do not
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name`` (registering the name again replaces it)."""
@@ -146,9 +149,12 @@ class Pool:
 
     async def run(self, *, burst: bool = False) -> None:
         """Work until ``stop()`` (or, with ``burst``, until nothing is ready and nothing runs)."""
-        self._stopping = False
-        async with self._running():
-            await self._work(burst)
+        self._stopping, self._offers = False, not burst
+        try:
+            async with self._running():
+                await self._work(burst)
+        finally:
+            self._offers = False
 
     @contextlib.asynccontextmanager
     async def _running(self) -> AsyncIterator[None]:
@@ -168,6 +174,10 @@ class Pool:
                 group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                if self._offering.until is not None:  # cancelled with an offer out: withdraw it, give back its jobs
+                    with contextlib.suppress(Exception):  # best effort: it ends by itself, their leases too
+                        self._offers = False
+                        await self._cycle(capacity=0)
                 if self._flights.buffer:
                     with contextlib.suppress(Exception):  # best effort: their leases expire anyway
                         await self._leases.release_buffer()
@@ -219,6 +229,15 @@ class Pool:
                 self.queue, flights.wake, idle_wait, self._report, self._holds, self._handlers, self.poll_max
             )
             idle_wait = min(idle_wait * 2, self.poll_max)
+            await self._pick_up_offered()
+
+    async def _pick_up_offered(self) -> None:
+        """Start the jobs another process's enqueue claimed for this pool's offer (a read); its next commit counts
+        their attempts. A read that fails is logged: that commit takes them instead."""
+        try:
+            self._flights.buffer_all(await self._offering.pick_up(self._flights.jobs))
+        except Exception as error:
+            log.warning("reading the jobs offered to %s failed (its next commit takes them): %r", self.owner, error)
 
     def _capacity(self) -> int:
         """How many jobs to claim now: free slots plus the prefetch buffer's room, at most a claim's limit
@@ -267,18 +286,20 @@ class Pool:
             results = [Attempt(f.ticket, outcome, delay, error, value) for f, outcome, delay, error, value in kept]
             started = flights.take_started_ahead()
             wants = self._rotated_wants(capacity) if capacity > 0 else []
-            if not results and not wants and not started:
-                return 0
             free_now = max(0, self.concurrency - self.running - len(flights.buffer))
+            offer = self._offering.terms(free_now if self._offers and not self._stopping else 0)
+            if not results and not wants and not started and offer is None:
+                return 0
             try:
                 statuses, tickets, counted, self._holds = await self.queue.commit_cycle(
                     results, self.owner, wants, self.lease_ms, capacity,
-                    start_now=free_now, started=[flight.ticket for flight in started], resend=self._resend,
+                    start_now=free_now, started=[flight.ticket for flight in started], resend=self._resend, offer=offer,
                 )  # fmt: skip
             except BaseException:
                 flights.restore(kept, started)
                 raise
             flights.counted(started, counted)
+            self._offering.settled(offer, len(tickets))
             self._resend = False
         self.counters.commits += 1
         debug = log.isEnabledFor(logging.DEBUG)  # once per cycle, not twice per job

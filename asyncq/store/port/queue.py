@@ -46,6 +46,7 @@ from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import Fence, Renewal
+from asyncq.core.offers import Offer
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.store.port.console import ConsoleStore
@@ -146,6 +147,7 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
         resend: bool = False,
+        offer: Offer | None = None,
     ) -> Settled:
         """A pool's group commit, one transaction (``resend``: these finishes were sent before by a call whose commit
         may have landed, ``StoreBusy.may_have_landed``: a finish found already in its row, under its token, counts as
@@ -155,7 +157,16 @@ class QueueStore(ScheduleStore, GraphStore, Protocol):
         ``start_now`` claimed (all, if ``None``) count an attempt now; the rest are claimed ahead, uncounted
         (``Ticket.counted`` is ``False``), so that a worker killed with them in its buffer spends none. A queue with
         limits is claimed only for the counted jobs, as many as its limits allow; ``Settled.holds`` names each queue
-        its limits let take nothing, and until when."""
+        its limits let take nothing, and until when. ``offer``, the pool's idle offer (``core.offers``): after the
+        claims, withdraw it or write it (a row per queue of ``wants``) as ``core.offers.offer_step`` says, then take
+        the jobs enqueues claimed for it that are not in ``offer.picked`` (their tickets come last, claimed ahead)
+        and forget every job noted as offered to ``owner``."""
+        ...
+
+    async def offered(self, owner: str, now_ms: int) -> list[Ticket]:
+        """The jobs enqueues claimed for ``owner``'s offer that its commits have not taken yet and it still holds
+        (leased to it, the lease not ended at ``now_ms``): their tickets, claimed ahead, oldest first. A read: it
+        takes no lock and writes nothing."""
         ...
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:

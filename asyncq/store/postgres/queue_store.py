@@ -21,13 +21,14 @@ from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
+from asyncq.core.offers import Offer, offered_tickets
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.postgres import admin, claiming, flow, limits, retention, transitions
+from asyncq.store.postgres import admin, claiming, flow, limits, offers, retention, transitions
 from asyncq.store.postgres.connection import (
     Connection,
     Target,
@@ -142,6 +143,7 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
         resend: bool = False,
+        offer: Offer | None = None,
     ) -> Settled:
         begun = [(ticket.seq, ticket.id, ticket.fence) for ticket in started]
 
@@ -159,12 +161,19 @@ class PostgresQueueStore(PostgresSchedules, PostgresGraphCalls):
             if plan.sweep:
                 await claiming.sweep(conn, schema, now_ms, ripple)
             tickets, holds = await claiming.claim(conn, schema, owner, now_ms, lease_ms, wants, plan, self._limited)
+            if offer is not None:
+                queues = [queue for queue, _n in wants]
+                tickets += await offers.settle_offer(conn, schema, offer, owner, queues, lease_ms, now_ms, len(tickets))
             return Settled(statuses, tickets, activated, holds)
 
         settled: Settled = await self._write(cycle)
         if PENDING in settled.statuses or ripple.released:
             self.wakeups.notify()
         return settled
+
+    async def offered(self, owner: str, now_ms: int) -> list[Ticket]:
+        rows = await self._read(offers.offered_rows, owner, now_ms)
+        return offered_tickets(rows, owner)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         ripple = Ripple()

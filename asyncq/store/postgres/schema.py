@@ -269,6 +269,25 @@ LIMITS = (
     " WHERE status = 'pending' AND limit_key IS NOT NULL",
 )
 
+# Version 13: idle pools' offers (``core.offers``; the SQLite store's v17). ``offers`` holds a row per queue an idle
+# pool serves: its owner, its free slots, its lease and the offer's end; ``offered`` each job an enqueue claimed for
+# an offer, until the pool's next commit takes it (the pool's reads seek it by owner).
+OFFERS = (
+    """CREATE TABLE {schema}.offers (
+  queue text NOT NULL,
+  owner text NOT NULL,
+  slots integer NOT NULL,
+  lease_ms bigint NOT NULL,
+  until_ms bigint NOT NULL,
+  PRIMARY KEY (queue, owner)
+)""",
+    """CREATE TABLE {schema}.offered (
+  owner text NOT NULL,
+  job_seq bigint NOT NULL,
+  PRIMARY KEY (owner, job_seq)
+)""",
+)
+
 # Version 12: the operator's console (docs/console.md; the SQLite store's v15). ``operations`` is the operator audit:
 # one row per console action (who, their role, why, the filter, the count and the ids of its set, its digest and
 # what came of it), named by each job audit row it wrote (``op_seq``; the job audit gains the ``delete`` and
@@ -348,6 +367,7 @@ QUEUE = Migrations(
         GRAPHS,  # version 10: dependencies and groups (the waiting status, edges, groups)
         LIMITS,  # version 11: concurrency and rate limits per queue and limit key, the rate's state, their audit
         CONSOLE,  # version 12: the console's operator audit, samples and workers seen; errors by type
+        OFFERS,  # version 13: idle pools' offers, and the jobs enqueues claimed for them
     ),
 )
 SCHEMA_VERSION = QUEUE.version

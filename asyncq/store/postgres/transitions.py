@@ -32,6 +32,7 @@ from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.postgres import graphs
 from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.offers import claim_for_offers
 from asyncq.store.postgres.statements import sql
 
 #: ``(seq, payload, state)`` of a stored job, as ``read_states`` returns it.
@@ -42,10 +43,14 @@ async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
     """Insert ``jobs`` in batch order: ``True`` per new job, ``False`` where the id exists (or came earlier in the
     batch) with the same payload; ``Conflict`` where it holds another payload (the caller rolls back); the id of
     the active job that holds its unique key where one does (``UniqueConflict`` for a row that asks to raise). A
-    batch with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``)."""
+    batch with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). The jobs made
+    ready are claimed for an idle pool's offer if one is out (``offers.claim_for_offers``)."""
     if any(job.linked for job in jobs):
-        return await graphs.enqueue_linked(conn, schema, jobs, partial(_enqueue_plain, conn, schema))
-    return await _enqueue_plain(conn, schema, jobs)
+        added = await graphs.enqueue_linked(conn, schema, jobs, partial(_enqueue_plain, conn, schema))
+    else:
+        added = await _enqueue_plain(conn, schema, jobs)
+    await claim_for_offers(conn, schema, jobs, added)
+    return added
 
 
 async def _enqueue_plain(conn: Connection, schema: str, jobs: Sequence[NewJob]) -> list[Enqueued]:

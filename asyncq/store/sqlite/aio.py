@@ -442,6 +442,13 @@ class AsyncFile:
         self._version = version
         return True
 
+    def read_at_once(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(sqlite3_connection, *args)``, a read, on this (the loop's) thread now: no hop to the connection's
+        thread. ``None`` if the connection is in use, or a writer's lock is in the way (ask ``run`` instead)."""
+        if self._closed or self._lock.locked():
+            return None
+        return self._without_a_lock(self.conn._conn, lambda con: fn(con, *args))
+
     def _read_version(self, con: sqlite3.Connection) -> int | None:
         return self._without_a_lock(con, _data_version)
 

@@ -32,12 +32,14 @@ from asyncq.core.finish_plan import (
 from asyncq.core.flow_limits import Hold
 from asyncq.core.jobs import Claimed, Enqueued, Finish, NewJob, Ticket
 from asyncq.core.lifecycle import DEAD, DONE, REASON_CANCELLED, CancelState, Fence, JobState, Renewal, decide_cancel
+from asyncq.core.offers import Offer
 from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.claiming import claim_planned, claim_rows_in_transaction, sweep_unclaimable
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.graphs import End
+from asyncq.store.sqlite.offers import claim_for_offers, settle_offer
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
@@ -69,10 +71,14 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
     """``enqueue_in_transaction`` for each of ``jobs``, in order: one statement per ``INSERT_ROWS_MAX`` jobs,
     then one read of the ids that were known. A batch naming one id twice goes job by job, so that the second
     is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back. A batch
-    with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``)."""
+    with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). The jobs made ready
+    are claimed for an idle pool's offer if one is out (``offers.claim_for_offers``)."""
     if layout.graphs and any(map(_LINKED, jobs)):
-        return graphs.enqueue_linked(con, jobs, partial(_insert_rows, con, layout))
-    return _insert_rows(con, layout, jobs)
+        added = graphs.enqueue_linked(con, jobs, partial(_insert_rows, con, layout))
+    else:
+        added = _insert_rows(con, layout, jobs)
+    claim_for_offers(con, layout, jobs, added)
+    return added
 
 
 def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:
@@ -520,6 +526,7 @@ def settle_and_claim_in_transaction(
     resend: bool = False,
     limited: set[str] | None = None,
     ripple: Ripple | None = None,
+    offer: Offer | None = None,
 ) -> tuple[list[str | None], list[Ticket], list[bool], tuple[Hold, ...]]:
     """A worker pool's group commit, inside a transaction the caller holds: count the attempts of the jobs
     claimed ahead that a handler has ``started`` (``(seq, id, fence)``; one bool each: still held), finish
@@ -528,7 +535,8 @@ def settle_and_claim_in_transaction(
     now; the rest are claimed ahead. Returns the statuses, the tickets claimed (counted ones first), the
     activations, and the queues their limits held. The claims are ``core.claim_plan``'s;
     ``limited`` is the caller's hint of the queues found limited before (kept up to date here); ``ripple`` counts the
-    jobs that the ends of jobs in a graph released (they may be claimed by this same commit)."""
+    jobs that the ends of jobs in a graph released (they may be claimed by this same commit); ``offer`` is the pool's
+    (``core.offers``): the jobs offered to it that it had not read come last, claimed ahead."""
     ripple = Ripple() if ripple is None else ripple
     activated = _activate(con, layout, started) if started else []
     found = finish_in_transaction(con, layout, items, now_ms, resend=resend, ripple=ripple)
@@ -537,6 +545,9 @@ def settle_and_claim_in_transaction(
         sweep_unclaimable(con, layout, now_ms, ripple)
     params = {"now": now_ms, "owner": owner, "lease_ms": lease_ms}
     claimed, holds = claim_planned(con, layout, plan, wants, params, set() if limited is None else limited)
+    if offer is not None:
+        queues = [scope["queue"] for scope, _n in wants]
+        claimed += settle_offer(con, offer, owner, queues, lease_ms, now_ms, len(claimed))
     return found, claimed, activated, holds
 
 

@@ -16,6 +16,7 @@ from asyncq.store.sqlite.schema import (
     FLOW_CONTROL,
     JOB_COUNTS,
     LIMITS,
+    OFFERS,
     PENDING_BY_TIME,
     PRODUCT,
     PRODUCT_TABLES,
@@ -63,6 +64,7 @@ MIGRATIONS: tuple[tuple[Statement, ...], ...] = (
     LIMITS,  # version 14: concurrency and rate limits per queue and limit key, the rate's state, their audit
     CONSOLE,  # version 15: the console's operator audit, samples and workers seen; errors by type
     PENDING_BY_TIME,  # version 16: pending jobs by ready time indexed only beside a priority other than 0
+    OFFERS,  # version 17: idle pools' offers, and the jobs enqueues claimed for them
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

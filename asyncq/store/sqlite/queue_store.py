@@ -19,13 +19,14 @@ from asyncq.core.flow import QueueAuditEntry, QueueSettings
 from asyncq.core.flow_limits import Limits, LimitUsage
 from asyncq.core.jobs import AuditEntry, CancelOutcome, Enqueued, Finish, Job, NewJob, Settled, Ticket
 from asyncq.core.lifecycle import PENDING, Fence, Renewal, status_after_cancel
+from asyncq.core.offers import Offer, offered_tickets
 from asyncq.core.retention import RetentionRule, Windows
 from asyncq.core.stats import Stats
 from asyncq.errors import StoreError
 from asyncq.store.port.console import ConsoleStore
 from asyncq.store.port.queue import Capabilities, JobFilter, StoreTransaction
 from asyncq.store.port.reports import BackupReport, PruneReport, StoreDescription
-from asyncq.store.sqlite import admin, engine, flow, limits, retention, wakeup
+from asyncq.store.sqlite import admin, engine, flow, limits, offers, retention, wakeup
 from asyncq.store.sqlite.aio import AsyncFile
 from asyncq.store.sqlite.connection import check_path, configure, write_transaction
 from asyncq.store.sqlite.durability import DEFAULT, LEVELS, Durability
@@ -63,8 +64,14 @@ def _check_reader(con: sqlite3.Connection, path: str) -> None:
 
 def _may_have_work(con: sqlite3.Connection) -> bool:
     """Whether a claim may find work another connection's commit left: some pending job (the first entry of the
-    pending jobs' partial index). A commit to an app's own table, or a job finished, wakes no idle pool."""
-    return con.execute(f"SELECT 1 FROM {PRODUCT.jobs} WHERE status = 'pending' LIMIT 1").fetchone() is not None
+    pending jobs' partial index), or a job offered to an idle pool (``core.offers``). A commit to an app's own table,
+    or a job finished, wakes no idle pool."""
+    return bool(con.execute(_WORK_LEFT).fetchone()[0])
+
+
+_WORK_LEFT = (
+    f"SELECT EXISTS (SELECT 1 FROM {PRODUCT.jobs} WHERE status = 'pending') OR EXISTS (SELECT 1 FROM asyncq_offered)"
+)
 
 
 def _level(durability: str | None, path: str) -> Durability:
@@ -179,6 +186,7 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
         start_now: int | None = None,
         started: Sequence[Ticket] = (),
         resend: bool = False,
+        offer: Offer | None = None,
     ) -> Settled:
         self._check_writable()
         scoped = [({"queue": queue}, n) for queue, n in wants]
@@ -198,12 +206,19 @@ class SqliteQueueStore(SqliteSchedules, SqliteGraphCalls):
             resend,
             self._limited,
             ripple,
+            offer,
         )
         asked = sum(n for _queue, n in wants) if total is None else min(total, sum(n for _queue, n in wants))
         if self._file.begin_waited and len(tickets) < asked:
             self._file.space_next_held(CONTENDED_CLAIM_SPACING_S)
         self._notify_if_pending(statuses, ripple)
         return Settled(statuses, tickets, activated, holds)
+
+    async def offered(self, owner: str, now_ms: int) -> list[Ticket]:
+        rows = self._file.read_at_once(offers.offered_rows, owner, now_ms)
+        if rows is None:  # the connection is busy: read in its turn
+            rows = await self._file.run(offers.offered_rows, owner, now_ms)
+        return offered_tickets(rows, owner)
 
     async def finish(self, finishes: Sequence[Finish], now_ms: int) -> list[str | None]:
         ripple = Ripple()

@@ -88,6 +88,8 @@ class Layout:
     #: (priority, unique key, group, limit key, task) were 1 µs of every plain job enqueued to bind
     #: (docs/benchmarks.md, "ab-pool").
     defaults: tuple[tuple[str, Any], ...] = ()
+    #: Whether an enqueue claims for an idle pool's offer (the product's, ``OFFERS``: ``core.offers``).
+    offers: bool = False
 
     @property
     def stored(self) -> tuple[str, ...]:
@@ -123,6 +125,7 @@ PRODUCT = Layout(
     derived=("task",),
     graphs=True,
     defaults=(("priority", 0), ("unique_key", None), ("group_name", None), ("limit_key", None), ("task", None)),
+    offers=True,
     ddl=(
         *PRODUCT_TABLES,
         *lifecycle_indexes("asyncq_jobs", "queue, "),
@@ -401,6 +404,16 @@ PENDING_BY_TIME = (
     "DROP INDEX IF EXISTS asyncq_jobs_ready_at",
     "CREATE INDEX IF NOT EXISTS asyncq_jobs_prioritised ON asyncq_jobs(queue, available_at)"
     " WHERE status = 'pending' AND priority <> 0",
+)
+
+# Version 17: idle pools' offers (``core.offers``). ``asyncq_offers`` holds a row per queue an idle pool serves: its
+# owner, its free slots, its lease and the offer's end; ``asyncq_offered`` each job an enqueue claimed for an offer,
+# until the pool's next commit takes it (the pool's reads seek it by owner).
+OFFERS = (
+    """CREATE TABLE IF NOT EXISTS asyncq_offers (queue TEXT NOT NULL, owner TEXT NOT NULL, slots INTEGER NOT NULL,
+  lease_ms INTEGER NOT NULL, until_ms INTEGER NOT NULL, PRIMARY KEY (queue, owner)) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS asyncq_offered (owner TEXT NOT NULL, job_seq INTEGER NOT NULL,
+  PRIMARY KEY (owner, job_seq)) WITHOUT ROWID""",
 )
 
 # The distinct queues of one partial index's rows, by a skip scan: a seek a queue (``{where}`` is the index's WHERE,

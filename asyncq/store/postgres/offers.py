@@ -1,0 +1,102 @@
+"""Idle pools' offers on PostgreSQL (``core.offers`` has the rules; the SQLite store's ``offers`` runs the same steps):
+an enqueue claims for an offer in its own transaction, a pool's group commit writes, withdraws and drains its offer,
+and a pool reads the jobs offered to it.
+
+No statement here locks an offer row: an enqueue reads the offer and claims with the pool's claim statement (its
+rows locked as any claim's), so a pool's withdrawal never waits for an app's transaction. An enqueue that read an
+offer may commit after the pool withdrew it; the pool reads and takes the jobs offered to it until its offer's end
+(``worker.offering``), so such a job is taken too, and one committed later still is run when its lease ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from asyncq.core.jobs import Enqueued, NewJob, Ticket
+from asyncq.core.offers import Offer, made_ready, offer_step, offer_taken, offered_tickets
+from asyncq.store.postgres.connection import Connection
+from asyncq.store.postgres.statements import sql
+
+# The offers out at ``$2`` for the queues ``$1``, each with the jobs offered to its pool and not yet taken.
+OFFERS_FOR = """
+SELECT o.queue, o.owner, o.slots, o.lease_ms, (SELECT count(*) FROM {schema}.offered d WHERE d.owner = o.owner)
+FROM {schema}.offers o WHERE o.queue = ANY($1::text[]) AND o.until_ms > $2
+"""
+NOTE_OFFERED = """
+INSERT INTO {schema}.offered (owner, job_seq) SELECT $1, unnest($2::bigint[]) ON CONFLICT DO NOTHING
+"""
+WITHDRAW = "DELETE FROM {schema}.offers WHERE owner = $1"
+PUT_OFFERS = """
+INSERT INTO {schema}.offers (queue, owner, slots, lease_ms, until_ms)
+SELECT unnest($1::text[]), $2, $3, $4, $5
+ON CONFLICT (queue, owner) DO UPDATE SET slots = EXCLUDED.slots, lease_ms = EXCLUDED.lease_ms,
+  until_ms = EXCLUDED.until_ms
+"""
+# Offers past their end (a pool killed with one out), and the notes of jobs offered to pools with no offer left
+# (their leases end as a killed pool's do): cleared when a pool writes its offer.
+CLEAR_ENDED = """
+WITH ended AS (DELETE FROM {schema}.offers WHERE until_ms <= $1)
+DELETE FROM {schema}.offered d
+WHERE d.owner <> $2 AND NOT EXISTS (SELECT 1 FROM {schema}.offers o WHERE o.owner = d.owner AND o.until_ms > $1)
+"""
+# The jobs offered to ``$1`` that it still holds at ``$2``: the columns of ``Ticket.from_row`` (a rank in place of the
+# claim's), then the queue and the lease's end.
+OFFERED_TO = """
+SELECT j.seq, j.id, j.body, j.priority, j.token, j.attempts, j.deadline, j.max_attempts, 0, j.queue, j.lease_until
+FROM {schema}.offered o JOIN {schema}.jobs j ON j.seq = o.job_seq
+WHERE o.owner = $1 AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > $2
+ORDER BY j.seq
+"""
+FORGET_OFFERED = "DELETE FROM {schema}.offered WHERE owner = $1"
+
+
+async def claim_for_offers(conn: Connection, schema: str, jobs: Sequence[NewJob], added: Sequence[Enqueued]) -> None:
+    """After an enqueue's inserts, in its transaction: for each queue in which it made jobs ready, claim (ahead)
+    for the idle pool's offer with the most slots left as many as it has left, in the claim order, and note them
+    as offered."""
+    ready, now = made_ready(jobs, added)
+    if not ready:
+        return
+    best: dict[str, tuple[int, str, int]] = {}  # queue -> (slots left, owner, lease_ms)
+    for queue, owner, slots, lease_ms, offered in await conn.fetch(OFFERS_FOR.format(schema=schema), list(ready), now):
+        left = slots - offered
+        if left > 0 and left > best.get(queue, (0, "", 0))[0]:
+            best[queue] = (left, owner, lease_ms)
+    for queue, (left, owner, lease_ms) in best.items():
+        take = offer_taken(left, 0, ready[queue])
+        rows = await conn.fetch(sql(schema, "CLAIM"), queue, now, take, owner, lease_ms, 0)
+        if rows:
+            await conn.execute(NOTE_OFFERED.format(schema=schema), owner, [row[0] for row in rows])
+
+
+async def settle_offer(
+    conn: Connection,
+    schema: str,
+    offer: Offer,
+    owner: str,
+    queues: Sequence[str],
+    lease_ms: int,
+    now_ms: int,
+    claimed: int,
+) -> list[Ticket]:
+    """A pool's offer in its group commit, after its ``claimed`` claims: if it drains, take the jobs offered to the
+    pool that its reads did not find (claimed ahead: their tickets) and forget every note of a job offered to it;
+    then withdraw the offer or write it (``core.offers.offer_step``, the jobs taken counted as claimed)."""
+    taken: list[Ticket] = []
+    if offer.drain:
+        found = offered_tickets(await offered_rows(conn, schema, owner, now_ms), owner)
+        taken = [ticket for ticket in found if ticket.seq not in offer.picked]
+        await conn.execute(FORGET_OFFERED.format(schema=schema), owner)
+    step = offer_step(offer, claimed + len(taken))
+    if step.withdraw:
+        await conn.execute(WITHDRAW.format(schema=schema), owner)
+    elif step.write:
+        await conn.execute(CLEAR_ENDED.format(schema=schema), now_ms, owner)
+        await conn.execute(PUT_OFFERS.format(schema=schema), list(queues), owner, offer.slots, lease_ms, offer.until_ms)
+    return taken
+
+
+async def offered_rows(conn: Connection, schema: str, owner: str, now_ms: int) -> list[tuple[Any, ...]]:
+    """The rows of the jobs offered to ``owner`` that it still holds (``OFFERED_TO``), oldest first."""
+    return [tuple(row) for row in await conn.fetch(OFFERED_TO.format(schema=schema), owner, now_ms)]

@@ -1,0 +1,94 @@
+"""Idle pools' offers on SQLite (``core.offers`` has the rules): an enqueue claims for an offer in its own
+transaction, a pool's group commit writes, withdraws and drains its offer, and a pool reads the jobs offered to it.
+The enqueue's and the commit's steps run inside a write transaction the caller holds; the read needs none.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from asyncq.core.jobs import Enqueued, NewJob, Ticket
+from asyncq.core.offers import Offer, made_ready, offer_step, offer_taken, offered_tickets
+from asyncq.store.sqlite.claiming import claim_rows_in_transaction
+from asyncq.store.sqlite.schema import Layout
+
+# The offer an enqueue of ``?1``'s jobs may claim for at ``?2``: the one with the most slots left (its slots less the
+# jobs offered to its pool and not yet taken by the pool's commits).
+OFFER_FOR = """
+SELECT owner, slots, lease_ms, offered FROM (
+  SELECT owner, slots, lease_ms, (SELECT count(*) FROM asyncq_offered d WHERE d.owner = o.owner) AS offered
+  FROM asyncq_offers o WHERE queue = ?1 AND until_ms > ?2)
+WHERE slots > offered ORDER BY slots - offered DESC LIMIT 1
+"""
+NOTE_OFFERED = "INSERT OR IGNORE INTO asyncq_offered (owner, job_seq) VALUES (?, ?)"
+
+WITHDRAW = "DELETE FROM asyncq_offers WHERE owner = ?"
+PUT_OFFER = """
+INSERT INTO asyncq_offers (queue, owner, slots, lease_ms, until_ms) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (queue, owner) DO UPDATE SET slots = excluded.slots, lease_ms = excluded.lease_ms,
+  until_ms = excluded.until_ms
+"""
+# Offers past their end (a pool killed with one out), and the notes of jobs offered to pools with no offer left
+# (their leases end as a killed pool's do): cleared when a pool writes its offer.
+CLEAR_ENDED = (
+    "DELETE FROM asyncq_offers WHERE until_ms <= ?",
+    "DELETE FROM asyncq_offered WHERE owner NOT IN (SELECT owner FROM asyncq_offers) AND owner <> ?",
+)
+
+# The jobs offered to ``:owner`` that it still holds: the columns of ``Ticket.from_row`` (a rank in place of the
+# claim's), then the queue and the lease's end.
+OFFERED_TO = """
+SELECT j.seq, j.id, j.body, j.priority, j.token, j.attempts, j.deadline, j.max_attempts, 0, j.queue, j.lease_until
+FROM asyncq_offered o JOIN asyncq_jobs j ON j.seq = o.job_seq
+WHERE o.owner = :owner AND j.status = 'leased' AND j.owner = :owner AND j.lease_until > :now
+ORDER BY j.seq
+"""
+FORGET_OFFERED = "DELETE FROM asyncq_offered WHERE owner = ?"
+
+
+def claim_for_offers(
+    con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob], added: Sequence[Enqueued]
+) -> None:
+    """After an enqueue's inserts, in its transaction: for each queue in which it made jobs ready, claim (ahead)
+    for an idle pool's offer as many as the offer has slots left, in the claim order, and note them as offered."""
+    if not layout.offers:
+        return
+    ready, now = made_ready(jobs, added)
+    for queue, count in ready.items():
+        offer = con.execute(OFFER_FOR, (queue, now)).fetchone()
+        if offer is None:
+            continue
+        owner, slots, lease_ms, offered = offer
+        take = offer_taken(slots, offered, count)
+        rows = claim_rows_in_transaction(
+            con, layout, owner, now, lease_ms, limit=take, scope={"queue": queue}, count=False, sweep=False
+        )
+        con.executemany(NOTE_OFFERED, [(owner, row[0]) for row in rows])
+
+
+def settle_offer(
+    con: sqlite3.Connection, offer: Offer, owner: str, queues: Sequence[str], lease_ms: int, now_ms: int, claimed: int
+) -> list[Ticket]:
+    """A pool's offer in its group commit, after its ``claimed`` claims: if it drains, take the jobs offered to the
+    pool that its reads did not find (claimed ahead: their tickets) and forget every note of a job offered to it;
+    then withdraw the offer or write it (``core.offers.offer_step``, the jobs taken counted as claimed)."""
+    taken: list[Ticket] = []
+    if offer.drain:
+        found = offered_tickets(offered_rows(con, owner, now_ms), owner)
+        taken = [ticket for ticket in found if ticket.seq not in offer.picked]
+        con.execute(FORGET_OFFERED, (owner,))
+    step = offer_step(offer, claimed + len(taken))
+    if step.withdraw:
+        con.execute(WITHDRAW, (owner,))
+    elif step.write:
+        for statement, value in zip(CLEAR_ENDED, (now_ms, owner), strict=True):
+            con.execute(statement, (value,))
+        con.executemany(PUT_OFFER, [(queue, owner, offer.slots, lease_ms, offer.until_ms) for queue in queues])
+    return taken
+
+
+def offered_rows(con: sqlite3.Connection, owner: str, now_ms: int) -> list[tuple[Any, ...]]:
+    """The rows of the jobs offered to ``owner`` that it still holds (``OFFERED_TO``), oldest first."""
+    return con.execute(OFFERED_TO, {"owner": owner, "now": now_ms}).fetchall()
