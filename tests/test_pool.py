@@ -693,3 +693,42 @@ async def test_state_changes_log_at_debug_and_problems_at_warning(
     assert ("WARNING", "asyncq.worker.pool") in levels  # it failed, and it is dead: an operator must look
     fine = [record for record in caplog.records if "fine" in record.getMessage()]
     assert fine and all(record.levelname == "DEBUG" for record in fine)  # enqueued, leased, done
+
+
+def _offers(path: Path) -> list[tuple[str, str, int]]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("SELECT queue, owner, slots FROM asyncq_offers ORDER BY queue").fetchall()
+    finally:
+        con.close()
+
+
+async def test_an_idle_pool_offers_its_free_slots_and_withdraws_the_offer_when_it_stops(path: Path) -> None:
+    """A running pool that finds nothing leaves an offer for each queue it serves (its free slots); a burst leaves
+    none; a stopped pool's offer is gone, so another handle's enqueue then stays pending for the next pool."""
+    async with await Queue.open(path) as queue, await Queue.open(path) as other:
+        pool = Pool(queue, concurrency=3, owner="offering", poll_max=0.05)
+        deliveries: Deliveries = []
+        pool.register("mail", recording(deliveries, succeed))
+        pool.register("sms", recording(deliveries, succeed))
+        await pool.run(burst=True)
+        assert _offers(path) == []
+        running = asyncio.create_task(pool.run())
+        await eventually(lambda: _offers(path) == [("mail", "offering", 3), ("sms", "offering", 3)], "the offer")
+        async with other.transaction() as tx:  # leased to the pool by the enqueue itself, its attempt not counted
+            await tx.enqueue("offered", {}, queue="sms")
+            row = await tx.execute("SELECT status, owner, attempts FROM asyncq_jobs WHERE id = 'offered'")
+        assert [tuple(found) for found in row] == [("leased", "offering", 0)]
+        await eventually(lambda: _done(other, "offered"), "the offered job done")
+        assert deliveries == [("offered", 1, 1)]
+        pool.stop()
+        await running
+        assert _offers(path) == []
+        await other.enqueue("after", {}, queue="mail")
+        job = await other.get("after")
+        assert job is not None and (job.status, job.owner) == ("pending", None)
+
+
+async def _done(queue: Queue, job_id: str) -> bool:
+    job = await queue.get(job_id)
+    return job is not None and job.status == "done" and job.attempts == 1

@@ -106,8 +106,8 @@ def query(path: Path, statement: str, parameters: tuple[Any, ...] = ()) -> list[
         con.close()
 
 
-def count(path: Path, statement: str) -> int:
-    return int(query(path, statement)[0][0])
+def count(path: Path, statement: str, parameters: tuple[Any, ...] = ()) -> int:
+    return int(query(path, statement, parameters)[0][0])
 
 
 def enqueue(db: Path, n: int, max_attempts: int = 3) -> None:
@@ -360,3 +360,66 @@ def test_a_pause_from_another_process_stops_a_pool_on_postgresql(workers: Worker
     workers.wait_until(lambda: set(statuses().values()) == {"done"}, 20, "every job done after the resume")
     code, counters = workers.stop(worker, timeout=10)
     assert code == 0 and counters["finished"] == {"done": 40}, workers.stderr()
+
+
+# --- an idle pool's offer (core.offers) ---------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def offer_store(request: pytest.FixtureRequest, workers: Workers) -> tuple[str, str]:
+    """The store the offer test runs on (a file, or a fresh PostgreSQL schema), and its jobs table's name."""
+    if request.param == "sqlite":
+        return str(workers.db), "asyncq_jobs"
+    return request.getfixturevalue("postgres_url"), "jobs"
+
+
+async def _enqueue_and_read_row(target: str, table: str, job_id: str) -> tuple[Any, ...]:
+    """Enqueue ``job_id`` from this process, and read its row inside the enqueue's own transaction, before the
+    commit: what the enqueue itself made of it."""
+    mark = "?" if table == "asyncq_jobs" else "$1"
+    async with await Queue.open(target) as queue, queue.transaction() as tx:
+        await tx.enqueue(job_id, {"id": job_id})
+        [row] = await tx.execute(f"SELECT status, owner, attempts, token FROM {table} WHERE id = {mark}", [job_id])
+        return tuple(row)
+
+
+async def _all_done(target: str, ids: list[str]) -> bool:
+    async with await Queue.open(target) as queue:
+        return all(job is not None and job.status == "done" for job in [await queue.get(job_id) for job_id in ids])
+
+
+@pytest.mark.timeout(90)
+def test_another_process_enqueues_into_an_idle_pools_offer_and_a_killed_pools_offered_job_runs_after_its_lease(
+    workers: Workers, offer_store: tuple[str, str]
+) -> None:
+    """An idle pool in another process leaves an offer: an enqueue here leases its job to that pool in its own
+    transaction (uncounted), and the pool runs it once. SIGKILLed with its offer out, the pool strands the next job
+    offered to it only until that job's lease ends: another pool runs it then, once, its attempt not spent."""
+    target, table = offer_store
+    workers.db = target  # type: ignore[assignment]  (the worker opens a URL as it opens a path)
+    idle = workers.start("idle", concurrency=2, lease_ms=1_500, poll_max=0.05)
+    enqueued: list[str] = []
+
+    def enqueue_one(job_id: str) -> tuple[Any, ...]:
+        enqueued.append(job_id)
+        return asyncio.run(_enqueue_and_read_row(target, table, job_id))
+
+    def ran(*ids: str) -> bool:
+        marks = ", ".join("?" * len(ids))
+        return count(workers.effects, f"SELECT count(*) FROM applied WHERE id IN ({marks})", ids) == len(ids)
+
+    # the pool is up and idle once an enqueue finds its offer (a probe enqueued before runs as any job)
+    workers.wait_until(lambda: enqueue_one(f"probe-{len(enqueued)}") == ("leased", "idle", 0, 1), 20, "an offer")
+    assert enqueue_one("a") == ("leased", "idle", 0, 1)  # the offer stays out while the pool has free slots
+    workers.wait_until(lambda: ran(*enqueued) and asyncio.run(_all_done(target, enqueued)), 20, "every job done")
+    assert query(workers.effects, "SELECT token, owner FROM started WHERE id = 'a'") == [(1, "idle")]
+
+    idle.kill()
+    assert idle.wait(timeout=10) == -signal.SIGKILL
+    assert enqueue_one("b") == ("leased", "idle", 0, 1)  # its offer is still out
+    survivor = workers.start("survivor", concurrency=2, lease_ms=1_500, poll_max=0.05)
+    workers.wait_until(lambda: ran("b"), 30, "job b run after its lease")
+    assert query(workers.effects, "SELECT token, owner FROM started WHERE id = 'b'") == [(2, "survivor")]
+    assert query(workers.effects, "SELECT count FROM applied WHERE id = 'b'") == [(1,)]
+    code, counters = workers.stop(survivor, timeout=10)
+    assert code == 0 and counters["finished"] == {"done": 1}, workers.stderr()
