@@ -3,11 +3,13 @@ enqueue claimed for it, read when the pool wakes up."""
 
 from __future__ import annotations
 
-from collections.abc import Container
+import logging
 
-from asyncq.core.jobs import Ticket
 from asyncq.core.offers import Offer, next_offer, offer_length, offer_step
 from asyncq.queue import Queue
+from asyncq.worker.flight import Flights
+
+log = logging.getLogger("asyncq.worker.pool")
 
 
 class Offering:
@@ -15,10 +17,10 @@ class Offering:
     for it until its last end has passed (an enqueue that read it may commit after the pool withdrew it), so the
     pool reads and takes them until then."""
 
-    __slots__ = ("_drain_until", "_length", "_owner", "_picked", "_queue", "until")
+    __slots__ = ("_drain_until", "_flights", "_length", "_owner", "_picked", "_queue", "until")
 
-    def __init__(self, queue: Queue, owner: str, poll_max_seconds: float) -> None:
-        self._queue, self._owner = queue, owner
+    def __init__(self, queue: Queue, owner: str, poll_max_seconds: float, flights: Flights) -> None:
+        self._queue, self._owner, self._flights = queue, owner, flights
         self._length = offer_length(int(poll_max_seconds * 1000))
         self.until: int | None = None
         self._drain_until = 0
@@ -43,15 +45,20 @@ class Offering:
             self._drain_until = max(self._drain_until, offer.until_ms)
         self._picked.difference_update(offer.picked)
 
-    async def pick_up(self, held: Container[tuple[str, int]]) -> list[Ticket]:
-        """The jobs claimed for the offer since the last read and commit (none without an offer, and no read), but
-        those ``held`` (by ``(id, token)``)."""
+    async def pick_up(self) -> None:
+        """Start the jobs claimed for the offer since the last read and commit (none without an offer, and no read),
+        but those the pool holds already; its next commit counts their attempts. A read that fails is logged: that
+        commit takes them instead."""
         if self.until is None and self._queue.now() >= self._drain_until:
-            return []
-        found = [
-            ticket
-            for ticket in await self._queue.offered(self._owner)
-            if ticket.seq not in self._picked and (ticket.id, ticket.fence.token) not in held
+            return
+        held = self._flights.jobs
+        try:
+            found = await self._queue.offered(self._owner)
+        except Exception as error:
+            log.warning("reading the jobs offered to %s failed (its next commit takes them): %r", self._owner, error)
+            return
+        new = [
+            ticket for ticket in found if ticket.seq not in self._picked and (ticket.id, ticket.fence.token) not in held
         ]
-        self._picked.update(ticket.seq for ticket in found)
-        return found
+        self._picked.update(ticket.seq for ticket in new)
+        self._flights.buffer_all(new)

@@ -9,8 +9,8 @@ one in the same step, without a task per job and without waiting for a turn of t
 per-job path are this module's, in one frame; the jobs in flight are ``asyncq.worker.flight``'s, their leases
 ``asyncq.worker.leases``', retention ``asyncq.worker.retention``'s, the counters, observer and log ``report``'s.
 
-The outer structure (signals, the batcher and renewer) uses anyio; the per-job path plain asyncio tasks: anyio's
-per-task cancel scopes cost more than the whole queue cycle (measured: 2.3x slower end to end; docs/benchmarks.md).
+The outer structure (signals, the batcher and renewer) uses anyio; the per-job path plain asyncio tasks (anyio's
+per-task cancel scopes cost more than the whole cycle: 2.3x slower end to end; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -77,9 +77,8 @@ class Pool:
     async def open(
         cls, opener: Callable[[], Awaitable[Queue]], settings: PoolSettings, *, observer: PoolObserver | None = None
     ) -> Pool:
-        """A pool on the queue ``await opener()`` opens (the caller closes it: ``pool.queue``). While another process
-        holds the store's lock the open is waited out as a running pool waits (logged, counted in ``counters``
-        and the observer, with backoff from ``poll_min`` to ``poll_max``), never failed after the busy timeout."""
+        """A pool on the queue ``await opener()`` opens (the caller closes it: ``pool.queue``); the store's lock held by
+        another process is waited out as a running pool waits (logged, counted, with backoff), never failed."""
         if not isinstance(settings, PoolSettings):
             raise TypeError(f"settings must be a PoolSettings, not {type(settings).__name__}")
         report = PoolReport(observer)
@@ -90,15 +89,12 @@ class Pool:
         return pool
 
     def _setup(self, queue: Queue, settings: PoolSettings, report: PoolReport, busy: BusyStore | None = None) -> None:
-        self.queue = queue
-        self.settings = settings
-        self.concurrency = settings.concurrency
+        self.queue, self.settings, self.concurrency = queue, settings, settings.concurrency
         self.owner = settings.owner or f"pool-{random.getrandbits(48):012x}"
         self.lease_ms, self.job_timeout, self.retry = settings.lease_ms, settings.job_timeout_seconds, settings.retry
         self.poll_min, self.poll_max = float(settings.poll_min), float(settings.poll_max)
         self.batch, self.prefetch, self.linger = settings.batch, settings.claim_ahead, settings.linger_seconds
-        self._result_keep_ms = settings.result_keep_ms
-        self._report = report
+        self._result_keep_ms, self._report = settings.result_keep_ms, report
         report.wakeup_losses_seen = queue.store.wakeup_losses  # losses before this pool are not its own
         self.counters, self.observer, self._observed = report.counters, report.observer, report.observed
         self._busy = busy or BusyStore(report, self.poll_min, self.poll_max)
@@ -112,12 +108,11 @@ class Pool:
         self._beside = [self._leases.run, *(keeper.run for keeper in keepers), self.schedules.run]  # beside the batcher
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._holds: tuple[Hold, ...] = ()  # the queues the last commit's claim found held by their limits
-        self._stopping = False
-        self._resend = False  # the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
+        # stopping; and whether the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
+        self._stopping, self._resend = False, False
         self._ride_asked = False  # an enqueue waits to ride the next cycle (``_host_ride``)
         self._workers: list[asyncio.Task[None]] = []
-        self._offering = Offering(queue, self.owner, self.poll_max)  # an idle ``run``'s offer (core.offers)
-        self._offers = False  # whether this run offers: ``run`` does, a burst and ``run_once`` do not
+        self._offering, self._offers = Offering(queue, self.owner, self.poll_max, self._flights), False  # core.offers
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name`` (registering the name again replaces it)."""
@@ -149,18 +144,14 @@ class Pool:
 
     async def run(self, *, burst: bool = False) -> None:
         """Work until ``stop()`` (or, with ``burst``, until nothing is ready and nothing runs)."""
-        self._stopping, self._offers = False, not burst
-        try:
-            async with self._running():
-                await self._work(burst)
-        finally:
-            self._offers = False
+        self._stopping = False
+        async with self._running():
+            await self._work(burst)
 
     @contextlib.asynccontextmanager
     async def _running(self) -> AsyncIterator[None]:
-        """The workers and the lease keeper run inside; on the way out, handlers still running are cancelled
-        unfinished (their leases expire and the jobs run again; the buffer is given back first, when the file
-        still answers)."""
+        """The workers and the lease keeper run inside; on the way out, handlers still running are cancelled unfinished
+        (their leases expire and the jobs run again; the offer and the buffer are given back first, if possible)."""
         if not self._handlers:
             raise ValueError("register a handler before running the pool")
         await self.schedules.declare_once()  # before any claim, even a burst's (failing, the keeper tries again)
@@ -176,7 +167,6 @@ class Pool:
             with anyio.CancelScope(shield=True):
                 if self._offering.until is not None:  # cancelled with an offer out: withdraw it, give back its jobs
                     with contextlib.suppress(Exception):  # best effort: it ends by itself, their leases too
-                        self._offers = False
                         await self._cycle(capacity=0)
                 if self._flights.buffer:
                     with contextlib.suppress(Exception):  # best effort: their leases expire anyway
@@ -187,11 +177,12 @@ class Pool:
                 self._workers = []
 
     async def _work(self, burst: bool) -> None:
-        withdraw = self.queue.store.host_rides(self._host_ride)
+        withdraw, self._offers = self.queue.store.host_rides(self._host_ride), not burst
         try:
             await self._batch(burst)
         finally:
             withdraw()
+            self._offers = False
 
     def _host_ride(self) -> bool:
         """An enqueue of this process asks for a group commit to ride in (``QueueStore.host_rides``): the next
@@ -203,8 +194,7 @@ class Pool:
         return True
 
     async def _batch(self, burst: bool) -> None:
-        idle_wait = self.poll_min
-        flights = self._flights
+        idle_wait, flights, report = self.poll_min, self._flights, self._report
         while not (self._stopping and not flights.jobs and not flights.results):
             if self._stopping and flights.buffer:
                 await self._leases.release_buffer()
@@ -225,23 +215,12 @@ class Pool:
                 return
             if flights.buffer or self.running >= self.concurrency:
                 continue  # nothing to claim for now; the next finished job wakes the batcher
-            await wait_for_work(
-                self.queue, flights.wake, idle_wait, self._report, self._holds, self._handlers, self.poll_max
-            )
+            await wait_for_work(self.queue, flights.wake, idle_wait, report, self._holds, self._handlers, self.poll_max)
             idle_wait = min(idle_wait * 2, self.poll_max)
-            await self._pick_up_offered()
-
-    async def _pick_up_offered(self) -> None:
-        """Start the jobs another process's enqueue claimed for this pool's offer (a read); its next commit counts
-        their attempts. A read that fails is logged: that commit takes them instead."""
-        try:
-            self._flights.buffer_all(await self._offering.pick_up(self._flights.jobs))
-        except Exception as error:
-            log.warning("reading the jobs offered to %s failed (its next commit takes them): %r", self.owner, error)
+            await self._offering.pick_up()  # what another process's enqueue claimed for this pool's offer
 
     def _capacity(self) -> int:
-        """How many jobs to claim now: free slots plus the prefetch buffer's room, at most a claim's limit
-        (none once stopping)."""
+        """How many jobs to claim now: free slots and the prefetch's room, at most a claim's limit (0 if stopping)."""
         return 0 if self._stopping else min(self.concurrency + self.prefetch - len(self._flights.jobs), MAX_BATCH)
 
     def _starving(self) -> bool:
@@ -405,9 +384,8 @@ class Pool:
         self._wake_if_needed()
 
     def _wake_if_needed(self) -> None:
-        """Wake the batcher only when a job's end can change its decision: the first waiting result starts
-        the linger clock, a full batch or a starving slot ends the wait. Waking it for every job was a wasted
-        loop iteration per job."""
+        """Wake the batcher only when a job's end can change its decision: the first waiting result starts the linger
+        clock, a full batch or a starving slot ends the wait (not for every job: a wasted loop iteration each)."""
         flights = self._flights
         waiting = len(flights.results)
         if waiting == 1 or waiting == self.batch or self._stopping or (not flights.buffer and self._starving()):
