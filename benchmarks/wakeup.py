@@ -7,8 +7,9 @@ on the file (``--produce``). Each job's body carries ``time.monotonic_ns()`` rea
 ``enqueue`` call (the clock is the machine's, shared by processes). Two measures:
 
 - **handler start**: a ``Pool`` (4 tasks, the default poll of 50 ms doubling to 1 s) runs the jobs; the time
-  from the enqueue call to the handler's start. It holds the enqueue's commit and the claim's commit (two
-  fsyncs: a claim is durable before its handler runs) around the wake-up.
+  from the enqueue call to the handler's start. The same process's enqueue rides the pool's claim (one commit);
+  another process's enqueue claims for the idle pool's offer (``asyncq.core.offers``: one commit, then the pool's
+  read) — a claim is durable before its handler runs either way.
 - **woken**: a task waits in ``Queue.wait_for_rows(60)`` (the wait an idle pool makes) and the time is read when
   it returns: the enqueue's commit and the wake-up alone. The poll has nothing to show here (it claims).
 
@@ -343,8 +344,9 @@ def target_rows(sides: Sequence[Side], idle: dict[str, float]) -> list[list[str]
 
 
 NOTES = """\
-- **handler start** holds two commits besides the wake-up (the enqueue's, and the claim's, which is durable
-  before the handler runs); **woken** holds the enqueue's commit only. **× same p50**: the median over the
+- **handler start** holds one commit besides the wake-up: the same process's enqueue rides the pool's claim; another
+  process's enqueue claims for the idle pool's offer, which the pool then reads (a claim is durable before its
+  handler runs either way); **woken** holds the enqueue's commit only. **× same p50**: the median over the
   median of the same measure and durability with the producer in the same process (the in-process event).
 - The absolute targets (p50 ≤ 2 ms, p99 ≤ 10 ms) count the commits' fsyncs; on a disk whose WAL+FULL commit
   alone takes about 2 ms they cannot be met by any wake-up, so the row "other process p50 − same process p50"

@@ -720,7 +720,7 @@ async def test_an_idle_pool_offers_its_free_slots_and_withdraws_the_offer_when_i
             row = await tx.execute("SELECT status, owner, attempts FROM asyncq_jobs WHERE id = 'offered'")
         assert [tuple(found) for found in row] == [("leased", "offering", 0)]
         await eventually(lambda: _done(other, "offered"), "the offered job done")
-        assert deliveries == [("offered", 1, 1)]
+        assert deliveries == [("offered", 1, 1)] and pool.counters.claimed == 1  # counted as its own claims are
         pool.stop()
         await running
         assert _offers(path) == []

@@ -8,6 +8,7 @@ import logging
 from asyncq.core.offers import Offer, next_offer, offer_length, offer_step
 from asyncq.queue import Queue
 from asyncq.worker.flight import Flights
+from asyncq.worker.report import PoolReport
 
 log = logging.getLogger("asyncq.worker.pool")
 
@@ -17,10 +18,10 @@ class Offering:
     for it until its last end has passed (an enqueue that read it may commit after the pool withdrew it), so the
     pool reads and takes them until then."""
 
-    __slots__ = ("_drain_until", "_flights", "_length", "_owner", "_picked", "_queue", "until")
+    __slots__ = ("_drain_until", "_flights", "_length", "_owner", "_picked", "_queue", "_report", "until")
 
-    def __init__(self, queue: Queue, owner: str, poll_max_seconds: float, flights: Flights) -> None:
-        self._queue, self._owner, self._flights = queue, owner, flights
+    def __init__(self, queue: Queue, owner: str, poll_max_seconds: float, flights: Flights, report: PoolReport) -> None:
+        self._queue, self._owner, self._flights, self._report = queue, owner, flights, report
         self._length = offer_length(int(poll_max_seconds * 1000))
         self.until: int | None = None
         self._drain_until = 0
@@ -60,5 +61,7 @@ class Offering:
         new = [
             ticket for ticket in found if ticket.seq not in self._picked and (ticket.id, ticket.fence.token) not in held
         ]
-        self._picked.update(ticket.seq for ticket in new)
-        self._flights.buffer_all(new)
+        if new:
+            self._picked.update(ticket.seq for ticket in new)
+            self._report.claimed(len(new))  # counted as the pool's own claims are
+            self._flights.buffer_all(new)

@@ -112,7 +112,8 @@ class Pool:
         self._stopping, self._resend = False, False
         self._ride_asked = False  # an enqueue waits to ride the next cycle (``_host_ride``)
         self._workers: list[asyncio.Task[None]] = []
-        self._offering, self._offers = Offering(queue, self.owner, self.poll_max, self._flights), False  # core.offers
+        self._offering = Offering(queue, self.owner, self.poll_max, self._flights, report)  # core.offers
+        self._offers = False  # whether this run offers (``run``; not a burst, nor ``run_once``)
 
     def register(self, queue_name: str, handler: Handler) -> None:
         """Run ``handler(body, context)`` for jobs of ``queue_name`` (registering the name again replaces it)."""
