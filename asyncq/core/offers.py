@@ -85,13 +85,19 @@ def offer_taken(slots: int, offered: int, ready: int) -> int:
     return max(0, min(slots - offered, ready))
 
 
+def is_ready(job: NewJob) -> bool:
+    """Whether ``job`` is ready at its enqueue (no delay), and carries its enqueue's time (``enqueued_at``; a row
+    built without it is claimed for no offer)."""
+    return job.enqueued_at > 0 and job.available_at <= job.enqueued_at
+
+
 def made_ready(jobs: Sequence[NewJob], added: Sequence[Enqueued]) -> tuple[dict[str, int], int]:
     """How many jobs an enqueue inserted ready (not delayed) per queue, and its ``now``: what it may claim for
     offers. A row built without its enqueue's time (``enqueued_at`` 0) is claimed for no offer."""
     ready: dict[str, int] = {}
     now = 0
     for job, result in zip(jobs, added, strict=True):
-        if result is True and job.enqueued_at > 0 and job.available_at <= job.enqueued_at:
+        if result is True and is_ready(job):
             queue = job.payload["queue"]
             ready[queue] = ready.get(queue, 0) + 1
             now = max(now, job.enqueued_at)

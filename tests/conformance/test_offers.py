@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 from drivers import Driver
 
+from asyncq.core.flow_limits import Limits
 from asyncq.core.jobs import Settled, Ticket
 from asyncq.core.offers import Offer
 from asyncq.store.port.queue import QueueStore
@@ -55,8 +56,7 @@ async def test_an_enqueue_claims_for_an_idle_pools_offer_and_the_pool_reads_star
         await enqueue(other, new("job-1", T0 + 10))
     finally:
         await other.close()
-    job = await store.get("job-1")
-    assert job is not None
+    job = (await dump(store, T0 + 10)).jobs["job-1"]  # the stats, the listing and the history agree with it
     assert (job.status, job.owner, job.token, job.attempts, job.lease_until) == (
         "leased", "idle", 1, 0, T0 + 10 + LEASE_MS
     )  # fmt: skip
@@ -103,21 +103,47 @@ async def test_an_offer_gives_a_pool_no_more_jobs_than_its_slots_until_its_commi
     assert (await store.get("job-5")).status == "pending"  # type: ignore[union-attr]
 
 
-async def test_an_enqueue_claims_for_no_offer_when_its_job_is_not_ready_now(store: QueueStore) -> None:
-    await commit(store, writes(), queues=("default", "paused"))
+@pytest.mark.parametrize("alone", [True, False], ids=["one-by-one", "one-batch"])
+async def test_an_enqueue_claims_for_no_offer_when_its_job_is_not_ready_now(store: QueueStore, alone: bool) -> None:
+    await commit(store, writes(), queues=("default", "paused", "limited"))
     await store.set_paused("paused", True, T0, "stop", "ops")
-    await enqueue(
-        store,
+    await store.set_limits("limited", Limits(concurrency=5), T0, "cap", "ops")
+    rows = [
         new("later", T0 + 1, delay_ms=100),  # delayed
         new("held", T0 + 1, queue="paused"),  # its queue is paused: the claim statement takes nothing
+        new("capped", T0 + 1, queue="limited"),  # a limited queue is claimed under its limits, by the pool
         new("elsewhere", T0 + 1, queue="other"),  # no pool offered for its queue
-    )
+    ]
+    for batch in [[row] for row in rows] if alone else [rows]:
+        await enqueue(store, *batch)
     assert {job.id: job.status for job in (await dump(store, T0 + 1)).jobs.values()} == {
-        "later": "pending", "held": "pending", "elsewhere": "pending"
+        "later": "pending", "held": "pending", "capped": "pending", "elsewhere": "pending"
     }  # fmt: skip
     assert await store.offered("idle", T0 + 2) == []
     await enqueue(store, new("after-end", T0 + 5_000))  # the offer ends at T0 + 5 s
     assert (await store.get("after-end")).status == "pending"  # type: ignore[union-attr]
+
+
+async def test_one_job_enqueued_behind_a_ready_one_is_left_to_the_pools_claim_so_the_order_holds(
+    store: QueueStore,
+) -> None:
+    await enqueue(store, new("first", T0, priority=-5))
+    await commit(store, writes(), T0 - 1)  # the pool's commit ran before "first" was ready: its offer is out
+    await enqueue(store, new("second", T0 + 1, priority=5))
+    assert {job.id: job.status for job in (await dump(store, T0 + 1)).jobs.values()} == {
+        "first": "pending", "second": "pending"
+    }  # fmt: skip
+    [ticket] = await claim(store, "idle", T0 + 2)
+    assert ticket.id == "second"  # the claim order: the higher priority first
+
+
+async def test_an_id_or_key_taken_is_answered_as_without_an_offer(store: QueueStore) -> None:
+    await commit(store, writes())
+    await enqueue(store, new("job-1", T0 + 1, unique_key="k"))
+    assert await store.enqueue([new("job-1", T0 + 2, unique_key="k")]) == [False]  # the same job again
+    assert await store.enqueue([new("job-2", T0 + 3, unique_key="k")]) == ["job-1"]  # its key's holder
+    assert [job.id for job in (await dump(store, T0 + 3)).jobs.values()] == ["job-1"]
+    assert [ticket.id for ticket in await store.offered("idle", T0 + 4)] == ["job-1"]
 
 
 async def test_a_claim_or_no_free_slot_withdraws_the_offer(store: QueueStore) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncq.core.jobs import Enqueued, NewJob, Ticket
-from asyncq.core.offers import Offer, made_ready, offer_step, offer_taken, offered_tickets
+from asyncq.core.offers import Offer, is_ready, made_ready, offer_step, offer_taken, offered_tickets
 from asyncq.store.postgres.connection import Connection
 from asyncq.store.postgres.statements import sql
 
@@ -25,6 +25,28 @@ FROM {schema}.offers o WHERE o.queue = ANY($1::text[]) AND o.until_ms > $2
 """
 NOTE_OFFERED = """
 INSERT INTO {schema}.offered (owner, job_seq) SELECT $1, unnest($2::bigint[]) ON CONFLICT DO NOTHING
+"""
+# The offer that one job enqueued ready into ``$1`` at ``$2`` is inserted leased to (``core.offers``): one with slots
+# left, its queue neither paused nor limited, and no job of the queue claimable already (``jobs_waiting``, then
+# ``jobs_leased``), so that the job is the first of the claim order.
+OFFER_NOW = """
+SELECT o.owner, o.lease_ms FROM {schema}.offers o
+WHERE o.queue = $1 AND o.until_ms > $2
+  AND o.slots > (SELECT count(*) FROM {schema}.offered d WHERE d.owner = o.owner)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.queues q WHERE q.queue = $1 AND (q.paused_at IS NOT NULL
+                  OR coalesce(q.limit_concurrency, q.limit_per_key, q.limit_rate) IS NOT NULL))
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'pending' AND j.queue = $1 AND j.available_at <= $2)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'leased' AND j.queue = $1 AND j.lease_until <= $2)
+ORDER BY o.slots DESC LIMIT 1
+"""
+# One job inserted leased to an offer's pool: its token issued, its attempt not counted (claimed ahead).
+INSERT_LEASED = """
+INSERT INTO {schema}.jobs
+  (id, queue, body, status, attempts, max_attempts, token, available_at, deadline, priority, unique_key, task,
+   group_name, limit_key, owner, lease_until)
+VALUES ($1, $2, $3, 'leased', 0, $4, 1, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT DO NOTHING
+RETURNING seq
 """
 WITHDRAW = "DELETE FROM {schema}.offers WHERE owner = $1"
 PUT_OFFERS = """
@@ -49,6 +71,29 @@ WHERE o.owner = $1 AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > 
 ORDER BY j.seq
 """
 FORGET_OFFERED = "DELETE FROM {schema}.offered WHERE owner = $1"
+
+
+async def insert_for_offer(conn: Connection, schema: str, job: NewJob) -> bool:
+    """Insert ``job``, enqueued alone, leased at once to an idle pool's offer (``OFFER_NOW``) and note it as offered:
+    ``True`` if it was; ``False`` if no offer takes it (no offer, the job not ready at its enqueue, or in a graph), or
+    its id or unique key was taken (the plain insert then says which)."""
+    if job.linked or not is_ready(job):
+        return False
+    queue = job.payload["queue"]
+    offer = await conn.fetchrow(OFFER_NOW.format(schema=schema), queue, job.enqueued_at)
+    if offer is None:
+        return False
+    owner, lease_ms = offer
+    payload = job.payload
+    seq = await conn.fetchval(
+        INSERT_LEASED.format(schema=schema), job.id, queue, payload["body"], job.max_attempts, job.available_at,
+        job.deadline, payload["priority"], payload["unique_key"], payload["task"], payload["group_name"],
+        payload["limit_key"], owner, min(job.enqueued_at + lease_ms, job.deadline),
+    )  # fmt: skip
+    if seq is None:
+        return False
+    await conn.execute(NOTE_OFFERED.format(schema=schema), owner, [seq])
+    return True
 
 
 async def claim_for_offers(conn: Connection, schema: str, jobs: Sequence[NewJob], added: Sequence[Enqueued]) -> None:

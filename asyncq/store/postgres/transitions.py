@@ -32,7 +32,7 @@ from asyncq.core.settling import all_held_once
 from asyncq.errors import Conflict, StoreError, UniqueConflict
 from asyncq.store.postgres import graphs
 from asyncq.store.postgres.connection import Connection
-from asyncq.store.postgres.offers import claim_for_offers
+from asyncq.store.postgres.offers import claim_for_offers, insert_for_offer
 from asyncq.store.postgres.statements import sql
 
 #: ``(seq, payload, state)`` of a stored job, as ``read_states`` returns it.
@@ -45,11 +45,14 @@ async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
     the active job that holds its unique key where one does (``UniqueConflict`` for a row that asks to raise). A
     batch with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). The jobs made
     ready are claimed for an idle pool's offer if one is out (``offers.claim_for_offers``)."""
+    if len(jobs) == 1 and await insert_for_offer(conn, schema, jobs[0]):  # leased to an idle pool's offer
+        return [True]
     if any(job.linked for job in jobs):
         added = await graphs.enqueue_linked(conn, schema, jobs, partial(_enqueue_plain, conn, schema))
     else:
         added = await _enqueue_plain(conn, schema, jobs)
-    await claim_for_offers(conn, schema, jobs, added)
+    if len(jobs) > 1:
+        await claim_for_offers(conn, schema, jobs, added)
     return added
 
 

@@ -39,7 +39,7 @@ from asyncq.store.sqlite import graphs
 from asyncq.store.sqlite.claiming import claim_planned, claim_rows_in_transaction, sweep_unclaimable
 from asyncq.store.sqlite.connection import Hook, call_hook, write_transaction
 from asyncq.store.sqlite.graphs import End
-from asyncq.store.sqlite.offers import claim_for_offers, settle_offer
+from asyncq.store.sqlite.offers import NOTE_OFFERED, claim_for_offers, insert_leased, offer_now, settle_offer
 from asyncq.store.sqlite.schema import Layout
 from asyncq.store.sqlite.statements import (
     FINISH_ROWS_MAX,
@@ -73,12 +73,30 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
     is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back. A batch
     with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). The jobs made ready
     are claimed for an idle pool's offer if one is out (``offers.claim_for_offers``)."""
+    if layout.offers and len(jobs) == 1:  # one job: inserted leased to an idle pool's offer, if one takes it
+        offer = offer_now(con, jobs[0])
+        if offer is not None and _insert_for_offer(con, layout, jobs[0], *offer):
+            return [True]
     if layout.graphs and any(map(_LINKED, jobs)):
         added = graphs.enqueue_linked(con, jobs, partial(_insert_rows, con, layout))
     else:
         added = _insert_rows(con, layout, jobs)
-    claim_for_offers(con, layout, jobs, added)
+    if len(jobs) > 1:
+        claim_for_offers(con, layout, jobs, added)
     return added
+
+
+def _insert_for_offer(con: sqlite3.Connection, layout: Layout, job: NewJob, owner: str, lease_ms: int) -> bool:
+    """Insert ``job`` leased to the offer of ``owner`` at once (no pending entry added and removed, no count
+    changed: a leased job is not counted) and note it as offered; ``False`` if its id or unique key was taken (the
+    plain insert then says which)."""
+    columns = _columns_set(layout, [job])
+    values = [*_insert_values([job], columns), owner, min(job.enqueued_at + lease_ms, job.deadline)]
+    cursor = con.execute(insert_leased(layout, columns), values)
+    if cursor.rowcount == 0:
+        return False
+    con.execute(NOTE_OFFERED, (owner, cursor.lastrowid))
+    return True
 
 
 def _insert_rows(con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob]) -> list[Enqueued]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from asyncq.core.jobs import Enqueued, NewJob, Ticket
-from asyncq.core.offers import Offer, made_ready, offer_step, offer_taken, offered_tickets
+from asyncq.core.offers import Offer, is_ready, made_ready, offer_step, offer_taken, offered_tickets
 from asyncq.store.sqlite.claiming import claim_rows_in_transaction
 from asyncq.store.sqlite.schema import Layout
 
@@ -23,6 +24,25 @@ SELECT owner, slots, lease_ms, offered FROM (
 WHERE slots > offered ORDER BY slots - offered DESC LIMIT 1
 """
 NOTE_OFFERED = "INSERT OR IGNORE INTO asyncq_offered (owner, job_seq) VALUES (?, ?)"
+
+# The offer that one job enqueued ready into ``?1`` at ``?2`` is inserted leased to (``core.offers``): one with slots
+# left, its queue neither paused nor limited, and no job of the queue claimable already, so that the job is the first
+# of the claim order. Each ``NOT EXISTS`` is one seek (the default priority's range of ``asyncq_jobs_ranked``, then
+# ``asyncq_jobs_prioritised``, then ``asyncq_jobs_leased``).
+OFFER_NOW = """
+SELECT owner, lease_ms FROM (
+  SELECT owner, slots, lease_ms, (SELECT count(*) FROM asyncq_offered d WHERE d.owner = o.owner) AS offered
+  FROM asyncq_offers o WHERE queue = ?1 AND until_ms > ?2)
+WHERE slots > offered
+  AND NOT EXISTS (SELECT 1 FROM asyncq_queues WHERE queue = ?1
+                  AND (paused_at IS NOT NULL OR coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL))
+  AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE status = 'pending' AND queue = ?1 AND priority = 0
+                  AND available_at <= ?2)
+  AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE status = 'pending' AND queue = ?1 AND priority <> 0
+                  AND available_at <= ?2)
+  AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE queue = ?1 AND status = 'leased' AND lease_until <= ?2)
+ORDER BY slots - offered DESC LIMIT 1
+"""
 
 WITHDRAW = "DELETE FROM asyncq_offers WHERE owner = ?"
 PUT_OFFER = """
@@ -46,6 +66,26 @@ WHERE o.owner = :owner AND j.status = 'leased' AND j.owner = :owner AND j.lease_
 ORDER BY j.seq
 """
 FORGET_OFFERED = "DELETE FROM asyncq_offered WHERE owner = ?"
+
+
+def offer_now(con: sqlite3.Connection, job: NewJob) -> tuple[str, int] | None:
+    """The owner and lease of the offer ``job``, enqueued alone, is inserted leased to (``OFFER_NOW``); ``None`` for
+    none (no offer, the job not ready at its enqueue, or in a graph: those go the plain way)."""
+    if job.linked or not is_ready(job):
+        return None
+    found: tuple[str, int] | None = con.execute(OFFER_NOW, (job.payload["queue"], job.enqueued_at)).fetchone()
+    return found
+
+
+@cache
+def insert_leased(layout: Layout, columns: tuple[str, ...]) -> str:
+    """The insert of one job leased at once to an offer's pool (``columns``: the payload's, as ``insert_rows``): its
+    token issued, its attempt not counted (claimed ahead), its lease to the pool's ``lease_ms`` or its deadline."""
+    marks = ", ".join(["?"] * (1 + len(columns)))
+    return (
+        f"INSERT INTO {layout.jobs} (id, {', '.join(columns)}, status, attempts, max_attempts, token, available_at,"
+        f" deadline, owner, lease_until) VALUES ({marks}, 'leased', 0, ?, 1, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    )
 
 
 def claim_for_offers(
