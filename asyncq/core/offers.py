@@ -4,11 +4,12 @@ A job enqueued by another process reaches an idle pool through two commits: the 
 (a claim is durable before its handler runs: after a power loss an undone claim would hand its fencing token out
 again). An enqueue of the pool's own process rides the pool's claim: one commit. So that another process's enqueue
 also costs one, a pool whose group commit found nothing to claim leaves an **offer** in it: a row per queue it serves,
-with its owner, its free slots, its lease and a short end. An enqueue that finds an offer for its queue claims for that
-pool in its own transaction, with the pool's claim statement (the pool as owner; claimed ahead: the token issued,
-the attempt counted when a handler starts the job, as for a pool's own claim ahead) and notes each job it claimed
-as offered. The pool, woken by that commit, reads the jobs offered to it (a read: no lock, no fsync), starts them,
-and its next commit counts their attempts.
+with its owner, its free slots, its lease and a short end. An enqueue that finds an offer for its queue leases its
+jobs to that pool in its own transaction, claimed ahead (the token issued, the attempt counted when a handler starts
+the job, as for a pool's own claim ahead), and notes each as offered: a job enqueued alone is inserted leased at once
+when its queue is neither paused nor limited and holds no job claimable before it (the claim order holds); a batch
+is inserted, then claimed with the pool's claim statement. The pool, woken by that commit, reads the jobs offered to
+it (a read: no lock, no fsync), starts them, and its next commit counts their attempts.
 
 An offer is one statement of a commit the pool makes anyway, except an idle pool's first (and its renewal, at half
 its length): an idle pool's empty claim writes nothing otherwise. While an offer is out, each commit of the pool also

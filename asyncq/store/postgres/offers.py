@@ -1,9 +1,10 @@
 """Idle pools' offers on PostgreSQL (``core.offers`` has the rules; the SQLite store's ``offers`` runs the same steps):
-an enqueue claims for an offer in its own transaction, a pool's group commit writes, withdraws and drains its offer,
-and a pool reads the jobs offered to it.
+an enqueue leases its jobs to an offer's pool in its own transaction, a pool's group commit writes, withdraws and
+drains its offer, and a pool reads the jobs offered to it.
 
-No statement here locks an offer row: an enqueue reads the offer and claims with the pool's claim statement (its
-rows locked as any claim's), so a pool's withdrawal never waits for an app's transaction. An enqueue that read an
+No statement here locks an offer row: an enqueue reads the offer, then inserts its job leased to the pool or claims
+with the pool's claim statement (its rows locked as any claim's), so a withdrawal never waits for an app's
+transaction. An enqueue that read an
 offer may commit after the pool withdrew it; the pool reads and takes the jobs offered to it until its offer's end
 (``worker.offering``), so such a job is taken too, and one committed later still is run when its lease ends.
 """
@@ -97,7 +98,7 @@ async def insert_for_offer(conn: Connection, schema: str, job: NewJob) -> bool:
 
 
 async def claim_for_offers(conn: Connection, schema: str, jobs: Sequence[NewJob], added: Sequence[Enqueued]) -> None:
-    """After an enqueue's inserts, in its transaction: for each queue in which it made jobs ready, claim (ahead)
+    """After a batch's inserts, in its transaction: for each queue in which it made jobs ready, claim (ahead)
     for the idle pool's offer with the most slots left as many as it has left, in the claim order, and note them
     as offered."""
     ready, now = made_ready(jobs, added)

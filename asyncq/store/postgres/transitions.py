@@ -43,8 +43,9 @@ async def enqueue_rows(conn: Connection, schema: str, jobs: Sequence[NewJob]) ->
     """Insert ``jobs`` in batch order: ``True`` per new job, ``False`` where the id exists (or came earlier in the
     batch) with the same payload; ``Conflict`` where it holds another payload (the caller rolls back); the id of
     the active job that holds its unique key where one does (``UniqueConflict`` for a row that asks to raise). A
-    batch with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). The jobs made
-    ready are claimed for an idle pool's offer if one is out (``offers.claim_for_offers``)."""
+    batch with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). An idle pool's
+    offer takes a job enqueued alone at its insert (``offers.insert_for_offer``), a batch's ready jobs by a claim
+    after it (``offers.claim_for_offers``)."""
     if len(jobs) == 1 and await insert_for_offer(conn, schema, jobs[0]):  # leased to an idle pool's offer
         return [True]
     if any(job.linked for job in jobs):

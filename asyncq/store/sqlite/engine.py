@@ -71,8 +71,9 @@ def enqueue_rows_in_transaction(con: sqlite3.Connection, layout: Layout, jobs: S
     """``enqueue_in_transaction`` for each of ``jobs``, in order: one statement per ``INSERT_ROWS_MAX`` jobs,
     then one read of the ids that were known. A batch naming one id twice goes job by job, so that the second
     is compared with the first. On ``Conflict`` the caller's transaction holds a partial batch: roll it back. A batch
-    with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). The jobs made ready
-    are claimed for an idle pool's offer if one is out (``offers.claim_for_offers``)."""
+    with dependencies or a group also stores its edges and counts (``graphs.enqueue_linked``). An idle pool's offer
+    takes a job enqueued alone at its insert (``offers.offer_now``), a batch's ready jobs by a claim after it
+    (``offers.claim_for_offers``)."""
     if layout.offers and len(jobs) == 1:  # one job: inserted leased to an idle pool's offer, if one takes it
         offer = offer_now(con, jobs[0])
         if offer is not None and _insert_for_offer(con, layout, jobs[0], *offer):

@@ -91,8 +91,8 @@ def insert_leased(layout: Layout, columns: tuple[str, ...]) -> str:
 def claim_for_offers(
     con: sqlite3.Connection, layout: Layout, jobs: Sequence[NewJob], added: Sequence[Enqueued]
 ) -> None:
-    """After an enqueue's inserts, in its transaction: for each queue in which it made jobs ready, claim (ahead)
-    for an idle pool's offer as many as the offer has slots left, in the claim order, and note them as offered."""
+    """After a batch's inserts, in its transaction: for each queue in which it made jobs ready, claim (ahead) for an
+    idle pool's offer as many as the offer has slots left, in the claim order, and note them as offered."""
     if not layout.offers:
         return
     ready, now = made_ready(jobs, added)
