@@ -108,8 +108,7 @@ class Pool:
         self._beside = [self._leases.run, *(keeper.run for keeper in keepers), self.schedules.run]  # beside the batcher
         self._turn = 0  # which queue claims first this cycle: free slots go round the queues
         self._holds: tuple[Hold, ...] = ()  # the queues the last commit's claim found held by their limits
-        # stopping; and whether the results were sent by a commit whose reply was lost (StoreBusy.may_have_landed)
-        self._stopping, self._resend = False, False
+        self._stopping, self._resend = False, False  # resend: a commit's reply was lost (StoreBusy.may_have_landed)
         self._ride_asked = False  # an enqueue waits to ride the next cycle (``_host_ride``)
         self._workers: list[asyncio.Task[None]] = []
         self._offering = Offering(queue, self.owner, self.poll_max, self._flights, report)  # core.offers
@@ -218,7 +217,8 @@ class Pool:
                 continue  # nothing to claim for now; the next finished job wakes the batcher
             await wait_for_work(self.queue, flights.wake, idle_wait, report, self._holds, self._handlers, self.poll_max)
             idle_wait = min(idle_wait * 2, self.poll_max)
-            await self._offering.pick_up()  # what another process's enqueue claimed for this pool's offer
+            if not self._ride_asked:  # what another process's enqueue leased to this pool's offer (a ride's commit
+                await self._offering.pick_up()  # takes it, without the read's delay before the enqueue it carries)
 
     def _capacity(self) -> int:
         """How many jobs to claim now: free slots and the prefetch's room, at most a claim's limit (0 if stopping)."""
