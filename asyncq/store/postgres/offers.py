@@ -56,12 +56,16 @@ SELECT unnest($1::text[]), $2, $3, $4, $5
 ON CONFLICT (queue, owner) DO UPDATE SET slots = EXCLUDED.slots, lease_ms = EXCLUDED.lease_ms,
   until_ms = EXCLUDED.until_ms
 """
-# Offers past their end (a pool killed with one out), and the notes of jobs offered to pools with no offer left
-# (their leases end as a killed pool's do): cleared when a pool writes its offer.
+# Offers past their end (a pool killed with one out), and the notes of jobs no longer held under a live lease by
+# the pool they were offered to (a killed pool's, once their leases end): cleared when a pool writes its offer. A
+# note of a live lease stays, even of a pool whose offer is gone: it may still take it (an enqueue that read the
+# offer can commit after the pool withdrew it).
 CLEAR_ENDED = """
 WITH ended AS (DELETE FROM {schema}.offers WHERE until_ms <= $1)
 DELETE FROM {schema}.offered d
-WHERE d.owner <> $2 AND NOT EXISTS (SELECT 1 FROM {schema}.offers o WHERE o.owner = d.owner AND o.until_ms > $1)
+WHERE d.owner <> $2 AND NOT EXISTS (
+  SELECT 1 FROM {schema}.jobs j
+  WHERE j.seq = d.job_seq AND j.status = 'leased' AND j.owner = d.owner AND j.lease_until > $1)
 """
 # The jobs offered to ``$1`` that it still holds at ``$2``: the columns of ``Ticket.from_row`` (a rank in place of the
 # claim's), then the queue and the lease's end.
@@ -71,7 +75,17 @@ FROM {schema}.offered o JOIN {schema}.jobs j ON j.seq = o.job_seq
 WHERE o.owner = $1 AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > $2
 ORDER BY j.seq
 """
-FORGET_OFFERED = "DELETE FROM {schema}.offered WHERE owner = $1"
+# A commit's drain: the notes of the jobs offered to ``$1`` that this statement sees, deleted and returned in one
+# statement (under READ COMMITTED a note committed by an enqueue after a separate read would be deleted unseen, and
+# its job left to wait for its lease).
+FORGET_OFFERED = "DELETE FROM {schema}.offered WHERE owner = $1 RETURNING job_seq"
+# The jobs of those notes that ``$1`` still holds at ``$2``: ``OFFERED_TO``'s columns.
+OFFERED_BY_SEQ = """
+SELECT j.seq, j.id, j.body, j.priority, j.token, j.attempts, j.deadline, j.max_attempts, 0, j.queue, j.lease_until
+FROM {schema}.jobs j
+WHERE j.seq = ANY($3::bigint[]) AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > $2
+ORDER BY j.seq
+"""
 
 
 async def insert_for_offer(conn: Connection, schema: str, job: NewJob) -> bool:
@@ -131,9 +145,11 @@ async def settle_offer(
     then withdraw the offer or write it (``core.offers.offer_step``, the jobs taken counted as claimed)."""
     taken: list[Ticket] = []
     if offer.drain:
-        found = offered_tickets(await offered_rows(conn, schema, owner, now_ms), owner)
-        taken = [ticket for ticket in found if ticket.seq not in offer.picked]
-        await conn.execute(FORGET_OFFERED.format(schema=schema), owner)
+        noted = [seq for (seq,) in await conn.fetch(FORGET_OFFERED.format(schema=schema), owner)]
+        fresh = [seq for seq in noted if seq not in offer.picked]
+        if fresh:
+            rows = await conn.fetch(OFFERED_BY_SEQ.format(schema=schema), owner, now_ms, fresh)
+            taken = offered_tickets([tuple(row) for row in rows], owner)
     step = offer_step(offer, claimed + len(taken))
     if step.withdraw:
         await conn.execute(WITHDRAW.format(schema=schema), owner)
