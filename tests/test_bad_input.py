@@ -331,3 +331,14 @@ async def test_an_operators_note_is_free_text(filled: Queue) -> None:
     assert entry is not None and entry.note == "customer left: ticket #42, é 日本"
     job = await filled.get("c-1")
     assert job is not None and job.reason == "cancelled"
+
+
+async def test_a_group_commit_refuses_an_offer_that_is_not_one_before_any_statement(queue: Queue) -> None:
+    """``Queue.commit_cycle(offer=)`` takes a ``core.offers.Offer``: a tuple of the same values is refused with
+    ``TypeError`` before anything runs, and the ready job it would have claimed stays pending."""
+    await queue.enqueue("ready", {})
+    with pytest.raises(TypeError, match=r"offer must be a core\.offers\.Offer, not tuple"):
+        await queue.commit_cycle([], "w1", [("default", 1)], offer=(1, 2, True))  # type: ignore[arg-type]
+    job = await queue.get("ready")
+    assert job is not None and (job.status, job.owner, job.token) == ("pending", None, 0)
+    assert not queue.store._file.conn._conn.in_transaction  # type: ignore[attr-defined]
