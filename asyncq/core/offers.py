@@ -47,7 +47,8 @@ class Offer(NamedTuple):
 
 class OfferStep(NamedTuple):
     """What a commit does with an offer, once its claims are known: ``withdraw`` the pool's offer rows, or ``write``
-    them (one per queue it asked for, ending at ``Offer.until_ms``); the jobs offered to it are always taken."""
+    them (one per queue it asked for, ending at ``Offer.until_ms``), after the jobs offered to it were taken (when
+    ``Offer.drain`` says so)."""
 
     withdraw: bool
     write: bool

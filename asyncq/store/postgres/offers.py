@@ -4,9 +4,9 @@ drains its offer, and a pool reads the jobs offered to it.
 
 No statement here locks an offer row: an enqueue reads the offer, then inserts its job leased to the pool or claims
 with the pool's claim statement (its rows locked as any claim's), so a withdrawal never waits for an app's
-transaction. An enqueue that read an
-offer may commit after the pool withdrew it; the pool reads and takes the jobs offered to it until its offer's end
-(``worker.offering``), so such a job is taken too, and one committed later still is run when its lease ends.
+transaction. An enqueue that read an offer may commit after the pool withdrew it; the pool reads and takes the jobs
+offered to it until its offer's end (``worker.offering``), so such a job is taken too, and one committed later still
+is run when its lease ends.
 """
 
 from __future__ import annotations

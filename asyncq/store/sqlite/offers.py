@@ -1,5 +1,5 @@
-"""Idle pools' offers on SQLite (``core.offers`` has the rules): an enqueue claims for an offer in its own
-transaction, a pool's group commit writes, withdraws and drains its offer, and a pool reads the jobs offered to it.
+"""Idle pools' offers on SQLite (``core.offers`` has the rules): an enqueue leases its jobs to an offer's pool in its
+own transaction, a pool's group commit writes, withdraws and drains its offer, and a pool reads the jobs offered to it.
 The enqueue's and the commit's steps run inside a write transaction the caller holds; the read needs none.
 """
 
@@ -50,11 +50,14 @@ INSERT INTO asyncq_offers (queue, owner, slots, lease_ms, until_ms) VALUES (?, ?
 ON CONFLICT (queue, owner) DO UPDATE SET slots = excluded.slots, lease_ms = excluded.lease_ms,
   until_ms = excluded.until_ms
 """
-# Offers past their end (a pool killed with one out), and the notes of jobs offered to pools with no offer left
-# (their leases end as a killed pool's do): cleared when a pool writes its offer.
+# Offers past their end (a pool killed with one out), and the notes of jobs no longer held under a live lease by
+# the pool they were offered to: cleared when a pool writes its offer (the same rule as PostgreSQL's).
 CLEAR_ENDED = (
-    "DELETE FROM asyncq_offers WHERE until_ms <= ?",
-    "DELETE FROM asyncq_offered WHERE owner NOT IN (SELECT owner FROM asyncq_offers) AND owner <> ?",
+    "DELETE FROM asyncq_offers WHERE until_ms <= :now",
+    """DELETE FROM asyncq_offered WHERE owner <> :owner AND NOT EXISTS (
+  SELECT 1 FROM asyncq_jobs j
+  WHERE j.seq = asyncq_offered.job_seq AND j.status = 'leased' AND j.owner = asyncq_offered.owner
+    AND j.lease_until > :now)""",
 )
 
 # The jobs offered to ``:owner`` that it still holds: the columns of ``Ticket.from_row`` (a rank in place of the
@@ -123,8 +126,8 @@ def settle_offer(
     if step.withdraw:
         con.execute(WITHDRAW, (owner,))
     elif step.write:
-        for statement, value in zip(CLEAR_ENDED, (now_ms, owner), strict=True):
-            con.execute(statement, (value,))
+        for statement in CLEAR_ENDED:
+            con.execute(statement, {"now": now_ms, "owner": owner})
         con.executemany(PUT_OFFER, [(queue, owner, offer.slots, lease_ms, offer.until_ms) for queue in queues])
     return taken
 
