@@ -167,16 +167,22 @@ async def test_a_read_only_server_is_a_clear_error_and_workers_wait_until_it_is_
             await eventually(lambda: statuses_done(cluster, 20), "the first jobs done", timeout=60, interval=0.05)
             await set_read_only(cluster, True)
 
+            # A connection picks the reloaded setting up between statements, so an enqueue or two may still land
+            # first: each attempt has its own id, and those that landed are counted among the jobs to finish.
+            attempts: list[str] = []
+
             async def refused() -> str | None:
+                attempts.append(f"while-read-only-{len(attempts)}")
                 try:
-                    await queue.enqueue("while-read-only", {})
+                    await queue.enqueue(attempts[-1], {})
                 except StoreBusy as error:
                     return str(error)
                 return None  # the setting not picked up yet by this connection: try again
 
             message = await eventually(refused, "an enqueue refused by the read-only server", timeout=10)
             assert "read-only" in message and "nothing changed" in message
-            assert await queue.get("while-read-only") is None  # nothing of the refused call landed
+            assert await queue.get(attempts[-1]) is None  # nothing of the refused call landed
+            landed = len(attempts) - 1
             assert await queue.get("before-0") is not None  # reads still work on a read-only server
             log = tmp_path / "err0"
             await eventually(lambda: "read-only" in log.read_text(), "the worker logs the refusal", timeout=30)
@@ -187,7 +193,9 @@ async def test_a_read_only_server_is_a_clear_error_and_workers_wait_until_it_is_
                 "enqueues accepted again",
                 timeout=10,
             )
-            await eventually(lambda: statuses_done(cluster, 40), "every job done", timeout=60, interval=0.05)
+            await eventually(
+                lambda: statuses_done(cluster, 40 + landed), "every job done", timeout=60, interval=0.05
+            )
             assert worker.poll() is None
         finally:
             worker.send_signal(signal.SIGTERM)
