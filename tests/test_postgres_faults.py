@@ -193,9 +193,7 @@ async def test_a_read_only_server_is_a_clear_error_and_workers_wait_until_it_is_
                 "enqueues accepted again",
                 timeout=10,
             )
-            await eventually(
-                lambda: statuses_done(cluster, 40 + landed), "every job done", timeout=60, interval=0.05
-            )
+            await eventually(lambda: statuses_done(cluster, 40 + landed), "every job done", timeout=60, interval=0.05)
             assert worker.poll() is None
         finally:
             worker.send_signal(signal.SIGTERM)

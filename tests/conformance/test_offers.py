@@ -103,6 +103,18 @@ async def test_an_offer_gives_a_pool_no_more_jobs_than_its_slots_until_its_commi
     assert (await store.get("job-5")).status == "pending"  # type: ignore[union-attr]
 
 
+async def test_jobs_enqueued_one_by_one_go_to_the_offer_with_the_most_slots_left(store: QueueStore) -> None:
+    await commit(store, writes(slots=1), owner="small")
+    await commit(store, writes(slots=3), owner="large")
+    for n in range(1, 6):
+        await enqueue(store, new(f"job-{n}", T0 + n))
+    jobs = (await dump(store)).jobs
+    # room left (small, large) before each: (1, 3) (1, 2) then a tie at (1, 1), (0, 1) or (1, 0), then (0, 0)
+    owners = [jobs[f"job-{n}"].owner for n in range(1, 6)]
+    assert owners[:2] == ["large", "large"] and sorted(owners[2:4]) == ["large", "small"]  # type: ignore[type-var]
+    assert (jobs["job-5"].status, jobs["job-5"].owner) == ("pending", None)  # every offer full
+
+
 @pytest.mark.parametrize("alone", [True, False], ids=["one-by-one", "one-batch"])
 async def test_an_enqueue_claims_for_no_offer_when_its_job_is_not_ready_now(store: QueueStore, alone: bool) -> None:
     await commit(store, writes(), queues=("default", "paused", "limited"))

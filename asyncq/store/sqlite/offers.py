@@ -25,23 +25,26 @@ WHERE slots > offered ORDER BY slots - offered DESC LIMIT 1
 """
 NOTE_OFFERED = "INSERT OR IGNORE INTO asyncq_offered (owner, job_seq) VALUES (?, ?)"
 
-# The offer that one job enqueued ready into ``?1`` at ``?2`` is inserted leased to (``core.offers``): one with slots
-# left, its queue neither paused nor limited, and no job of the queue claimable already, so that the job is the first
-# of the claim order. Each ``NOT EXISTS`` is one seek (the default priority's range of ``asyncq_jobs_ranked``, then
-# ``asyncq_jobs_prioritised``, then ``asyncq_jobs_leased``).
+# The offer that one job enqueued ready into ``?1`` at ``?2`` is inserted leased to (``core.offers``): the one with the
+# most slots left, its queue neither paused nor limited, and no job of the queue claimable already, so that the job is
+# the first of the claim order. Each ``NOT EXISTS`` is one seek (the default priority's range of
+# ``asyncq_jobs_ranked``, then ``asyncq_jobs_prioritised``, then ``asyncq_jobs_leased``), run only for a live offer
+# (they name ``o``). ``max()`` picks the row without the sorter an ``ORDER BY … LIMIT 1`` opens at every run: that
+# took ~4 of this read's ~10 µs at each enqueue, offer or none (docs/benchmarks.md, "singles", stop 43).
 OFFER_NOW = """
 SELECT owner, lease_ms FROM (
-  SELECT owner, slots, lease_ms, (SELECT count(*) FROM asyncq_offered d WHERE d.owner = o.owner) AS offered
-  FROM asyncq_offers o WHERE queue = ?1 AND until_ms > ?2)
-WHERE slots > offered
-  AND NOT EXISTS (SELECT 1 FROM asyncq_queues WHERE queue = ?1
-                  AND (paused_at IS NOT NULL OR coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL))
-  AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE status = 'pending' AND queue = ?1 AND priority = 0
-                  AND available_at <= ?2)
-  AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE status = 'pending' AND queue = ?1 AND priority <> 0
-                  AND available_at <= ?2)
-  AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE queue = ?1 AND status = 'leased' AND lease_until <= ?2)
-ORDER BY slots - offered DESC LIMIT 1
+  SELECT owner, lease_ms, max(slots - (SELECT count(*) FROM asyncq_offered d WHERE d.owner = o.owner)) AS room
+  FROM asyncq_offers o
+  WHERE queue = ?1 AND until_ms > ?2
+    AND slots > (SELECT count(*) FROM asyncq_offered d WHERE d.owner = o.owner)
+    AND NOT EXISTS (SELECT 1 FROM asyncq_queues q WHERE q.queue = o.queue
+                    AND (paused_at IS NOT NULL OR coalesce(limit_concurrency, limit_per_key, limit_rate) IS NOT NULL))
+    AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE status = 'pending' AND queue = o.queue AND priority = 0
+                    AND available_at <= ?2)
+    AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE status = 'pending' AND queue = o.queue AND priority <> 0
+                    AND available_at <= ?2)
+    AND NOT EXISTS (SELECT 1 FROM asyncq_jobs WHERE queue = o.queue AND status = 'leased' AND lease_until <= ?2))
+WHERE room IS NOT NULL
 """
 
 WITHDRAW = "DELETE FROM asyncq_offers WHERE owner = ?"
