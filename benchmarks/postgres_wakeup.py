@@ -21,11 +21,14 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -33,8 +36,15 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._report import environment, markdown_table, percentile, print_table, verdict, write_section  # noqa: E402
 
+T = TypeVar("T")
 SERVER = os.environ.get("ASYNCQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 TARGET_P99_MS = 50.0
+#: A smoke run (``--quick``) not ended by then prints where its tasks and its workers' wait, and fails.
+QUICK_BUDGET_S = 80.0
+#: How long a worker has to stop after SIGTERM before its tasks are printed and it is killed.
+STOP_WAIT_S = 20.0
+_workers: list[asyncio.subprocess.Process] = []  # the worker processes alive now (``measure``)
+
 #: Every tenth job comes after a pause this long (s), random, so that the pool has gone idle (its poll interval at
 #: ``poll_max``) and the job lands anywhere in its wait.
 IDLE_PAUSE = (1.6, 3.0)
@@ -52,9 +62,38 @@ async def worker(url: str) -> None:
             sys.stdout.flush()
 
         pool.register("default", handle)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _print_tasks, "worker")
         sys.stdout.write("READY\n")
         sys.stdout.flush()
         await pool.serve(grace=1)
+
+
+def _print_tasks(who: str) -> None:
+    """Every task of this process and where it waits, on stderr (a run that hangs says where)."""
+    sys.stderr.write(f"--- {who} (pid {os.getpid()}): its tasks and where they wait\n")
+    for task in asyncio.all_tasks():
+        sys.stderr.write(f"{task.get_name()}:\n")
+        awaited: Any = task.get_coro()
+        while awaited is not None:  # the chain of awaits down to the innermost (``cr_await``)
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                sys.stderr.write(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}\n")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    sys.stderr.flush()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the worker and wait for it; one that has not stopped within ``STOP_WAIT_S`` prints its tasks, is
+    killed, and the run fails."""
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), STOP_WAIT_S)
+    except TimeoutError:
+        proc.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(1)
+        proc.kill()
+        await proc.wait()
+        raise RuntimeError(f"the worker did not stop within {STOP_WAIT_S:.0f} s of SIGTERM") from None
 
 
 async def measure(url: str, jobs: int, seed: int) -> list[float]:
@@ -65,8 +104,10 @@ async def measure(url: str, jobs: int, seed: int) -> list[float]:
         sys.executable, __file__, "--worker", url, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
     assert proc.stdout is not None
+    _workers.append(proc)
     try:
         assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"READY"
+        print(f"{url.rsplit('=', 1)[-1]}: the worker is ready", file=sys.stderr, flush=True)
         rng = random.Random(seed)
         latencies: list[float] = []
         async with await Queue.open(url) as queue:
@@ -77,11 +118,12 @@ async def measure(url: str, jobs: int, seed: int) -> list[float]:
                 line = (await asyncio.wait_for(proc.stdout.readline(), 30)).split()
                 assert line[0] == b"START", line
                 latencies.append((float(line[2]) - committed) * 1000)
+                print(f"job {n} started after {latencies[-1]:.1f} ms", file=sys.stderr, flush=True)
                 await asyncio.sleep(rng.uniform(*IDLE_PAUSE) if n % 10 == 9 else rng.uniform(0.02, 0.06))
         return latencies
     finally:
-        proc.terminate()
-        await proc.wait()
+        _workers.remove(proc)
+        await _stop(proc)
 
 
 async def run(jobs: int, rounds: int) -> dict[str, list[float]]:
@@ -103,6 +145,21 @@ async def run(jobs: int, rounds: int) -> dict[str, list[float]]:
     return found
 
 
+async def _within(work: Coroutine[Any, Any, T], seconds: float | None) -> T:
+    """``work``, which fails after ``seconds`` (``None``: no limit) once this process's tasks and its live workers'
+    have been printed (on stderr) with where they wait."""
+    if seconds is None:
+        return await work
+    try:
+        return await asyncio.wait_for(work, seconds)
+    except TimeoutError:
+        _print_tasks("the benchmark")
+        for proc in _workers:
+            proc.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(1)
+        raise RuntimeError(f"the run did not end within {seconds:.0f} s (where it waited: above)") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200, help="jobs per mode and round")
@@ -114,7 +171,7 @@ def main() -> None:
         asyncio.run(worker(args.worker))
         return
     jobs, rounds = (9, 1) if args.quick else (args.jobs, args.rounds)
-    found = asyncio.run(run(jobs, rounds))
+    found = asyncio.run(_within(run(jobs, rounds), QUICK_BUDGET_S if args.quick else None))
     rows = [
         (mode, len(values), f"{percentile(values, 50):.1f}", f"{percentile(values, 99):.1f}", f"{max(values):.1f}")
         for mode, values in found.items()

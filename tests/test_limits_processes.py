@@ -136,7 +136,10 @@ def test_three_workers_run_at_most_the_limits_at_once_use_every_slot_and_keep_pr
     jobs = [JobSpec(f"hi-t{n % 3}-{n:02d}", {}, "limited", priority=5, limit_key=f"t{n % 3}") for n in range(24)]
     jobs += [JobSpec(f"lo-t{n % 3}-{n:02d}", {}, "limited", priority=-5, limit_key=f"t{n % 3}") for n in range(24)]
     asyncio.run(prepare(workers.store, jobs, concurrency=4, per_key_concurrency=2))
-    workers.start(WORKERS, concurrency=3, handler_seconds=0.1)  # 9 slots in all, 4 allowed: none alone reaches it
+    # 9 slots in all, 4 allowed: none alone reaches it. Handlers of 0.2 s, so that what each claim and finish adds
+    # (~0.4 s over the run on a loaded 2-core machine) leaves "every slot busy" above its bound: with 0.1 s it fell
+    # to 0.74 once beside two busy loops, where a pool keeping one of the 4 slots idle would stay below 0.75.
+    workers.start(WORKERS, concurrency=3, handler_seconds=0.2)
     workers.wait_for(len(jobs), "every job to run once")
     counters = workers.stop_all()
     runs = workers.runs()
@@ -145,7 +148,7 @@ def test_three_workers_run_at_most_the_limits_at_once_use_every_slot_and_keep_pr
     for key in ("t0", "t1", "t2"):  # never more than 2 of one key at once
         assert most_at_once([run for run in runs if run["id"].split("-")[1] == key]) <= 2
     assert len({run["owner"] for run in runs}) > 1  # the slots were shared between processes
-    # Every slot busy: the handlers ran 4.8 s in all, at best 1.2 s of 4 slots; what the claims and finishes add.
+    # Every slot busy: the handlers ran 9.6 s in all, at best 2.4 s of 4 slots; what the claims and finishes add.
     span = max(run["ended"] for run in runs) - min(run["started"] for run in runs)
     busy = sum(run["ended"] - run["started"] for run in runs) / (4 * span)
     assert busy >= 0.75, (busy, span)
