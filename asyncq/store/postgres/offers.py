@@ -67,25 +67,21 @@ WHERE d.owner <> $2 AND NOT EXISTS (
   SELECT 1 FROM {schema}.jobs j
   WHERE j.seq = d.job_seq AND j.status = 'leased' AND j.owner = d.owner AND j.lease_until > $1)
 """
-# The jobs offered to ``$1`` that it still holds at ``$2``: the columns of ``Ticket.from_row`` (a rank in place of the
+# The jobs of ``{seqs}`` that ``$1`` still holds at ``$2``: the columns of ``Ticket.from_row`` (a rank in place of the
 # claim's), then the queue and the lease's end.
-OFFERED_TO = """
+_HELD = """
 SELECT j.seq, j.id, j.body, j.priority, j.token, j.attempts, j.deadline, j.max_attempts, 0, j.queue, j.lease_until
-FROM {schema}.offered o JOIN {schema}.jobs j ON j.seq = o.job_seq
-WHERE o.owner = $1 AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > $2
+FROM {{schema}}.jobs j
+WHERE j.seq {seqs} AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > $2
 ORDER BY j.seq
 """
+# The jobs offered to ``$1`` that it still holds (a pool's read).
+OFFERED_TO = _HELD.format(seqs="IN (SELECT o.job_seq FROM {schema}.offered o WHERE o.owner = $1)")
 # A commit's drain: the notes of the jobs offered to ``$1`` that this statement sees, deleted and returned in one
 # statement (under READ COMMITTED a note committed by an enqueue after a separate read would be deleted unseen, and
-# its job left to wait for its lease).
+# its job left to wait for its lease); then the jobs of those notes it still holds (``$3``: their seqs).
 FORGET_OFFERED = "DELETE FROM {schema}.offered WHERE owner = $1 RETURNING job_seq"
-# The jobs of those notes that ``$1`` still holds at ``$2``: ``OFFERED_TO``'s columns.
-OFFERED_BY_SEQ = """
-SELECT j.seq, j.id, j.body, j.priority, j.token, j.attempts, j.deadline, j.max_attempts, 0, j.queue, j.lease_until
-FROM {schema}.jobs j
-WHERE j.seq = ANY($3::bigint[]) AND j.status = 'leased' AND j.owner = $1 AND j.lease_until > $2
-ORDER BY j.seq
-"""
+OFFERED_BY_SEQ = _HELD.format(seqs="= ANY($3::bigint[])")
 
 
 async def insert_for_offer(conn: Connection, schema: str, job: NewJob) -> bool:
